@@ -1,0 +1,7 @@
+#pragma once
+// Everything ditops offers: #include <ditops/ditops.hpp>.
+
+#include <ditops/norm.hpp>
+#include <ditops/rope.hpp>
+#include <ditops/runtime.hpp>
+#include <ditops/tensor.hpp>

@@ -1,0 +1,144 @@
+#pragma once
+// SIMD helpers for kernel sources (compiled per ISA level; never include from a baseline file).
+// This is the one file that knows what xsimd 8.1 lacks: explicit FMA on AVX-512, horizontal
+// reductions by name, and widening/narrowing conversions between f32 and 16-bit floats. The
+// few raw intrinsics below fill exactly those gaps, each behind the Arch it belongs to.
+
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <ditops/tensor.hpp>
+#include <type_traits>
+#include <xsimd/xsimd.hpp>
+
+namespace ditops::simd {
+
+template <class Arch>
+using F32 = xsimd::batch<float, Arch>;
+template <class Arch>
+using U32 = xsimd::batch<std::uint32_t, Arch>;
+
+template <class Arch>
+inline constexpr bool kIsAvx512 = std::is_base_of_v<xsimd::avx512f, Arch>;
+template <class Arch>
+inline constexpr bool kIsAvx2 = std::is_base_of_v<xsimd::avx2, Arch>;
+
+/// a*b + c with one rounding where the ISA has FMA (xsimd 8.1 lowers AVX-512 fma to mul+add
+/// under -ffp-contract=off); two roundings on SSE levels, which have no FMA.
+template <class Arch>
+inline F32<Arch> fmadd(F32<Arch> a, F32<Arch> b, F32<Arch> c) noexcept {
+  if constexpr (kIsAvx512<Arch>) {
+    return _mm512_fmadd_ps(a, b, c);
+  } else {
+    return xsimd::fma(a, b, c);
+  }
+}
+
+/// Sum of the lanes (xsimd 8.1 spells it hadd; 9.0 renamed it reduce_add).
+template <class Arch>
+inline float reduce_add(F32<Arch> v) noexcept {
+  return xsimd::hadd(v);
+}
+
+// ---- f32 <-> storage type conversions ---------------------------------------------------------
+
+/// Loads F32<Arch>::size elements of T (float, bf16 or f16) as floats.
+template <class Arch, class T>
+inline F32<Arch> load(const T* src) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    return F32<Arch>::load_unaligned(src);
+  } else if constexpr (std::is_same_v<T, bf16>) {
+    // bf16 is the upper half of a float: widen 16 -> 32 bits and shift into place.
+    if constexpr (kIsAvx512<Arch>) {
+      const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+    } else if constexpr (kIsAvx2<Arch>) {
+      const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+    } else {
+      // Interleaving zeros below each value places it in the upper half of a 32-bit lane.
+      const __m128i half = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src));
+      return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), half));
+    }
+  } else {
+    static_assert(std::is_same_v<T, f16>);
+    if constexpr (kIsAvx512<Arch>) {
+      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+    } else if constexpr (kIsAvx2<Arch>) {
+      return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+    } else {
+      // SSE levels have no F16C; convert lane by lane.
+      alignas(16) float lanes[4];
+      for (int i = 0; i < 4; ++i) lanes[i] = src[i].to_float();
+      return F32<Arch>::load_aligned(lanes);
+    }
+  }
+}
+
+/// bf16 bit patterns (in the low 16 bits of each lane) of v, rounded to nearest even.
+template <class Arch>
+inline U32<Arch> bf16_bits(F32<Arch> v) noexcept {
+  const U32<Arch> bits = xsimd::bitwise_cast<U32<Arch>>(v);
+  const U32<Arch> rounded = (bits + U32<Arch>(0x7fffu) + ((bits >> 16) & U32<Arch>(1u))) >> 16;
+  // NaN would carry into the sign bit when rounded; keep it a quiet NaN instead.
+  const U32<Arch> quiet_nan = (bits >> 16) | U32<Arch>(0x40u);
+  const F32<Arch> chosen = xsimd::select(v != v, xsimd::bitwise_cast<F32<Arch>>(quiet_nan),
+                                         xsimd::bitwise_cast<F32<Arch>>(rounded));
+  return xsimd::bitwise_cast<U32<Arch>>(chosen);
+}
+
+/// Stores F32<Arch>::size floats as T (float, bf16 rounded to nearest even, or f16).
+template <class Arch, class T>
+inline void store(T* dst, F32<Arch> v) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    v.store_unaligned(dst);
+  } else if constexpr (std::is_same_v<T, bf16>) {
+    const auto bits = bf16_bits<Arch>(v);
+    if constexpr (kIsAvx512<Arch>) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(bits));
+    } else if constexpr (kIsAvx2<Arch>) {
+      // packus works within 128-bit lanes; gather the two useful quarters into the low half.
+      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bits, bits), 0x08);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_castsi256_si128(packed));
+    } else {
+      // SSE2 has only the signed 32 -> 16 pack: bias into signed range and back.
+      const __m128i bias = _mm_set1_epi32(0x8000);
+      const __m128i packed = _mm_packs_epi32(_mm_sub_epi32(bits, bias), _mm_setzero_si128());
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(dst),
+                       _mm_add_epi16(packed, _mm_set1_epi16(static_cast<short>(0x8000))));
+    }
+  } else {
+    static_assert(std::is_same_v<T, f16>);
+    if constexpr (kIsAvx512<Arch>) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
+                          _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else if constexpr (kIsAvx2<Arch>) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst),
+                       _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else {
+      alignas(16) float lanes[4];
+      v.store_aligned(lanes);
+      for (int i = 0; i < 4; ++i) dst[i] = f16::from_float(lanes[i]);
+    }
+  }
+}
+
+/// Loads the first `count` (< lanes) elements of src; the other lanes hold `fill`. Never reads
+/// past src + count (xsimd 8.1 has no masked load).
+template <class Arch, class T>
+inline F32<Arch> load_partial(const T* src, std::size_t count, float fill) noexcept {
+  alignas(64) float lanes[F32<Arch>::size];
+  for (std::size_t i = 0; i < F32<Arch>::size; ++i) lanes[i] = i < count ? to_float(src[i]) : fill;
+  return F32<Arch>::load_aligned(lanes);
+}
+
+/// Stores the first `count` (< lanes) lanes of v; writes nothing past dst + count.
+template <class Arch, class T>
+inline void store_partial(T* dst, F32<Arch> v, std::size_t count) noexcept {
+  alignas(64) float lanes[F32<Arch>::size];
+  v.store_aligned(lanes);
+  for (std::size_t i = 0; i < count; ++i) dst[i] = from_float<T>(lanes[i]);
+}
+
+}  // namespace ditops::simd

@@ -1,0 +1,124 @@
+#include "ops/core/threads.hpp"
+
+#include <hwloc.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ditops/runtime.hpp>
+#include <ditops/tensor.hpp>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace ditops::core {
+namespace {
+
+/// The machine's cores as hwloc sees them (restricted to the process's CPU binding, so taskset
+/// and cgroups are respected), loaded once; hwloc allows concurrent reads after loading.
+class Topology {
+ public:
+  static const Topology& get() {
+    static const Topology topology;
+    return topology;
+  }
+  int cores() const noexcept { return static_cast<int>(core_sets_.size()); }
+  bool bind(int core) const noexcept {
+    if (topology_ == nullptr || core_sets_.empty()) return false;
+    return hwloc_set_cpubind(topology_, core_sets_[core % core_sets_.size()],
+                             HWLOC_CPUBIND_THREAD) == 0;
+  }
+
+ private:
+  Topology() {
+    if (hwloc_topology_init(&topology_) != 0) {
+      topology_ = nullptr;
+      return;
+    }
+    hwloc_topology_set_flags(topology_, HWLOC_TOPOLOGY_FLAG_IS_THISSYSTEM |
+                                            HWLOC_TOPOLOGY_FLAG_RESTRICT_TO_CPUBINDING);
+    if (hwloc_topology_load(topology_) != 0) {
+      hwloc_topology_destroy(topology_);
+      topology_ = nullptr;
+      return;
+    }
+    const int count = hwloc_get_nbobjs_by_type(topology_, HWLOC_OBJ_CORE);
+    for (int i = 0; i < count; ++i) {
+      hwloc_obj_t core = hwloc_get_obj_by_type(topology_, HWLOC_OBJ_CORE, i);
+      hwloc_cpuset_t set = hwloc_bitmap_dup(core->cpuset);
+      hwloc_bitmap_singlify(set);  // one PU per core: no SMT sibling, no migration
+      core_sets_.push_back(set);
+    }
+  }
+  ~Topology() {
+    for (hwloc_cpuset_t set : core_sets_) hwloc_bitmap_free(set);
+    if (topology_) hwloc_topology_destroy(topology_);
+  }
+  hwloc_topology_t topology_ = nullptr;
+  std::vector<hwloc_cpuset_t> core_sets_;
+};
+
+int default_thread_count() {
+  if (const char* env = std::getenv("DITOPS_NUM_THREADS")) {
+    char* end = nullptr;
+    const long value = std::strtol(env, &end, 10);
+    if (end != env && *end == '\0' && value >= 0 && value <= 4096) {
+      return value == 0 ? physical_cores() : static_cast<int>(value);
+    }
+    std::fprintf(stderr, "ditops: ignoring DITOPS_NUM_THREADS=%s (expected an integer >= 0)\n",
+                 env);
+  }
+  return physical_cores();
+}
+
+std::atomic<int>& current_thread_count() {
+  static std::atomic<int> count{default_thread_count()};
+  return count;
+}
+
+bool binding_enabled() {
+  // DITOPS_BIND=none leaves placement to the OS or to OMP_PROC_BIND / OMP_PLACES.
+  static const bool enabled = [] {
+    const char* env = std::getenv("DITOPS_BIND");
+    return !(env && std::strcmp(env, "none") == 0) && std::getenv("OMP_PROC_BIND") == nullptr &&
+           std::getenv("OMP_PLACES") == nullptr;
+  }();
+  return enabled;
+}
+
+}  // namespace
+
+int physical_cores() noexcept {
+  const int cores = Topology::get().cores();
+  return cores > 0 ? cores : std::max(1, omp_get_num_procs());
+}
+
+int thread_count() noexcept { return current_thread_count().load(std::memory_order_relaxed); }
+
+void bind_worker(int worker) noexcept {
+  // libgomp keeps its worker threads alive between regions, so a worker binds once; the
+  // thread-local remembers the core it is bound to.
+  thread_local int bound_core = -1;
+  if (worker == 0 || !binding_enabled()) return;
+  const int core = worker % physical_cores();
+  if (bound_core == core) return;
+  if (Topology::get().bind(core)) bound_core = core;
+}
+
+}  // namespace ditops::core
+
+namespace ditops {
+
+void set_num_threads(int n) {
+  if (n < 0) {
+    throw Error("set_num_threads: n (" + std::to_string(n) + ") must be >= 0");
+  }
+  core::current_thread_count().store(n == 0 ? core::physical_cores() : n,
+                                     std::memory_order_relaxed);
+}
+
+int num_threads() { return core::thread_count(); }
+
+}  // namespace ditops

@@ -1,0 +1,49 @@
+#pragma once
+// Threads: one OpenMP team per call, its workers bound to physical cores with hwloc.
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace ditops::core {
+
+/// Physical cores of the machine (hwloc), at least 1.
+int physical_cores() noexcept;
+/// The thread count operators use now (set_num_threads / DITOPS_NUM_THREADS / physical cores).
+int thread_count() noexcept;
+/// Binds the calling worker thread to physical core `worker % cores`, once per thread.
+/// The caller's own thread (team member 0) is never bound: it belongs to the application.
+void bind_worker(int worker) noexcept;
+
+/// Runs body(begin, end, thread) over [0, count) split into one contiguous range per thread
+/// (oneDNN's balance211: sizes differ by at most one). `threads` is capped by count.
+template <class Body>
+void parallel_ranges(std::int64_t count, int threads, const Body& body) {
+  threads = static_cast<int>(std::min<std::int64_t>(threads, count));
+  if (threads <= 1) {
+    if (count > 0) body(std::int64_t{0}, count, 0);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const int thread = omp_get_thread_num();
+    const int team = omp_get_num_threads();
+    bind_worker(thread);
+    const std::int64_t base = count / team;
+    const std::int64_t extra = count % team;
+    const std::int64_t begin = thread * base + std::min<std::int64_t>(thread, extra);
+    const std::int64_t end = begin + base + (thread < extra ? 1 : 0);
+    if (begin < end) body(begin, end, thread);
+  }
+}
+
+/// Threads worth using for a pass that streams `bytes`: one per ~256 KiB (below that the fork
+/// and join cost more than the copy), at most thread_count().
+inline int threads_for_bytes(std::int64_t bytes) noexcept {
+  constexpr std::int64_t kBytesPerThread = 256 * 1024;
+  return static_cast<int>(
+      std::clamp<std::int64_t>(bytes / kBytesPerThread, 1, std::max(1, thread_count())));
+}
+
+}  // namespace ditops::core

@@ -1,0 +1,126 @@
+// Public entries rms_norm and add_rms_norm: validate, describe the problem, run rows in parallel.
+
+#include <cmath>
+#include <ditops/norm.hpp>
+#include <vector>
+
+#include "ops/core/check.hpp"
+#include "ops/core/isa.hpp"
+#include "ops/core/threads.hpp"
+#include "ops/norm/norm_kernel.hpp"
+
+namespace ditops {
+namespace {
+
+using core::Arg;
+
+constexpr std::initializer_list<DType> kFloatTypes = {DType::f32, DType::bf16, DType::f16};
+
+void check_eps(const char* call, float eps) {
+  if (!std::isfinite(eps) || eps < 0.f) {
+    core::fail(call, "eps (" + std::to_string(eps) + ") must be finite and >= 0");
+  }
+}
+
+/// Validates weight against x and returns it as D floats (converted when stored narrower), or
+/// an empty vector when it is already f32 or absent.
+std::vector<float> weight_as_f32(const Arg& weight, const Arg& x) {
+  if (weight.view.empty()) return {};
+  core::check_view(weight, 1, 1);
+  core::check_dtype(weight, {DType::f32, x.view.dtype});
+  core::check_dim(weight, 0, x, x.view.rank - 1);
+  if (weight.view.dtype == DType::f32) return {};
+  std::vector<float> converted(static_cast<std::size_t>(weight.view.shape[0]));
+  for (std::size_t i = 0; i < converted.size(); ++i) {
+    converted[i] = weight.view.dtype == DType::bf16 ? static_cast<const bf16*>(weight.view.data)[i].to_float()
+                                                    : static_cast<const f16*>(weight.view.data)[i].to_float();
+  }
+  return converted;
+}
+
+void run(norm::NormProblem& problem, const TensorView& weight, const std::vector<float>& converted) {
+  if (problem.rows.rows == 0 || problem.dim == 0) return;
+  problem.weight = weight.empty()           ? nullptr
+                   : converted.empty()      ? static_cast<const float*>(weight.data)
+                                            : converted.data();
+  static const core::IsaTable<decltype(&norm::rms_norm_rows<xsimd::sse2>)> kernels =
+      DITOPS_ISA_TABLE(norm::rms_norm_rows);
+  const auto kernel = kernels.get();
+  const int operands = problem.residual ? 4 : 2;  // tensors streamed through memory per element
+  const std::int64_t bytes = problem.rows.rows * problem.dim * dtype_size(problem.dtype) * operands;
+  const int threads = core::threads_for_bytes(bytes);
+  // Scratch for h in fp32 (fused path with a narrow dtype): one row per thread.
+  std::vector<float> scratch(problem.residual ? static_cast<std::size_t>(problem.dim) * threads : 0);
+  core::parallel_ranges(problem.rows.rows, threads,
+                        [&](std::int64_t begin, std::int64_t end, int thread) {
+                          float* row_scratch = scratch.empty() ? nullptr : scratch.data() + thread * problem.dim;
+                          kernel(problem, begin, end, row_scratch);
+                        });
+}
+
+}  // namespace
+
+void rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) {
+  constexpr const char* kCall = "rms_norm";
+  const Arg x_arg{kCall, "x", x}, weight_arg{kCall, "weight", weight}, out_arg{kCall, "out", out};
+  core::check_view(x_arg, 1, kMaxRank);
+  core::check_dtype(x_arg, kFloatTypes);
+  core::check_view(out_arg, 1, kMaxRank);
+  core::check_same_dtype(out_arg, x_arg);
+  core::check_same_shape(out_arg, x_arg);
+  check_eps(kCall, eps);
+  const std::vector<float> converted = weight_as_f32(weight_arg, x_arg);
+  core::check_writable(out_arg);
+  core::check_no_overlap(out_arg, x_arg, /*identical_ok=*/true);
+  if (!weight.empty()) core::check_no_overlap(out_arg, weight_arg, false);
+
+  norm::NormProblem problem;
+  problem.dtype = x.dtype;
+  problem.dim = x.shape[x.rank - 1];
+  problem.rows = core::row_layout_of(x);
+  problem.rows.strides[norm::kOut] = core::row_layout_of(out).strides[0];
+  problem.x = x.data;
+  problem.eps = eps;
+  problem.out = out.data;
+  run(problem, weight, converted);
+}
+
+void add_rms_norm(const TensorView& x, const TensorView& residual, const TensorView& weight,
+                  float eps, const TensorView& out, const TensorView& sum_out) {
+  constexpr const char* kCall = "add_rms_norm";
+  const Arg x_arg{kCall, "x", x}, residual_arg{kCall, "residual", residual},
+      weight_arg{kCall, "weight", weight}, out_arg{kCall, "out", out},
+      sum_arg{kCall, "sum_out", sum_out};
+  core::check_view(x_arg, 1, kMaxRank);
+  core::check_dtype(x_arg, kFloatTypes);
+  for (const Arg* arg : {&residual_arg, &out_arg, &sum_arg}) {
+    core::check_view(*arg, 1, kMaxRank);
+    core::check_same_dtype(*arg, x_arg);
+    core::check_same_shape(*arg, x_arg);
+  }
+  check_eps(kCall, eps);
+  const std::vector<float> converted = weight_as_f32(weight_arg, x_arg);
+  for (const Arg* output : {&out_arg, &sum_arg}) {
+    core::check_writable(*output);
+    core::check_no_overlap(*output, x_arg, /*identical_ok=*/true);
+    core::check_no_overlap(*output, residual_arg, /*identical_ok=*/true);
+    if (!weight.empty()) core::check_no_overlap(*output, weight_arg, false);
+  }
+  core::check_no_overlap(out_arg, sum_arg, false);
+
+  norm::NormProblem problem;
+  problem.dtype = x.dtype;
+  problem.dim = x.shape[x.rank - 1];
+  problem.rows = core::row_layout_of(x);
+  problem.rows.strides[norm::kResidual] = core::row_layout_of(residual).strides[0];
+  problem.rows.strides[norm::kOut] = core::row_layout_of(out).strides[0];
+  problem.rows.strides[norm::kSumOut] = core::row_layout_of(sum_out).strides[0];
+  problem.x = x.data;
+  problem.residual = residual.data;
+  problem.eps = eps;
+  problem.out = out.data;
+  problem.sum_out = sum_out.data;
+  run(problem, weight, converted);
+}
+
+}  // namespace ditops

@@ -1,0 +1,118 @@
+// RMSNorm row kernel, compiled once per ISA level (cmake/DitopsKernels.cmake).
+//
+// Memory-bound: each row is read once from memory and once more from L1 (D <= ~8K floats fit
+// L1/L2), so the work per element is a few vector ops. Four accumulators hide the FMA latency
+// of the sum of squares (one chain would cap it at one vector per 4 cycles).
+
+#include <cmath>
+#include <type_traits>
+
+#include "ops/core/arch.hpp"
+#include "ops/core/simd.hpp"
+#include "ops/norm/norm_kernel.hpp"
+
+namespace ditops::norm {
+namespace {
+
+template <class Arch, class T>
+void norm_rows(const NormProblem& p, std::int64_t begin, std::int64_t end, float* scratch) {
+  using B = simd::F32<Arch>;
+  constexpr std::size_t kLanes = B::size;
+  const auto dim = static_cast<std::size_t>(p.dim);
+  const std::size_t vector_end = dim - dim % kLanes;
+  const std::size_t unrolled_end = dim - dim % (4 * kLanes);
+  const std::size_t tail = dim - vector_end;
+  const bool has_residual = p.residual != nullptr;
+
+  for (std::int64_t row = begin; row < end; ++row) {
+    const auto offset = core::row_offsets<4>(p.rows, row);
+    const T* x = static_cast<const T*>(p.x) + offset[kX];
+    T* out = static_cast<T*>(p.out) + offset[kOut];
+
+    // Pass 1: sum of squares (of h = x + residual when fused, storing h on the way).
+    B acc0(0.f), acc1(0.f), acc2(0.f), acc3(0.f);
+    const T* src = x;  // what pass 2 normalizes: x, or h in fp32
+    const float* src_f32 = nullptr;
+    if (has_residual) {
+      const T* residual = static_cast<const T*>(p.residual) + offset[kResidual];
+      T* sum_out = static_cast<T*>(p.sum_out) + offset[kSumOut];
+      // sum_out holds h rounded to T; for narrow types pass 2 reads the fp32 h from scratch.
+      float* h_f32 = std::is_same_v<T, float> ? reinterpret_cast<float*>(sum_out) : scratch;
+      for (std::size_t i = 0; i < vector_end; i += kLanes) {
+        const B h = simd::load<Arch>(x + i) + simd::load<Arch>(residual + i);
+        simd::store<Arch>(sum_out + i, h);
+        if constexpr (!std::is_same_v<T, float>) h.store_unaligned(scratch + i);
+        acc0 = simd::fmadd<Arch>(h, h, acc0);
+      }
+      if (tail) {
+        const B h = simd::load_partial<Arch>(x + vector_end, tail, 0.f) +
+                    simd::load_partial<Arch>(residual + vector_end, tail, 0.f);
+        simd::store_partial<Arch>(sum_out + vector_end, h, tail);
+        if constexpr (!std::is_same_v<T, float>) {
+          simd::store_partial<Arch>(scratch + vector_end, h, tail);
+        }
+        acc1 = simd::fmadd<Arch>(h, h, acc1);
+      }
+      src_f32 = h_f32;
+    } else {
+      for (std::size_t i = 0; i < unrolled_end; i += 4 * kLanes) {
+        const B v0 = simd::load<Arch>(x + i);
+        const B v1 = simd::load<Arch>(x + i + kLanes);
+        const B v2 = simd::load<Arch>(x + i + 2 * kLanes);
+        const B v3 = simd::load<Arch>(x + i + 3 * kLanes);
+        acc0 = simd::fmadd<Arch>(v0, v0, acc0);
+        acc1 = simd::fmadd<Arch>(v1, v1, acc1);
+        acc2 = simd::fmadd<Arch>(v2, v2, acc2);
+        acc3 = simd::fmadd<Arch>(v3, v3, acc3);
+      }
+      for (std::size_t i = unrolled_end; i < vector_end; i += kLanes) {
+        const B v = simd::load<Arch>(x + i);
+        acc0 = simd::fmadd<Arch>(v, v, acc0);
+      }
+      if (tail) {
+        const B v = simd::load_partial<Arch>(x + vector_end, tail, 0.f);
+        acc1 = simd::fmadd<Arch>(v, v, acc1);
+      }
+    }
+    const float sum_squares = simd::reduce_add<Arch>((acc0 + acc1) + (acc2 + acc3));
+    const float inv_rms = 1.f / std::sqrt(sum_squares / static_cast<float>(dim) + p.eps);
+
+    // Pass 2: scale (and weight) the row, now in L1.
+    const B scale(inv_rms);
+    auto normalized = [&](std::size_t i) {
+      return src_f32 ? B::load_unaligned(src_f32 + i) * scale : simd::load<Arch>(src + i) * scale;
+    };
+    for (std::size_t i = 0; i < vector_end; i += kLanes) {
+      B y = normalized(i);
+      if (p.weight) y = y * B::load_unaligned(p.weight + i);
+      simd::store<Arch>(out + i, y);
+    }
+    if (tail) {
+      B y = (src_f32 ? simd::load_partial<Arch>(src_f32 + vector_end, tail, 0.f)
+                     : simd::load_partial<Arch>(src + vector_end, tail, 0.f)) *
+            scale;
+      if (p.weight) y = y * simd::load_partial<Arch>(p.weight + vector_end, tail, 0.f);
+      simd::store_partial<Arch>(out + vector_end, y, tail);
+    }
+  }
+}
+
+}  // namespace
+
+template <class Arch>
+void rms_norm_rows(const NormProblem& problem, std::int64_t begin, std::int64_t end,
+                   float* scratch) noexcept {
+  switch (problem.dtype) {
+    case DType::bf16:
+      return norm_rows<Arch, bf16>(problem, begin, end, scratch);
+    case DType::f16:
+      return norm_rows<Arch, f16>(problem, begin, end, scratch);
+    default:
+      return norm_rows<Arch, float>(problem, begin, end, scratch);
+  }
+}
+
+template void rms_norm_rows<KernelArch>(const NormProblem&, std::int64_t, std::int64_t,
+                                        float*) noexcept;
+
+}  // namespace ditops::norm

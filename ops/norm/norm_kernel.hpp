@@ -1,0 +1,32 @@
+#pragma once
+// RMSNorm kernels: the problem the public entry validated, and the per-ISA row kernel.
+
+#include <cstdint>
+#include <ditops/tensor.hpp>
+
+#include "ops/core/rows.hpp"
+
+namespace ditops::norm {
+
+/// Operand indices in NormProblem::rows.
+enum NormOperand { kX = 0, kResidual = 1, kOut = 2, kSumOut = 3 };
+
+struct NormProblem {
+  DType dtype = DType::f32;  ///< of x, residual, out and sum_out
+  std::int64_t dim = 0;      ///< D, the normalized (contiguous) dimension
+  core::RowLayout rows;      ///< leading shape; strides per NormOperand
+  const void* x = nullptr;
+  const void* residual = nullptr;  ///< null: plain rms_norm
+  const float* weight = nullptr;   ///< D floats, or null for no weight
+  float eps = 0.f;
+  void* out = nullptr;
+  void* sum_out = nullptr;  ///< written iff residual is set
+};
+
+/// Normalizes rows [begin, end). scratch: D floats private to the calling thread (holds
+/// x + residual in fp32 when the storage type is narrower). Defined per ISA in norm_kernel.cpp.
+template <class Arch>
+void rms_norm_rows(const NormProblem& problem, std::int64_t begin, std::int64_t end,
+                   float* scratch) noexcept;
+
+}  // namespace ditops::norm

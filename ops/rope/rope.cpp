@@ -1,0 +1,98 @@
+// Public entry rotary_position_embedding: validate, map cos/sin onto x's rows, run in parallel.
+
+#include <ditops/rope.hpp>
+
+#include "ops/core/check.hpp"
+#include "ops/core/isa.hpp"
+#include "ops/core/threads.hpp"
+#include "ops/rope/rope_kernel.hpp"
+
+namespace ditops {
+namespace {
+
+using core::Arg;
+
+/// Strides that walk `table` (cos or sin) along x's three leading dims: [S, D] follows x's
+/// sequence dim only; a 4-D table follows each dim it does not broadcast (extent 1).
+std::array<std::int64_t, kMaxRank> table_strides(const Arg& table, const Arg& x, int seq_dim) {
+  const TensorView& t = table.view;
+  core::check_view(table, 2, 4);
+  if (t.rank == 3) {
+    core::fail(table.call, std::string(table.name) + " has rank 3, expected 2 ([S, D]) or 4");
+  }
+  core::check_dim(table, t.rank - 1, x, 3);
+  std::array<std::int64_t, kMaxRank> strides{};
+  if (t.rank == 2) {
+    core::check_dim(table, 0, x, seq_dim);
+    strides[seq_dim] = t.strides[0];
+    return strides;
+  }
+  for (int d = 0; d < 3; ++d) {
+    if (t.shape[d] == x.view.shape[d]) {
+      strides[d] = t.shape[d] == 1 ? 0 : t.strides[d];
+    } else if (t.shape[d] == 1) {
+      strides[d] = 0;
+    } else {
+      core::fail(table.call, std::string(table.name) + ".shape[" + std::to_string(d) + "] (" +
+                                 std::to_string(t.shape[d]) + ") must be 1 or equal x.shape[" +
+                                 std::to_string(d) + "] (" + std::to_string(x.view.shape[d]) +
+                                 ")");
+    }
+  }
+  return strides;
+}
+
+}  // namespace
+
+void rotary_position_embedding(const TensorView& x, const TensorView& cos, const TensorView& sin,
+                               const TensorView& out, RotatedMode mode, bool head_first) {
+  constexpr const char* kCall = "rotary_position_embedding";
+  const Arg x_arg{kCall, "x", x}, cos_arg{kCall, "cos", cos}, sin_arg{kCall, "sin", sin},
+      out_arg{kCall, "out", out};
+  core::check_view(x_arg, 4, 4);
+  core::check_dtype(x_arg, {DType::f32, DType::bf16, DType::f16});
+  if (x.shape[3] % 2 != 0) {
+    core::fail(kCall, "x.shape[3] (" + std::to_string(x.shape[3]) + ") must be even");
+  }
+  if (mode != RotatedMode::rotated_half && mode != RotatedMode::rotated_interleaved) {
+    core::fail(kCall, "mode (" + std::to_string(static_cast<int>(mode)) + ") is not a RotatedMode");
+  }
+  core::check_view(out_arg, 4, 4);
+  core::check_same_dtype(out_arg, x_arg);
+  core::check_same_shape(out_arg, x_arg);
+  const int seq_dim = head_first ? 2 : 1;
+  const auto cos_strides = table_strides(cos_arg, x_arg, seq_dim);
+  const auto sin_strides = table_strides(sin_arg, x_arg, seq_dim);
+  core::check_dtype(cos_arg, {DType::f32, x.dtype});
+  core::check_same_dtype(sin_arg, cos_arg);
+  core::check_writable(out_arg);
+  core::check_no_overlap(out_arg, x_arg, /*identical_ok=*/true);
+  core::check_no_overlap(out_arg, cos_arg, false);
+  core::check_no_overlap(out_arg, sin_arg, false);
+
+  rope::RopeProblem problem;
+  problem.dtype = x.dtype;
+  problem.table_dtype = cos.dtype;
+  problem.dim = x.shape[3];
+  problem.mode = mode;
+  problem.rows = core::row_layout_of(x);
+  problem.rows.strides[rope::kOut] = core::row_layout_of(out).strides[0];
+  problem.rows.strides[rope::kCos] = cos_strides;
+  problem.rows.strides[rope::kSin] = sin_strides;
+  problem.x = x.data;
+  problem.out = out.data;
+  problem.cos = cos.data;
+  problem.sin = sin.data;
+  if (problem.rows.rows == 0 || problem.dim == 0) return;
+
+  static const core::IsaTable<decltype(&rope::rope_rows<xsimd::sse2>)> kernels =
+      DITOPS_ISA_TABLE(rope::rope_rows);
+  const auto kernel = kernels.get();
+  const std::int64_t bytes = problem.rows.rows * problem.dim * dtype_size(x.dtype) * 2;
+  core::parallel_ranges(problem.rows.rows, core::threads_for_bytes(bytes),
+                        [&](std::int64_t begin, std::int64_t end, int) {
+                          kernel(problem, begin, end);
+                        });
+}
+
+}  // namespace ditops

@@ -1,0 +1,122 @@
+// RoPE row kernel, compiled once per ISA level (cmake/DitopsKernels.cmake).
+//
+// Memory-bound: x is streamed once; the cos/sin row of a position is reused by the N heads that
+// follow it in memory (BSND) or stays in L2 across heads (BNSD, an [S, D] table of a few MB).
+// Each row reads every input chunk before writing the output chunk, so out may be x.
+
+#include <type_traits>
+
+#include "ops/core/arch.hpp"
+#include "ops/core/simd.hpp"
+#include "ops/rope/rope_kernel.hpp"
+
+namespace ditops::rope {
+namespace {
+
+/// Lane permutation [1, 0, 3, 2, ...]: the partner of each element of an interleaved pair.
+struct PairSwap {
+  static constexpr unsigned get(unsigned index, unsigned) { return index ^ 1u; }
+};
+
+/// out[i] = x[i]*cos[i] - x[i+h]*sin[i];  out[i+h] = x[i+h]*cos[i+h] + x[i]*sin[i+h].
+template <class Arch, class T, class C>
+void rotate_half(const T* x, const C* cos, const C* sin, T* out, std::size_t dim) {
+  using B = simd::F32<Arch>;
+  constexpr std::size_t kLanes = B::size;
+  const std::size_t half = dim / 2;
+  auto step = [&](B x1, B x2, B c1, B c2, B s1, B s2, B& o1, B& o2) {
+    o1 = simd::fmadd<Arch>(x1, c1, -(x2 * s1));
+    o2 = simd::fmadd<Arch>(x2, c2, x1 * s2);
+  };
+  std::size_t i = 0;
+  for (; i + kLanes <= half; i += kLanes) {
+    B o1, o2;
+    step(simd::load<Arch>(x + i), simd::load<Arch>(x + half + i), simd::load<Arch>(cos + i),
+         simd::load<Arch>(cos + half + i), simd::load<Arch>(sin + i),
+         simd::load<Arch>(sin + half + i), o1, o2);
+    simd::store<Arch>(out + i, o1);
+    simd::store<Arch>(out + half + i, o2);
+  }
+  if (const std::size_t tail = half - i) {
+    B o1, o2;
+    step(simd::load_partial<Arch>(x + i, tail, 0.f),
+         simd::load_partial<Arch>(x + half + i, tail, 0.f),
+         simd::load_partial<Arch>(cos + i, tail, 0.f),
+         simd::load_partial<Arch>(cos + half + i, tail, 0.f),
+         simd::load_partial<Arch>(sin + i, tail, 0.f),
+         simd::load_partial<Arch>(sin + half + i, tail, 0.f), o1, o2);
+    simd::store_partial<Arch>(out + i, o1, tail);
+    simd::store_partial<Arch>(out + half + i, o2, tail);
+  }
+}
+
+/// out[2j] = x[2j]*cos[2j] - x[2j+1]*sin[2j];  out[2j+1] = x[2j+1]*cos[2j+1] + x[2j]*sin[2j+1].
+template <class Arch, class T, class C>
+void rotate_interleaved(const T* x, const C* cos, const C* sin, T* out, std::size_t dim) {
+  using B = simd::F32<Arch>;
+  constexpr std::size_t kLanes = B::size;
+  constexpr auto kSwap = xsimd::make_batch_constant<xsimd::batch<std::uint32_t, Arch>, PairSwap>();
+  // -0.0 on even lanes flips the sign of sin there: rot(x) = [-x1, x0, -x3, x2, ...].
+  alignas(64) float sign_lanes[kLanes];
+  for (std::size_t lane = 0; lane < kLanes; ++lane) sign_lanes[lane] = lane % 2 ? 0.f : -0.f;
+  const B sign = B::load_aligned(sign_lanes);
+  auto rotated = [&](B v, B c, B s) {
+    return simd::fmadd<Arch>(v, c, xsimd::swizzle(v, kSwap) * (s ^ sign));
+  };
+  std::size_t i = 0;
+  for (; i + kLanes <= dim; i += kLanes) {
+    simd::store<Arch>(out + i, rotated(simd::load<Arch>(x + i), simd::load<Arch>(cos + i),
+                                       simd::load<Arch>(sin + i)));
+  }
+  if (const std::size_t tail = dim - i) {  // even, so pairs never straddle the tail
+    simd::store_partial<Arch>(out + i,
+                              rotated(simd::load_partial<Arch>(x + i, tail, 0.f),
+                                      simd::load_partial<Arch>(cos + i, tail, 0.f),
+                                      simd::load_partial<Arch>(sin + i, tail, 0.f)),
+                              tail);
+  }
+}
+
+template <class Arch, class T, class C>
+void rope_rows_typed(const RopeProblem& p, std::int64_t begin, std::int64_t end) {
+  const auto dim = static_cast<std::size_t>(p.dim);
+  for (std::int64_t row = begin; row < end; ++row) {
+    const auto offset = core::row_offsets<4>(p.rows, row);
+    const T* x = static_cast<const T*>(p.x) + offset[kX];
+    T* out = static_cast<T*>(p.out) + offset[kOut];
+    const C* cos = static_cast<const C*>(p.cos) + offset[kCos];
+    const C* sin = static_cast<const C*>(p.sin) + offset[kSin];
+    if (p.mode == RotatedMode::rotated_half) {
+      rotate_half<Arch>(x, cos, sin, out, dim);
+    } else {
+      rotate_interleaved<Arch>(x, cos, sin, out, dim);
+    }
+  }
+}
+
+template <class Arch, class T>
+void rope_rows_for(const RopeProblem& p, std::int64_t begin, std::int64_t end) {
+  if (p.table_dtype == DType::f32) {
+    rope_rows_typed<Arch, T, float>(p, begin, end);
+  } else {
+    rope_rows_typed<Arch, T, T>(p, begin, end);
+  }
+}
+
+}  // namespace
+
+template <class Arch>
+void rope_rows(const RopeProblem& problem, std::int64_t begin, std::int64_t end) noexcept {
+  switch (problem.dtype) {
+    case DType::bf16:
+      return rope_rows_for<Arch, bf16>(problem, begin, end);
+    case DType::f16:
+      return rope_rows_for<Arch, f16>(problem, begin, end);
+    default:
+      return rope_rows_typed<Arch, float, float>(problem, begin, end);
+  }
+}
+
+template void rope_rows<KernelArch>(const RopeProblem&, std::int64_t, std::int64_t) noexcept;
+
+}  // namespace ditops::rope

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# ODR guard (DESIGN.md): no symbol may be defined by two ISA objects, or by an ISA object and a
+# baseline object. Otherwise the linker keeps one copy of, say, an inline helper compiled with
+# -mavx512f, and an AVX2-only CPU executes it through the AVX2 path (SIGILL).
+# Usage: tools/check_isa_objects.sh BUILD_DIR
+set -euo pipefail
+build=${1:?usage: check_isa_objects.sh BUILD_DIR}
+objects=$(find "$build" -path '*CMakeFiles/ditops*.dir/*' -name '*.o' | sort)
+[ -n "$objects" ] || { echo "check_isa_objects: no objects under $build" >&2; exit 1; }
+for o in $objects; do
+  group=$(echo "$o" | sed -E 's|.*CMakeFiles/([^/]+)\.dir/.*|\1|')
+  nm -C --defined-only "$o" | awk '$2 ~ /^[TWVu]$/ { sub(/^[0-9a-f]+ [A-Za-z] /, ""); print }' |
+    sort -u | sed "s|^|$group\t|"
+done | awk -F'\t' '
+  { groups[$2] = groups[$2] " " $1; count[$2]++ }
+  END {
+    bad = 0
+    for (s in count) {
+      if (count[s] > 1 && s !~ /__gxx_personality/ && groups[s] ~ /_isa_/) {
+        print "duplicate symbol across ISA objects: " s " <-" groups[s]; bad = 1
+      }
+    }
+    if (!bad) print "check_isa_objects: no symbol shared between ISA objects"
+    exit bad
+  }'
