@@ -1,0 +1,263 @@
+// rms_norm and add_rms_norm against the fp64 reference, on every dtype, over D sweeps with tails,
+// strided rows, in place, 1 and 2 threads; and every class of bad input.
+
+#include <ditops/norm.hpp>
+#include <ditops/runtime.hpp>
+
+#include "tests/reference/norm_ref.hpp"
+#include "tests/support/tolerance.hpp"
+
+namespace ditops::test {
+namespace {
+
+// Model widths (DiT and LLM hidden sizes and head dims) plus sizes that leave a tail for every
+// vector width (4, 8, 16 lanes) and the 4-vector unroll.
+const std::int64_t kDims[] = {1, 7, 8, 17, 33, 64, 72, 80, 96, 128, 256, 3072, 5120, 4104};
+const std::vector<std::int64_t> kLeading[] = {{1}, {3}, {2, 3}};
+constexpr float kEps = 1e-6f;
+
+enum class WeightKind { none, f32, same_dtype };
+
+template <class T>
+struct NormCase {
+  std::vector<std::int64_t> shape;
+  std::int64_t pad;
+  WeightKind weight_kind;
+  int threads;
+  bool fused;
+  bool in_place;
+
+  std::string describe() const {
+    std::string s = std::string(fused ? "add_rms_norm" : "rms_norm") + " " +
+                    dtype_name(detail::dtype_of<T>()) + " shape [";
+    for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+    return s + "] pad " + std::to_string(pad) + " weight " +
+           std::to_string(static_cast<int>(weight_kind)) + " threads " + std::to_string(threads) +
+           (in_place ? " in-place" : "") + " isa " + active_isa_name();
+  }
+
+  /// Runs the case; returns the output (and sum) tensors for comparisons across runs.
+  void run_and_check(std::mt19937& rng) const {
+    set_num_threads(threads);
+    const std::int64_t dim = shape.back();
+    TestTensor<T> x(shape, pad), residual(shape, pad + 1), out(shape, pad), sum(shape, pad);
+    x.fill_normal(rng, 0.3f, 1.5f);
+    residual.fill_normal(rng, -0.2f, 1.f);
+    TestTensor<float> weight_f32({dim});
+    TestTensor<T> weight_same({dim});
+    weight_f32.fill_normal(rng, 1.f, 0.5f);
+    for (std::int64_t i = 0; i < dim; ++i) weight_same.at(i) = from_float<T>(weight_f32.value(i));
+    std::vector<double> weight;
+    TensorView weight_view{};
+    if (weight_kind == WeightKind::f32) {
+      for (std::int64_t i = 0; i < dim; ++i) weight.push_back(weight_f32.value(i));
+      weight_view = weight_f32.view();
+    } else if (weight_kind == WeightKind::same_dtype) {
+      for (std::int64_t i = 0; i < dim; ++i) weight.push_back(weight_same.value(i));
+      weight_view = weight_same.view();
+    }
+    const NormReference ref = norm_reference(x, fused ? &residual : nullptr, weight, kEps);
+    const Tolerance tol = rowwise_tolerance<T>();
+    if (!fused) {
+      if (in_place) {
+        rms_norm(x.view(), weight_view, kEps, x.view());
+        expect_close(x, ref.out, tol, describe());
+      } else {
+        rms_norm(x.view(), weight_view, kEps, out.view());
+        expect_close(out, ref.out, tol, describe());
+      }
+      return;
+    }
+    if (in_place) {  // the transformer-block pattern: residual stream updated, x reused for out
+      add_rms_norm(x.view(), residual.view(), weight_view, kEps, x.view(), residual.view());
+      expect_close(x, ref.out, tol, describe() + " out");
+      expect_close(residual, ref.sum, tol, describe() + " sum_out");
+    } else {
+      add_rms_norm(x.view(), residual.view(), weight_view, kEps, out.view(), sum.view());
+      expect_close(out, ref.out, tol, describe() + " out");
+      expect_close(sum, ref.sum, tol, describe() + " sum_out");
+    }
+  }
+};
+
+template <class T>
+class NormTest : public ::testing::Test {};
+using FloatTypes = ::testing::Types<float, bf16, f16>;
+TYPED_TEST_SUITE(NormTest, FloatTypes);
+
+TYPED_TEST(NormTest, MatchesReferenceOverSweep) {
+  std::mt19937 rng(1234);
+  for (std::int64_t dim : kDims) {
+    for (const auto& leading : kLeading) {
+      std::vector<std::int64_t> shape = leading;
+      shape.push_back(dim);
+      for (std::int64_t pad : {0, 5}) {
+        for (WeightKind weight : {WeightKind::none, WeightKind::f32, WeightKind::same_dtype}) {
+          for (bool fused : {false, true}) {
+            for (bool in_place : {false, true}) {
+              NormCase<TypeParam>{shape, pad, weight, 1, fused, in_place}.run_and_check(rng);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Shapes large enough that the row split really uses two threads (> 512 KiB streamed).
+TYPED_TEST(NormTest, TwoThreadsMatchReferenceAndOneThreadBitwise) {
+  std::mt19937 rng(99);
+  for (const auto& shape : std::vector<std::vector<std::int64_t>>{{67, 3072}, {3, 5, 4104}}) {
+    for (bool fused : {false, true}) {
+      NormCase<TypeParam>{shape, 3, WeightKind::f32, 2, fused, false}.run_and_check(rng);
+      // Rows are independent, so the thread count must not change a single bit.
+      TestTensor<TypeParam> x(shape), residual(shape), out1(shape), out2(shape), sum1(shape),
+          sum2(shape);
+      x.fill_normal(rng);
+      residual.fill_normal(rng);
+      for (int threads : {1, 2}) {
+        set_num_threads(threads);
+        auto& out = threads == 1 ? out1 : out2;
+        auto& sum = threads == 1 ? sum1 : sum2;
+        if (fused) {
+          add_rms_norm(x.view(), residual.view(), {}, kEps, out.view(), sum.view());
+        } else {
+          rms_norm(x.view(), {}, kEps, out.view());
+        }
+      }
+      EXPECT_TRUE(out2.unchanged_since(out1.snapshot())) << "thread count changed the result";
+      EXPECT_TRUE(sum2.unchanged_since(sum1.snapshot())) << "thread count changed sum_out";
+    }
+  }
+}
+
+// Exact ties: with x = +-1 and eps = 0 the scale is exactly 1, so out = weight in fp32 and the
+// store must round it to nearest even (vector lanes and tail lanes alike).
+TEST(NormRounding, NarrowOutputRoundsToNearestEven) {
+  constexpr std::int64_t kDim = 37;  // two AVX-512 vectors and a tail
+  TestTensor<float> weight({kDim});
+  TestTensor<bf16> xb({1, kDim}), outb({1, kDim});
+  TestTensor<f16> xh({1, kDim}), outh({1, kDim});
+  const float bf16_ties[] = {1.f + 0x1p-8f, 1.f + 3 * 0x1p-8f, -(1.f + 0x1p-8f), 1.f + 0x1p-9f};
+  const float bf16_want[] = {1.f, 1.f + 0x1p-6f, -1.f, 1.f};
+  const float f16_ties[] = {1.f + 0x1p-11f, 1.f + 3 * 0x1p-11f, -(1.f + 3 * 0x1p-11f), 2.f};
+  const float f16_want[] = {1.f, 1.f + 0x1p-9f, -(1.f + 0x1p-9f), 2.f};
+  for (int kind = 0; kind < 2; ++kind) {
+    for (std::int64_t i = 0; i < kDim; ++i) {
+      weight.at(i) = kind == 0 ? bf16_ties[i % 4] : f16_ties[i % 4];
+      xb.at(i) = bf16::from_float(i % 3 ? 1.f : -1.f);
+      xh.at(i) = f16::from_float(i % 3 ? 1.f : -1.f);
+    }
+    if (kind == 0) {
+      rms_norm(xb.view(), weight.view(), 0.f, outb.view());
+    } else {
+      rms_norm(xh.view(), weight.view(), 0.f, outh.view());
+    }
+    for (std::int64_t i = 0; i < kDim; ++i) {
+      const float sign = i % 3 ? 1.f : -1.f;
+      if (kind == 0) {
+        EXPECT_EQ(outb.value(i), sign * bf16_want[i % 4]) << "bf16 element " << i;
+      } else {
+        EXPECT_EQ(outh.value(i), sign * f16_want[i % 4]) << "f16 element " << i;
+      }
+    }
+  }
+}
+
+TEST(NormProperties, ScaleInvariant) {  // rms_norm(c·x) = rms_norm(x) for c > 0 (eps = 0)
+  std::mt19937 rng(5);
+  TestTensor<float> x({4, 100}), scaled({4, 100}), a({4, 100}), b({4, 100});
+  x.fill_normal(rng);
+  for (std::int64_t i = 0; i < x.size(); ++i) scaled.at(i) = 8.f * x.at(i);
+  rms_norm(x.view(), {}, 0.f, a.view());
+  rms_norm(scaled.view(), {}, 0.f, b.view());
+  for (std::int64_t i = 0; i < x.size(); ++i) EXPECT_NEAR(a.value(i), b.value(i), 1e-6);
+}
+
+// ---- bad input -----------------------------------------------------------------------------
+
+/// Expects `call` to throw ditops::Error whose message names `needle`, with `out` unchanged.
+template <class Call>
+void expect_rejected(Call&& call, const std::string& needle, const TestTensor<float>& out) {
+  const auto before = out.snapshot();
+  try {
+    call();
+    ADD_FAILURE() << "no ditops::Error for: " << needle;
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find(needle), std::string::npos)
+        << "message '" << error.what() << "' does not name " << needle;
+  }
+  EXPECT_TRUE(out.unchanged_since(before)) << needle << ": output touched before the error";
+}
+
+TEST(NormBadInput, EveryInvalidArgumentThrowsBeforeWriting) {
+  TestTensor<float> x({4, 64}), residual({4, 64}), out({4, 64}), sum({4, 64}), weight({64});
+  TestTensor<float> wrong_d({4, 65}), weight_short({63}), scalar_like({});
+  TestTensor<bf16> x_bf16({4, 64});
+  TestTensor<std::int32_t> x_int({4, 64});
+  const TensorView w = weight.view();
+
+  expect_rejected([&] { rms_norm(scalar_like.view(), w, 1e-6f, out.view()); }, "x has rank 0",
+                  out);
+  expect_rejected([&] { rms_norm(x.view(), w, 1e-6f, wrong_d.view()); }, "out.shape[1] (65)", out);
+  expect_rejected([&] { rms_norm(x.view(), weight_short.view(), 1e-6f, out.view()); },
+                  "weight.shape[0] (63)", out);
+  expect_rejected([&] { rms_norm(x_bf16.view(), w, 1e-6f, out.view()); }, "out.dtype", out);
+  expect_rejected([&] { rms_norm(x_int.view(), w, 1e-6f, out.view()); }, "x.dtype is i32", out);
+  expect_rejected([&] { rms_norm(x.view(), w, -1.f, out.view()); }, "eps", out);
+  expect_rejected([&] { rms_norm(x.view(), w, NAN, out.view()); }, "eps", out);
+  TensorView null_x = x.view();
+  null_x.data = nullptr;
+  expect_rejected([&] { rms_norm(null_x, w, 1e-6f, out.view()); }, "x.data is null", out);
+  TensorView negative = x.view();
+  negative.shape[0] = -4;
+  expect_rejected([&] { rms_norm(negative, w, 1e-6f, out.view()); }, "x.shape[0] (-4)", out);
+  TensorView huge = x.view();
+  huge.shape[0] = std::int64_t{1} << 62;
+  huge.strides[0] = 1 << 20;
+  expect_rejected([&] { rms_norm(huge, w, 1e-6f, out.view()); }, "int64", out);
+  TensorView non_contiguous = x.view();
+  non_contiguous.shape[1] = 32;
+  non_contiguous.strides[1] = 2;
+  expect_rejected([&] { rms_norm(non_contiguous, {}, 1e-6f, out.view()); },
+                  "x.strides[1] (2) must be 1", out);
+  TensorView negative_stride = x.view();
+  negative_stride.strides[0] = -64;
+  expect_rejected([&] { rms_norm(negative_stride, w, 1e-6f, out.view()); }, "x.strides[0]", out);
+  TensorView self_overlapping = out.view();
+  self_overlapping.strides[0] = 32;
+  expect_rejected([&] { rms_norm(x.view(), w, 1e-6f, self_overlapping); },
+                  "write the same element", out);
+  TensorView shifted = out.view();  // overlaps x's storage without being x
+  shifted.data = static_cast<float*>(x.view().data) + 1;
+  shifted.shape[0] = 3;
+  TensorView x3 = x.view();
+  x3.shape[0] = 3;
+  expect_rejected([&] { rms_norm(x3, w, 1e-6f, shifted); }, "out overlaps x", out);
+  EXPECT_NO_THROW(rms_norm(x.view(), w, 1e-6f, x.view())) << "in place is allowed";
+}
+
+TEST(NormBadInput, FusedAliasingRules) {
+  TestTensor<float> x({4, 64}), residual({4, 64}), out({4, 64}), sum({4, 64}), weight({64});
+  const TensorView w = weight.view();
+  expect_rejected(
+      [&] { add_rms_norm(x.view(), residual.view(), w, 1e-6f, out.view(), out.view()); },
+      "out overlaps sum_out", out);
+  expect_rejected(
+      [&] { add_rms_norm(x.view(), residual.view(), w, 1e-6f, weight.view(), sum.view()); },
+      "out has shape [64]", out);
+  TestTensor<float> residual_short({3, 64});
+  expect_rejected(
+      [&] { add_rms_norm(x.view(), residual_short.view(), w, 1e-6f, out.view(), sum.view()); },
+      "residual.shape[0] (3)", out);
+  TensorView w_alias = out.view();  // weight living inside out's memory
+  w_alias.rank = 1;
+  w_alias.shape[0] = 64;
+  w_alias.strides[0] = 1;
+  expect_rejected(
+      [&] { add_rms_norm(x.view(), residual.view(), w_alias, 1e-6f, out.view(), sum.view()); },
+      "out overlaps weight", out);
+}
+
+}  // namespace
+}  // namespace ditops::test

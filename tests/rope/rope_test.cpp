@@ -1,0 +1,263 @@
+// rotary_position_embedding against the fp64 reference: both modes, both layouts, [S,D] and
+// broadcast 4-D tables, f32/bf16/f16 with f32 or same-dtype tables, strided rows, in place,
+// 1 and 2 threads; properties; and every class of bad input.
+
+#include <cmath>
+#include <ditops/rope.hpp>
+#include <ditops/runtime.hpp>
+
+#include "tests/reference/rope_ref.hpp"
+#include "tests/support/tolerance.hpp"
+
+namespace ditops::test {
+namespace {
+
+// Head dims of DiTs and LLMs (all even) plus widths with tails for 4/8/16 lanes in both the half
+// (D/2) and the interleaved (D) loops, and the large widths of the RMSNorm sweep.
+const std::int64_t kDims[] = {2, 6, 8, 34, 64, 72, 80, 96, 128, 256, 3072, 5120, 4104};
+
+enum class TableKind { seq_dim, broadcast_all, per_batch, per_head };
+
+/// cos/sin of angle theta(s, k) = (s + 1) * 10000^(-2*(k mod D/2)/D) laid out for `mode`, with
+/// per-batch and per-head variations for the 4-D kinds so that broadcasting errors show.
+double angle(std::int64_t batch, std::int64_t head, std::int64_t seq, std::int64_t k,
+             std::int64_t dim, RotatedMode mode) {
+  const std::int64_t freq = mode == RotatedMode::rotated_half ? k % (dim / 2) : k / 2;
+  return (seq + 1 + 0.25 * batch + 0.125 * head) *
+         std::pow(10000.0, -2.0 * static_cast<double>(freq) / static_cast<double>(dim));
+}
+
+template <class T, class C>
+struct RopeCase {
+  std::int64_t batch, seq, heads, dim;
+  bool head_first;
+  RotatedMode mode;
+  TableKind table;
+  std::int64_t pad;
+  int threads;
+  bool in_place;
+
+  std::string describe() const {
+    return std::string("rope x ") + dtype_name(detail::dtype_of<T>()) + " table " +
+           dtype_name(detail::dtype_of<C>()) + " B" + std::to_string(batch) + " S" +
+           std::to_string(seq) + " N" + std::to_string(heads) + " D" + std::to_string(dim) +
+           (head_first ? " BNSD" : " BSND") +
+           (mode == RotatedMode::rotated_half ? " half" : " interleaved") + " table kind " +
+           std::to_string(static_cast<int>(table)) + " pad " + std::to_string(pad) + " threads " +
+           std::to_string(threads) + (in_place ? " in-place" : "") + " isa " + active_isa_name();
+  }
+
+  void run_and_check(std::mt19937& rng) const {
+    set_num_threads(threads);
+    const std::vector<std::int64_t> x_shape = head_first
+                                                  ? std::vector<std::int64_t>{batch, heads, seq, dim}
+                                                  : std::vector<std::int64_t>{batch, seq, heads, dim};
+    // The table's shape, in x's dimension order.
+    std::vector<std::int64_t> t_shape;
+    const int seq_dim = head_first ? 2 : 1, head_dim = head_first ? 1 : 2;
+    if (table == TableKind::seq_dim) {
+      t_shape = {seq, dim};
+    } else {
+      t_shape = {1, 1, 1, dim};
+      t_shape[seq_dim] = seq;
+      if (table == TableKind::per_batch) t_shape[0] = batch;
+      if (table == TableKind::per_head) t_shape[head_dim] = heads;
+    }
+    TestTensor<T> x(x_shape, pad), out(x_shape, pad + 2);
+    TestTensor<C> cos_t(t_shape, pad), sin_t(t_shape, pad);
+    x.fill_normal(rng);
+    // Fill the tables from the index of each element.
+    const std::int64_t t_rows = cos_t.size() / dim;
+    for (std::int64_t r = 0; r < t_rows; ++r) {
+      std::int64_t idx[3] = {0, 0, 0}, rest = r;
+      if (t_shape.size() == 2) {
+        idx[seq_dim] = r;
+      } else {
+        for (int d = 2; d >= 0; --d) {
+          idx[d] = rest % t_shape[d];
+          rest /= t_shape[d];
+        }
+      }
+      for (std::int64_t k = 0; k < dim; ++k) {
+        const double a = angle(idx[0], idx[head_dim], idx[seq_dim], k, dim, mode);
+        cos_t.at(r * dim + k) = from_float<C>(static_cast<float>(std::cos(a)));
+        sin_t.at(r * dim + k) = from_float<C>(static_cast<float>(std::sin(a)));
+      }
+    }
+    auto lookup = [&](const TestTensor<C>& t) {
+      return [&t, &t_shape, seq_dim, dim = dim](std::int64_t a, std::int64_t b, std::int64_t c,
+                                                std::int64_t k) {
+        const std::int64_t idx[3] = {a, b, c};
+        std::int64_t row = 0;
+        if (t_shape.size() == 2) {
+          row = idx[seq_dim];
+        } else {
+          for (int d = 0; d < 3; ++d) row = row * t_shape[d] + (t_shape[d] == 1 ? 0 : idx[d]);
+        }
+        return t.value(row * dim + k);
+      };
+    };
+    const auto ref = rope_reference(x, mode == RotatedMode::rotated_interleaved, lookup(cos_t),
+                                    lookup(sin_t));
+    TestTensor<T>& dst = in_place ? x : out;
+    rotary_position_embedding(x.view(), cos_t.view(), sin_t.view(), dst.view(), mode, head_first);
+    expect_close(dst, ref, rowwise_tolerance<T>(), describe());
+  }
+};
+
+template <class Pair>
+class RopeTest : public ::testing::Test {};
+template <class T, class C>
+struct Types {
+  using X = T;
+  using Table = C;
+};
+using RopeTypes = ::testing::Types<Types<float, float>, Types<bf16, float>, Types<bf16, bf16>,
+                                   Types<f16, float>, Types<f16, f16>>;
+TYPED_TEST_SUITE(RopeTest, RopeTypes);
+
+TYPED_TEST(RopeTest, MatchesReferenceOverSweep) {
+  using T = typename TypeParam::X;
+  using C = typename TypeParam::Table;
+  std::mt19937 rng(42);
+  for (std::int64_t dim : kDims) {
+    const std::int64_t seq = dim >= 3072 ? 2 : 5;
+    for (bool head_first : {false, true}) {
+      for (RotatedMode mode : {RotatedMode::rotated_half, RotatedMode::rotated_interleaved}) {
+        for (TableKind table : {TableKind::seq_dim, TableKind::broadcast_all, TableKind::per_batch,
+                                TableKind::per_head}) {
+          for (bool in_place : {false, true}) {
+            const std::int64_t pad = in_place ? 0 : 3;
+            RopeCase<T, C>{2, seq, 3, dim, head_first, mode, table, pad, 1, in_place}
+                .run_and_check(rng);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Big enough (> 512 KiB) that the row split really uses two threads.
+TYPED_TEST(RopeTest, TwoThreads) {
+  using T = typename TypeParam::X;
+  using C = typename TypeParam::Table;
+  std::mt19937 rng(7);
+  for (bool head_first : {false, true}) {
+    for (RotatedMode mode : {RotatedMode::rotated_half, RotatedMode::rotated_interleaved}) {
+      RopeCase<T, C>{1, 97, 24, 128, head_first, mode, TableKind::seq_dim, 0, 2, false}
+          .run_and_check(rng);
+      RopeCase<T, C>{2, 33, 8, 72, head_first, mode, TableKind::per_batch, 5, 2, true}
+          .run_and_check(rng);
+    }
+  }
+}
+
+// Properties: a rotation preserves each pair's norm; position 0 with angle 0 is the identity.
+TEST(RopeProperties, PreservesPairNormsAndIdentityAtZeroAngle) {
+  std::mt19937 rng(3);
+  const std::int64_t dim = 128;
+  TestTensor<float> x({1, 4, 2, dim}), out({1, 4, 2, dim}), cos_t({4, dim}), sin_t({4, dim});
+  x.fill_normal(rng);
+  for (std::int64_t s = 0; s < 4; ++s) {
+    for (std::int64_t k = 0; k < dim; ++k) {
+      const double a = s == 0 ? 0.0 : 0.37 * s * (k / 2 + 1);
+      cos_t.at(s * dim + k) = static_cast<float>(std::cos(a));
+      sin_t.at(s * dim + k) = static_cast<float>(std::sin(a));
+    }
+  }
+  rotary_position_embedding(x.view(), cos_t.view(), sin_t.view(), out.view(),
+                            RotatedMode::rotated_interleaved);
+  for (std::int64_t row = 0; row < 8; ++row) {
+    for (std::int64_t k = 0; k < dim; k += 2) {
+      const std::int64_t i = row * dim + k;
+      const double before = std::hypot(x.value(i), x.value(i + 1));
+      const double after = std::hypot(out.value(i), out.value(i + 1));
+      EXPECT_NEAR(after, before, 1e-5 * (1 + before)) << "row " << row << " pair " << k;
+      if (row < 2) {  // sequence position 0: rows 0 and 1 (two heads)
+        EXPECT_EQ(out.value(i), x.value(i));
+        EXPECT_EQ(out.value(i + 1), x.value(i + 1));
+      }
+    }
+  }
+}
+
+// ---- bad input -----------------------------------------------------------------------------
+
+template <class Call>
+void expect_rejected(Call&& call, const std::string& needle, const TestTensor<float>& out) {
+  const auto before = out.snapshot();
+  try {
+    call();
+    ADD_FAILURE() << "no ditops::Error for: " << needle;
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find(needle), std::string::npos)
+        << "message '" << error.what() << "' does not name " << needle;
+  }
+  EXPECT_TRUE(out.unchanged_since(before)) << needle << ": output touched before the error";
+}
+
+TEST(RopeBadInput, EveryInvalidArgumentThrowsBeforeWriting) {
+  TestTensor<float> x({1, 4, 2, 8}), out({1, 4, 2, 8}), cos_t({4, 8}), sin_t({4, 8});
+  TestTensor<float> x3({4, 2, 8}), odd({1, 4, 2, 7}), cos_odd({4, 7}), cos_wrong_d({4, 16});
+  TestTensor<float> cos_wrong_s({5, 8}), cos_4d_bad({1, 3, 1, 8}), cos_3d({1, 4, 8});
+  TestTensor<bf16> cos_bf16({4, 8}), out_bf16({1, 4, 2, 8});
+  TestTensor<std::int8_t> x_i8({1, 4, 2, 8});
+  const RotatedMode half = RotatedMode::rotated_half;
+  auto rope = [&](const TensorView& xv, const TensorView& c, const TensorView& s,
+                  const TensorView& o, bool head_first = false) {
+    rotary_position_embedding(xv, c, s, o, half, head_first);
+  };
+  expect_rejected([&] { rope(x3.view(), cos_t.view(), sin_t.view(), out.view()); },
+                  "x has rank 3", out);
+  expect_rejected([&] { rope(odd.view(), cos_odd.view(), cos_odd.view(), odd.view()); },
+                  "x.shape[3] (7) must be even", out);
+  expect_rejected([&] { rope(x.view(), cos_wrong_d.view(), sin_t.view(), out.view()); },
+                  "cos.shape[1] (16) must equal x.shape[3] (8)", out);
+  expect_rejected([&] { rope(x.view(), cos_wrong_s.view(), sin_t.view(), out.view()); },
+                  "cos.shape[0] (5) must equal x.shape[1] (4)", out);
+  // [S, D] follows x's sequence dim, which is dim 2 when head_first.
+  expect_rejected([&] { rope(x.view(), cos_t.view(), sin_t.view(), out.view(), true); },
+                  "cos.shape[0] (4) must equal x.shape[2] (2)", out);
+  expect_rejected([&] { rope(x.view(), cos_4d_bad.view(), sin_t.view(), out.view()); },
+                  "cos.shape[1] (3) must be 1 or equal x.shape[1] (4)", out);
+  expect_rejected([&] { rope(x.view(), cos_3d.view(), sin_t.view(), out.view()); },
+                  "cos has rank 3", out);
+  expect_rejected([&] { rope(x.view(), cos_t.view(), cos_bf16.view(), out.view()); },
+                  "sin.dtype (bf16) must equal cos.dtype (f32)", out);
+  expect_rejected([&] { rope(x.view(), cos_bf16.view(), cos_bf16.view(), out.view()); },
+                  "cos.dtype is bf16", out);
+  expect_rejected([&] { rope(x.view(), cos_t.view(), sin_t.view(), out_bf16.view()); },
+                  "out.dtype (bf16) must equal x.dtype (f32)", out);
+  expect_rejected([&] { rope(x_i8.view(), cos_t.view(), sin_t.view(), out.view()); },
+                  "x.dtype is i8", out);
+  TensorView null_sin = sin_t.view();
+  null_sin.data = nullptr;
+  expect_rejected([&] { rope(x.view(), cos_t.view(), null_sin, out.view()); },
+                  "sin.data is null", out);
+  TensorView strided_d = x.view();
+  strided_d.shape[3] = 4;
+  strided_d.strides[3] = 2;
+  TensorView out4 = out.view();
+  out4.shape[3] = 4;
+  expect_rejected([&] { rope(strided_d, cos_t.view(), sin_t.view(), out4); },
+                  "x.strides[3] (2) must be 1", out);
+  expect_rejected([&] { rope(x.view(), cos_t.view(), sin_t.view(), cos_t.view()); },
+                  "out has rank 2", out);
+  TensorView out_over_cos = out.view();  // out spilling over the cos table
+  out_over_cos.data = cos_t.view().data;
+  out_over_cos.shape = {1, 2, 2, 8};
+  TensorView x_small = x.view();
+  x_small.shape = {1, 2, 2, 8};
+  TensorView cos2 = cos_t.view(), sin2 = sin_t.view();
+  cos2.shape[0] = sin2.shape[0] = 2;
+  expect_rejected([&] { rope(x_small, cos2, sin2, out_over_cos); }, "out overlaps cos", out);
+  expect_rejected(
+      [&] {
+        rotary_position_embedding(x.view(), cos_t.view(), sin_t.view(), out.view(),
+                                  static_cast<RotatedMode>(7));
+      },
+      "mode (7)", out);
+}
+
+}  // namespace
+}  // namespace ditops::test

@@ -1,0 +1,110 @@
+#pragma once
+// Test tensors: owned storage behind a TensorView, with optional padding between rows and guard
+// regions before and after, all filled with a canary pattern so a test can prove that a call
+// wrote nothing outside the elements it owns.
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <ditops/tensor.hpp>
+#include <random>
+#include <vector>
+
+namespace ditops::test {
+
+inline constexpr std::int64_t kGuard = 64;  ///< canary elements before and after the data
+
+template <class T>
+T canary() {
+  T value;
+  std::memset(&value, 0xA5, sizeof value);  // a NaN-like pattern no kernel produces by chance
+  return value;
+}
+
+template <class T>
+bool same_bits(const T& a, const T& b) {
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+
+/// Rank <= 6 tensor of T, last dim contiguous, each row followed by `row_pad` canary elements
+/// (row_pad > 0 makes the leading dims strided).
+template <class T>
+class TestTensor {
+ public:
+  TestTensor(std::vector<std::int64_t> shape, std::int64_t row_pad = 0) : shape_(std::move(shape)) {
+    const int rank = static_cast<int>(shape_.size());
+    strides_.assign(rank, 1);
+    std::int64_t span = 1;
+    for (int d = rank - 1; d >= 0; --d) {
+      strides_[d] = span;
+      span *= shape_[d];
+      if (d == rank - 1) span += row_pad;
+    }
+    storage_.assign(static_cast<std::size_t>(span + 2 * kGuard), canary<T>());
+    elements_ = 1;
+    for (auto extent : shape_) elements_ *= extent;
+    for (std::int64_t i = 0; i < elements_; ++i) at(i) = T{};
+  }
+
+  TensorView view() {
+    TensorView v;
+    v.data = storage_.data() + kGuard;
+    v.dtype = detail::dtype_of<T>();
+    v.rank = static_cast<int>(shape_.size());
+    for (int d = 0; d < v.rank; ++d) {
+      v.shape[d] = shape_[d];
+      v.strides[d] = strides_[d];
+    }
+    return v;
+  }
+
+  std::int64_t size() const { return elements_; }
+  const std::vector<std::int64_t>& shape() const { return shape_; }
+  /// Element `index` in row-major logical order.
+  T& at(std::int64_t index) { return storage_[kGuard + offset(index)]; }
+  const T& at(std::int64_t index) const { return storage_[kGuard + offset(index)]; }
+  double value(std::int64_t index) const { return static_cast<double>(to_float(at(index))); }
+
+  void fill_normal(std::mt19937& rng, float mean = 0.f, float stddev = 1.f) {
+    std::normal_distribution<float> dist(mean, stddev);
+    for (std::int64_t i = 0; i < elements_; ++i) at(i) = from_float<T>(dist(rng));
+  }
+
+  /// Number of storage elements outside the tensor's own elements whose canary was overwritten.
+  std::int64_t damaged_canaries() const {
+    std::vector<bool> owned(storage_.size(), false);
+    for (std::int64_t i = 0; i < elements_; ++i) owned[kGuard + offset(i)] = true;
+    std::int64_t damaged = 0;
+    for (std::size_t i = 0; i < storage_.size(); ++i) {
+      if (!owned[i] && !same_bits(storage_[i], canary<T>())) ++damaged;
+    }
+    return damaged;
+  }
+
+  /// A bitwise copy of the storage, to prove later that a failed call changed nothing.
+  std::vector<T> snapshot() const { return storage_; }
+  bool unchanged_since(const std::vector<T>& before) const {
+    return std::memcmp(before.data(), storage_.data(), storage_.size() * sizeof(T)) == 0;
+  }
+
+ private:
+  std::int64_t offset(std::int64_t index) const {
+    std::int64_t offset = 0;
+    for (int d = static_cast<int>(shape_.size()) - 1; d >= 0; --d) {
+      offset += (index % shape_[d]) * strides_[d];
+      index /= shape_[d];
+    }
+    return offset;
+  }
+
+  std::vector<std::int64_t> shape_;
+  std::vector<std::int64_t> strides_;
+  std::vector<T> storage_;
+  std::int64_t elements_ = 0;
+};
+
+/// ISA level name as used by DITOPS_ISA, for test names and messages.
+std::string active_isa_name();
+
+}  // namespace ditops::test

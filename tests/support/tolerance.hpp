@@ -1,0 +1,72 @@
+#pragma once
+// Tolerances and the element-wise comparison every operator test uses:
+// |got - ref| <= atol + rtol * |ref|, per element, against an fp64 reference.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "tests/support/test_tensor.hpp"
+
+namespace ditops::test {
+
+struct Tolerance {
+  double rtol;
+  double atol;
+};
+
+// Row-wise operators computed in fp32 (RMSNorm, RoPE). f32 output: the fp32 sum of D squares in
+// 4·lanes partial sums has relative error <= (D/(4·lanes) + log2(4·lanes))·2^-24, about 5e-6 at
+// D = 5120 with SSE lanes; the rsqrt and two products add a few 2^-24. bf16 / f16 output: one
+// round-to-nearest-even of the result (2^-9 / 2^-11 relative) dominates the fp32 error, so allow
+// one unit in the last place (2^-8 / 2^-10); atol covers results near zero (f16 subnormals).
+inline constexpr Tolerance kRowwiseF32{2e-5, 1e-6};
+inline constexpr Tolerance kRowwiseBf16{1.0 / 256, 1e-6};
+inline constexpr Tolerance kRowwiseF16{1.0 / 1024, 1.0 / 16384};
+
+template <class T>
+constexpr Tolerance rowwise_tolerance() {
+  if constexpr (std::is_same_v<T, bf16>) {
+    return kRowwiseBf16;
+  } else if constexpr (std::is_same_v<T, f16>) {
+    return kRowwiseF16;
+  } else {
+    return kRowwiseF32;
+  }
+}
+
+/// Checks every element and that no canary around `got` was touched; reports the worst element.
+template <class T>
+void expect_close(const TestTensor<T>& got, const std::vector<double>& ref, Tolerance tol,
+                  const std::string& context) {
+  ASSERT_EQ(static_cast<std::size_t>(got.size()), ref.size()) << context;
+  std::int64_t failures = 0, worst = -1, zeros_where_ref_is_not = 0, nonzero_refs = 0;
+  double worst_excess = 0;
+  for (std::int64_t i = 0; i < got.size(); ++i) {
+    const double value = got.value(i);
+    const double err = std::fabs(value - ref[i]);
+    const double bound = tol.atol + tol.rtol * std::fabs(ref[i]);
+    if (ref[i] != 0) {
+      ++nonzero_refs;
+      if (value == 0) ++zeros_where_ref_is_not;
+    }
+    if (!(err <= bound)) {  // also catches NaN
+      ++failures;
+      if (worst < 0 || err - bound > worst_excess) {
+        worst = i;
+        worst_excess = err - bound;
+      }
+    }
+  }
+  EXPECT_EQ(failures, 0) << context << ": " << failures << " of " << got.size()
+                         << " elements out of tolerance; worst element " << worst << " got "
+                         << (worst >= 0 ? got.value(worst) : 0) << " expected "
+                         << (worst >= 0 ? ref[worst] : 0);
+  // A kernel that writes zeros (or nothing) must not pass on inputs whose results are tiny.
+  EXPECT_LT(zeros_where_ref_is_not, nonzero_refs / 100 + 1) << context << ": output mostly zero";
+  EXPECT_EQ(got.damaged_canaries(), 0) << context << ": wrote outside its elements";
+}
+
+}  // namespace ditops::test
