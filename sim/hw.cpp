@@ -1,0 +1,220 @@
+#include "sim/hw.hpp"
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "sim/error.hpp"
+
+namespace ditops::sim {
+namespace {
+
+constexpr const char* kFormat = "ditops-sim-hw/1";
+
+bool is_count(const std::string& name) {
+  return name == "num_cores" || name == "cross_core_flag_ids" || name == "cross_core_max_pending" ||
+         name == "intra_core_event_ids";
+}
+
+}  // namespace
+
+const std::vector<HwParamInfo>& hw_param_table() {
+  // Sources: ascend-910b.md (Huawei Ascend C / CANN docs, CANN platform .ini, the GEMM tiling
+  // cycle model cache_tiling_cycle_model.cc, the ATB kernel mla_int8.cce, arXiv:2509.25224).
+  static const std::vector<HwParamInfo> table = {
+      {"num_cores", "cores", "H: 910B2 class has 24 AI cores (910B1: 25, 910B3/B4: 20)",
+       &HwParams::num_cores},
+      {"clock_ghz", "GHz", "M: 1.8 GHz (910B4: 1.5)", &HwParams::clock_ghz},
+      {"cube_int8_macs_per_cycle", "MAC/cycle", "H: cube int8 16x32x16 per cycle",
+       &HwParams::cube_int8_macs_per_cycle},
+      {"cube_fp16_macs_per_cycle", "MAC/cycle", "H: cube fp16/bf16 16x16x16 per cycle",
+       &HwParams::cube_fp16_macs_per_cycle},
+      {"vector_bytes_per_cycle", "B/cycle", "H: 256 B per cycle per AIV",
+       &HwParams::vector_bytes_per_cycle},
+      {"vector_issue_cycles", "cycles",
+       "U: fixed start-up per vector instruction, calibration guess",
+       &HwParams::vector_issue_cycles},
+      {"l1_bytes", "B", "H: L1 512 KiB per AIC", &HwParams::l1_bytes},
+      {"l0a_bytes", "B", "H: L0A 64 KiB per AIC", &HwParams::l0a_bytes},
+      {"l0b_bytes", "B", "H: L0B 64 KiB per AIC", &HwParams::l0b_bytes},
+      {"l0c_bytes", "B", "H: L0C 128 KiB per AIC", &HwParams::l0c_bytes},
+      {"ub_bytes", "B", "H: UB 192 KiB per AIV", &HwParams::ub_bytes},
+      {"l2_read_latency_cycles", "cycles", "H: L2 read hit 241 cycles (Huawei CA-model config)",
+       &HwParams::l2_read_latency_cycles},
+      {"l2_write_latency_cycles", "cycles", "H: L2 write 96 cycles (Huawei CA-model config)",
+       &HwParams::l2_write_latency_cycles},
+      {"l2_bandwidth_bytes_per_cycle", "B/cycle",
+       "U: aggregate L2 bandwidth shared by all cores, not published; calibration guess",
+       &HwParams::l2_bandwidth_bytes_per_cycle},
+      {"hbm_bandwidth_bytes_per_cycle", "B/cycle",
+       "U: ini ddr_rate 32 B/cycle/core x 24 = 768 B/cycle = 1.38 TB/s at 1.8 GHz; "
+       "effective 1.2-1.6 TB/s",
+       &HwParams::hbm_bandwidth_bytes_per_cycle},
+      {"hbm_latency_cycles", "cycles", "U: not published, 500-1000 cycles assumed",
+       &HwParams::hbm_latency_cycles},
+      {"mte2_gm_bytes_per_cycle", "B/cycle", "H: per-core GM read by MTE2 (cycle model)",
+       &HwParams::mte2_gm_bytes_per_cycle},
+      {"mte2_small_copy_bytes", "B", "H: copies under 16 KiB pay the head (cycle model)",
+       &HwParams::mte2_small_copy_bytes},
+      {"mte2_small_copy_head_cycles", "cycles", "H: 100-cycle head of small copies (cycle model)",
+       &HwParams::mte2_small_copy_head_cycles},
+      {"nd2nz_cycles", "cycles", "H: ND->NZ conversion on a GM->L1 copy (cycle model)",
+       &HwParams::nd2nz_cycles},
+      {"l2_read_bytes_per_cycle", "B/cycle", "M: per-core L2 read rate (hits)",
+       &HwParams::l2_read_bytes_per_cycle},
+      {"mte3_ub_to_l2_bytes_per_cycle", "B/cycle", "M: UB->L2 64 B/cycle",
+       &HwParams::mte3_ub_to_l2_bytes_per_cycle},
+      {"mte1_l0a_bytes_per_cycle", "B/cycle", "M: MTE1 L1->L0A 256 B/cycle",
+       &HwParams::mte1_l0a_bytes_per_cycle},
+      {"mte1_l0b_bytes_per_cycle", "B/cycle", "M: MTE1 L1->L0B 128 B/cycle",
+       &HwParams::mte1_l0b_bytes_per_cycle},
+      {"mte1_start_cycles", "cycles", "M: 26-cycle start per MTE1 load",
+       &HwParams::mte1_start_cycles},
+      {"fix_l0c_read_bytes_per_cycle", "B/cycle", "M: FIXPIPE reads L0C at 256 B/cycle",
+       &HwParams::fix_l0c_read_bytes_per_cycle},
+      {"fix_gm_write_bytes_per_cycle", "B/cycle", "M: FIXPIPE writes out at 128 B/cycle",
+       &HwParams::fix_gm_write_bytes_per_cycle},
+      {"cross_core_flag_latency_cycles", "cycles",
+       "U: CrossCoreSetFlag -> visible at the waiter; unknown, sweep 100-1000",
+       &HwParams::cross_core_flag_latency_cycles},
+      {"intra_core_event_latency_cycles", "cycles",
+       "U: SET_FLAG -> WAIT_FLAG between pipes of one core; not published, assumed small",
+       &HwParams::intra_core_event_latency_cycles},
+      {"cross_core_flag_ids", "ids", "H: CrossCoreSetFlag flag ids 0-10",
+       &HwParams::cross_core_flag_ids},
+      {"cross_core_max_pending", "sets", "H: at most 16 pending sets per flag id",
+       &HwParams::cross_core_max_pending},
+      {"intra_core_event_ids", "ids", "H: 8 event ids per pipe pair",
+       &HwParams::intra_core_event_ids},
+      {"kernel_launch_us", "us", "U: kernel launch, third-party measurements 5-15 us",
+       &HwParams::kernel_launch_us},
+  };
+  return table;
+}
+
+void validate(const HwParams& params) {
+  for (const HwParamInfo& info : hw_param_table()) {
+    const double value = params.*info.field;
+    const std::string name = info.name;
+    const bool may_be_zero = name == "intra_core_event_latency_cycles" ||
+                             name == "cross_core_flag_latency_cycles" ||
+                             name == "hbm_latency_cycles" || name == "l2_read_latency_cycles" ||
+                             name == "l2_write_latency_cycles" || name == "mte1_start_cycles" ||
+                             name == "mte2_small_copy_head_cycles" || name == "nd2nz_cycles" ||
+                             name == "vector_issue_cycles" || name == "kernel_launch_us" ||
+                             name == "mte2_small_copy_bytes";
+    if (!std::isfinite(value) || value < 0 || (!may_be_zero && value == 0) || value > 1e12) {
+      throw SimError("hardware parameter " + name + " must be a finite " +
+                     (may_be_zero ? "non-negative" : "positive") + " number (got " +
+                     std::to_string(value) + ")");
+    }
+    if (is_count(name) && value != std::floor(value)) {
+      throw SimError("hardware parameter " + name + " must be an integer (got " +
+                     std::to_string(value) + ")");
+    }
+  }
+  if (params.num_cores > 4096) throw SimError("hardware parameter num_cores must be <= 4096");
+  if (params.cross_core_flag_ids > 64 || params.intra_core_event_ids > 64) {
+    throw SimError(
+        "hardware parameters cross_core_flag_ids and intra_core_event_ids must be <= 64");
+  }
+}
+
+std::string hw_to_json(const HwParams& params) {
+  nlohmann::ordered_json params_json = nlohmann::ordered_json::object();
+  for (const HwParamInfo& info : hw_param_table()) {
+    nlohmann::ordered_json entry;
+    const double value = params.*info.field;
+    if (value == std::floor(value) && std::fabs(value) < 9e15) {
+      entry["value"] = static_cast<long long>(value);
+    } else {
+      entry["value"] = value;
+    }
+    entry["unit"] = info.unit;
+    entry["source"] = info.source;
+    params_json[info.name] = entry;
+  }
+  nlohmann::ordered_json root;
+  root["format"] = kFormat;
+  root["params"] = params_json;
+  return root.dump(2) + "\n";
+}
+
+HwParams hw_from_json(const std::string& text) {
+  nlohmann::json root;
+  try {
+    root = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& error) {
+    throw SimError(std::string("hardware JSON is malformed: ") + error.what());
+  }
+  if (!root.is_object()) throw SimError("hardware JSON must be an object");
+  for (const auto& [key, value] : root.items()) {
+    if (key != "format" && key != "params") {
+      throw SimError("hardware JSON has unknown top-level key \"" + key + "\"");
+    }
+  }
+  if (!root.contains("format") || !root["format"].is_string() ||
+      root["format"].get<std::string>() != kFormat) {
+    throw SimError(std::string("hardware JSON needs \"format\": \"") + kFormat + "\"");
+  }
+  if (!root.contains("params") || !root["params"].is_object()) {
+    throw SimError("hardware JSON needs a \"params\" object");
+  }
+  const nlohmann::json& params_json = root["params"];
+  std::set<std::string> known;
+  HwParams params;
+  for (const HwParamInfo& info : hw_param_table()) {
+    known.insert(info.name);
+    const std::string name = info.name;
+    if (!params_json.contains(name)) {
+      throw SimError("hardware JSON is missing parameter \"" + name + "\"");
+    }
+    const nlohmann::json& entry = params_json[name];
+    if (!entry.is_object()) {
+      throw SimError("hardware parameter \"" + name +
+                     "\" must be an object with value, unit and source");
+    }
+    for (const auto& [key, value] : entry.items()) {
+      if (key != "value" && key != "unit" && key != "source") {
+        throw SimError("hardware parameter \"" + name + "\" has unknown key \"" + key + "\"");
+      }
+    }
+    if (!entry.contains("value") || !entry["value"].is_number()) {
+      throw SimError("hardware parameter \"" + name + "\" needs a numeric \"value\"");
+    }
+    if (!entry.contains("unit") || !entry["unit"].is_string()) {
+      throw SimError("hardware parameter \"" + name + "\" needs a string \"unit\"");
+    }
+    if (!entry.contains("source") || !entry["source"].is_string()) {
+      throw SimError("hardware parameter \"" + name + "\" needs a string \"source\"");
+    }
+    const std::string unit = entry["unit"].get<std::string>();
+    if (unit != info.unit) {
+      throw SimError("hardware parameter \"" + name + "\" has unit \"" + unit + "\", expected \"" +
+                     info.unit + "\"");
+    }
+    params.*info.field = entry["value"].get<double>();
+  }
+  for (const auto& [key, value] : params_json.items()) {
+    if (known.count(key) == 0)
+      throw SimError("hardware JSON has unknown parameter \"" + key + "\"");
+  }
+  validate(params);
+  return params;
+}
+
+HwParams load_hw_file(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) throw SimError("cannot read hardware file " + path);
+  std::stringstream buffer;
+  buffer << file.rdbuf();
+  try {
+    return hw_from_json(buffer.str());
+  } catch (const SimError& error) {
+    throw SimError(path + ": " + error.what());
+  }
+}
+
+}  // namespace ditops::sim

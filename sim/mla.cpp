@@ -1,0 +1,823 @@
+#include "sim/mla.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "ops/schedule/schedule.hpp"
+#include "sim/error.hpp"
+
+namespace ditops::sim {
+namespace {
+
+namespace sched = ditops::schedule;
+
+// MLA shapes (DeepSeek): a 576-d latent per token, 512 int8 "nope" dims (also V) + 64 "rope".
+constexpr int kNopeDim = 512;
+constexpr int kRopeDim = 64;
+constexpr int kRopeBytes = 2;  // bf16 rope values and q_rope
+constexpr int kAccBytes = 4;   // int32 / fp32 results (S, O_tmp, running O)
+constexpr int kOutBytes = 2;   // bf16 output O
+
+// Vector work per element, in passes over the fp32 tile (one pass = tile bytes / 256 B per
+// cycle) and in vector instructions. These describe the kernel, not the chip.
+constexpr double kSmDequantPasses = 2;  // int32 -> fp32 cast, per-token scale multiply
+constexpr int kSmDequantInstrs = 2;
+// add S_rope, softmax scale, subtract row max, exp (counted twice: exp is a multi-cycle
+// sequence), quantize multiply, fp32 -> fp16 -> int8 casts
+constexpr double kSmElementwisePasses = 7;
+constexpr double kSmReductionPasses = 4;  // row max and row sum, each two passes (tree + final)
+constexpr double kSmMaskPasses = 1;       // -inf fill of the padding of a partial block
+constexpr int kSmSoftmaxInstrs = 15;      // 11 full-tile instructions + 4 per-row updates
+constexpr double kUpBlockPasses = 3;      // cast O_tmp, multiply by exp(m_b - m) * scale, add
+constexpr int kUpBlockInstrs = 3;
+constexpr double kUpRescalePasses = 1;     // running O *= exp(m_old - m_new), once per UP pass
+constexpr double kUpFinalPasses = 2;       // divide by the row sum, cast to bf16
+constexpr double kCombineSplitPasses = 2;  // weight by exp(lse_s - lse), add
+constexpr double kCombineFinalPasses = 2;
+
+// Rows per vector step. The UB (192 KiB) holds two SM input tiles of rows x 128 tokens x
+// (int32 S_nope + fp32 S_rope), two P tiles and up to two UP accumulator and O_tmp tiles of
+// rows x 512 x fp32: 16 SM rows and 8 UP rows leave room for both ping-pong sets.
+constexpr int kSmRows = 16;
+constexpr int kSmRowsLarge = 32;
+constexpr int kUpRows = 8;
+constexpr int kUnitFlagPieces = 4;  // L0C pieces FIX drains separately under unit_flag
+
+/// A ping-pong ring of buffer slots between two pipes of one unit, guarded by intra-core
+/// events: the producer waits `free` before refilling a slot, sets `ready` when the slot is
+/// filled; the consumer waits `ready`; the releaser sets `free` when the data is dead.
+struct Ring {
+  int unit = 0;
+  Pipe producer = Pipe::mte2;
+  Pipe consumer = Pipe::mte1;
+  Pipe releaser = Pipe::mte1;
+  int first_ready_id = 0;
+  int first_free_id = 0;
+  int slots = 2;
+  long long uses = 0;
+  std::uint32_t ready_label = 0;
+  std::uint32_t free_label = 0;
+};
+
+class MlaBuilder {
+ public:
+  MlaBuilder(const MlaConfig& config, const HwParams& hw, const MlaPlan& plan)
+      : config_(config), hw_(hw), plan_(plan), program_(config.cores) {
+    program_.cross_flag_names.assign(static_cast<std::size_t>(hw.cross_core_flag_ids), "");
+    program_.cross_flag_names[kFlagQkReady] =
+        config.opts.nope_rope_split ? "QK_NOPE_READY" : "QK_READY";
+    program_.cross_flag_names[kFlagQkRopeReady] = "QK_ROPE_READY";
+    program_.cross_flag_names[kFlagSoftmaxReady] = "SOFTMAX_READY";
+    program_.cross_flag_names[kFlagUpdateReady] = "UPDATE_READY";
+    program_.cross_flag_names[kFlagCombine] = "COMBINE_BARRIER";
+    sm_rows_ = config.opts.sm_head_group ? kSmRowsLarge : kSmRows;
+  }
+
+  Program build() {
+    cores_.resize(static_cast<std::size_t>(config_.cores));
+    for (int core = 0; core < config_.cores; ++core) init_core(core);
+    sched::ScheduleOptions schedule_options;
+    schedule_options.interleave_cube = config_.opts.cube_reorder;
+    for (const MlaTask& task : plan_.tasks) {
+      const sched::Schedule schedule =
+          sched::make_schedule(task.num_blocks, config_.chunk, schedule_options);
+      emit_task(task, schedule);
+    }
+    if (plan_.combine) emit_combine();
+    return std::move(program_);
+  }
+
+ private:
+  struct CoreRings {
+    Ring k_tiles, p_tiles, q_tile, l0, l0c;     // AIC
+    Ring sm_in[2], p_out[2], up_in[2], acc[2];  // per AIV
+  };
+
+  // ---- instruction helpers -------------------------------------------------------------------
+  std::uint32_t label(const std::string& text) { return program_.intern_label(text); }
+
+  Instr make(int core, int unit, Pipe pipe, StageTag stage, int block, std::uint32_t text) const {
+    Instr instr;
+    instr.core = core;
+    instr.unit = static_cast<std::uint8_t>(unit);
+    instr.pipe = pipe;
+    instr.stage = stage;
+    instr.block = block;
+    instr.label = text;
+    return instr;
+  }
+
+  void compute(int core, int unit, Pipe pipe, StageTag stage, int block, std::uint32_t text,
+               double cycles, Buffer alloc = Buffer::none, double alloc_bytes = 0,
+               Buffer release = Buffer::none, double free_bytes = 0) {
+    Instr instr = make(core, unit, pipe, stage, block, text);
+    instr.op = Op::compute;
+    instr.cycles = cycles;
+    instr.alloc_buffer = alloc;
+    instr.alloc_bytes = static_cast<std::uint32_t>(alloc_bytes);
+    instr.free_buffer = release;
+    instr.free_bytes = static_cast<std::uint32_t>(free_bytes);
+    program_.add(instr);
+  }
+
+  // A GM read: L2 hits (workspace) or HBM (the KV cache and q).
+  void gm_read(int core, int unit, StageTag stage, int block, std::uint32_t text, double bytes,
+               MemLevel level, bool nd2nz, Buffer alloc, double alloc_bytes) {
+    Instr instr = make(core, unit, Pipe::mte2, stage, block, text);
+    instr.op = Op::gm_read;
+    instr.level = level;
+    instr.bytes = bytes;
+    const bool hbm = level == MemLevel::hbm;
+    instr.port_rate = hbm ? hw_.mte2_gm_bytes_per_cycle : hw_.l2_read_bytes_per_cycle;
+    instr.cycles = (hbm ? hw_.hbm_latency_cycles : hw_.l2_read_latency_cycles) +
+                   (bytes < hw_.mte2_small_copy_bytes ? hw_.mte2_small_copy_head_cycles : 0) +
+                   (nd2nz ? hw_.nd2nz_cycles : 0);
+    instr.ideal_cycles = instr.cycles + bytes / instr.port_rate;
+    instr.alloc_buffer = alloc;
+    instr.alloc_bytes = static_cast<std::uint32_t>(alloc_bytes);
+    program_.add(instr);
+  }
+
+  // A GM write into L2 by FIX (AIC) or MTE3 (AIV).
+  void gm_write(int core, int unit, StageTag stage, int block, std::uint32_t text, double bytes) {
+    const Pipe pipe = unit == 0 ? Pipe::fix : Pipe::mte3;
+    Instr instr = make(core, unit, pipe, stage, block, text);
+    instr.op = Op::gm_write;
+    instr.level = MemLevel::l2;
+    instr.bytes = bytes;
+    instr.port_rate =
+        unit == 0 ? std::min(hw_.fix_gm_write_bytes_per_cycle, hw_.fix_l0c_read_bytes_per_cycle)
+                  : hw_.mte3_ub_to_l2_bytes_per_cycle;
+    instr.cycles = hw_.l2_write_latency_cycles;
+    instr.ideal_cycles = instr.cycles + bytes / instr.port_rate;
+    program_.add(instr);
+  }
+
+  void set_event(int core, int unit, Pipe from, Pipe to, int id, StageTag stage, int block,
+                 Buffer alloc = Buffer::none, double alloc_bytes = 0, Buffer release = Buffer::none,
+                 double free_bytes = 0) {
+    Instr instr = make(core, unit, from, stage, block, 0);
+    instr.op = Op::set_event;
+    instr.peer_pipe = to;
+    instr.flag = static_cast<std::uint8_t>(id);
+    instr.alloc_buffer = alloc;
+    instr.alloc_bytes = static_cast<std::uint32_t>(alloc_bytes);
+    instr.free_buffer = release;
+    instr.free_bytes = static_cast<std::uint32_t>(free_bytes);
+    program_.add(instr);
+  }
+
+  void wait_event(int core, int unit, Pipe from, Pipe on, int id, StageTag stage, int block,
+                  std::uint32_t text) {
+    Instr instr = make(core, unit, on, stage, block, text);
+    instr.op = Op::wait_event;
+    instr.peer_pipe = from;
+    instr.flag = static_cast<std::uint8_t>(id);
+    program_.add(instr);
+  }
+
+  void set_cross(int core, int unit, Pipe pipe, int flag, int mode, StageTag stage, int block) {
+    Instr instr = make(core, unit, pipe, stage, block, cross_label(flag));
+    instr.op = Op::set_cross;
+    instr.flag = static_cast<std::uint8_t>(flag);
+    instr.mode = static_cast<std::uint8_t>(mode);
+    program_.add(instr);
+  }
+
+  void wait_cross(int core, int unit, Pipe pipe, int flag, StageTag stage, int block) {
+    Instr instr = make(core, unit, pipe, stage, block, cross_label(flag));
+    instr.op = Op::wait_cross;
+    instr.flag = static_cast<std::uint8_t>(flag);
+    program_.add(instr);
+  }
+
+  std::uint32_t cross_label(int flag) {
+    return label(program_.cross_flag_names[static_cast<std::size_t>(flag)]);
+  }
+
+  // ---- rings -----------------------------------------------------------------------------------
+  Ring make_ring(int unit, Pipe producer, Pipe consumer, Pipe releaser, int ready_id, int free_id,
+                 int slots, const std::string& name) {
+    Ring ring;
+    ring.unit = unit;
+    ring.producer = producer;
+    ring.consumer = consumer;
+    ring.releaser = releaser;
+    ring.first_ready_id = ready_id;
+    ring.first_free_id = free_id;
+    ring.slots = slots;
+    ring.ready_label = label("wait " + name + " ready");
+    ring.free_label = label("wait " + name + " free");
+    return ring;
+  }
+
+  /// The next slot; the producer first waits until the slot's previous contents were released.
+  int acquire(int core, Ring& ring, StageTag stage, int block) {
+    const int slot = static_cast<int>(ring.uses % ring.slots);
+    if (ring.uses >= ring.slots) {
+      wait_event(core, ring.unit, ring.releaser, ring.producer, ring.first_free_id + slot, stage,
+                 block, ring.free_label);
+    }
+    ++ring.uses;
+    return slot;
+  }
+  void ready(int core, const Ring& ring, int slot, StageTag stage, int block,
+             Buffer alloc = Buffer::none, double alloc_bytes = 0) {
+    set_event(core, ring.unit, ring.producer, ring.consumer, ring.first_ready_id + slot, stage,
+              block, alloc, alloc_bytes);
+  }
+  void await(int core, const Ring& ring, int slot, StageTag stage, int block) {
+    wait_event(core, ring.unit, ring.producer, ring.consumer, ring.first_ready_id + slot, stage,
+               block, ring.ready_label);
+  }
+  void release(int core, const Ring& ring, int slot, StageTag stage, int block, Buffer buffer,
+               double bytes) {
+    set_event(core, ring.unit, ring.releaser, ring.producer, ring.first_free_id + slot, stage,
+              block, Buffer::none, 0, buffer, bytes);
+  }
+
+  void init_core(int core) {
+    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    // AIC event ids per pipe pair (8 ids): MTE2<->MTE1 K tiles 0..chunk, P tiles 5-6, q 7.
+    rings.k_tiles =
+        make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, 0, 0, config_.chunk + 1, "K tile (L1)");
+    rings.p_tiles = make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, 5, 5, 2, "P tile (L1)");
+    rings.q_tile = make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, 7, 7, 1, "q (L1)");
+    rings.l0 = make_ring(0, Pipe::mte1, Pipe::m, Pipe::m, 0, 0, 2, "L0A/L0B");
+    rings.l0c = make_ring(0, Pipe::m, Pipe::fix, Pipe::fix, 0, 0, 2, "L0C");
+    // AIV ids: MTE2->V 0-1 S_nope, 2-3 S_rope, 4-5 O_tmp, 6-7 running O; V->MTE3 0-1 P,
+    // 2-3 running O; MTE3->MTE2 0-1 running O free.
+    const int up_slots = config_.opts.up_pingpong ? 2 : 1;
+    for (int aiv = 0; aiv < 2; ++aiv) {
+      const int unit = aiv + 1;
+      rings.sm_in[aiv] = make_ring(unit, Pipe::mte2, Pipe::v, Pipe::v, 0, 0, 2, "S tile (UB)");
+      rings.p_out[aiv] = make_ring(unit, Pipe::v, Pipe::mte3, Pipe::mte3, 0, 0, 2, "P tile (UB)");
+      rings.up_in[aiv] =
+          make_ring(unit, Pipe::mte2, Pipe::v, Pipe::v, 4, 4, up_slots, "O_tmp tile (UB)");
+      rings.acc[aiv] =
+          make_ring(unit, Pipe::mte2, Pipe::v, Pipe::mte3, 6, 0, up_slots, "O tile (UB)");
+    }
+  }
+
+  // ---- cube ------------------------------------------------------------------------------------
+  struct Matmul {
+    int m, n, k;
+    double a_bytes, b_bytes;  // bytes per element of A (L0A) and B (L0B)
+    bool int8;
+    StageTag stage;
+    int block;
+    const char* name;
+  };
+
+  double mmad_cycles(int m, int n, int k, bool int8) const {
+    // One cycle per 16 x k0 x 16 fractal: k0 = 32 for int8, 16 for fp16 (the MAC rates).
+    const double macs = int8 ? hw_.cube_int8_macs_per_cycle : hw_.cube_fp16_macs_per_cycle;
+    const double k0 = macs / 256.0;
+    return std::ceil(m / 16.0) * std::ceil(n / 16.0) * std::ceil(k / k0);
+  }
+
+  // MTE1 L1->L0A/L0B, M mmad into L0C, FIX L0C->GM, double-buffered in L0 and L0C. Tiles are
+  // sized from the hardware's L0 capacities the way a tiling function would (half of each
+  // buffer, for ping-pong).
+  void emit_matmul(int core, const Matmul& mm) {
+    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    int n_tile = mm.n;
+    while (n_tile > 16 && mm.m * static_cast<double>(n_tile) * kAccBytes > hw_.l0c_bytes / 2) {
+      n_tile = (n_tile + 1) / 2;
+    }
+    int k_slice = mm.k;
+    while (k_slice > 16 &&
+           (mm.m * static_cast<double>(k_slice) * mm.a_bytes > hw_.l0a_bytes / 2 ||
+            k_slice * static_cast<double>(n_tile) * mm.b_bytes > hw_.l0b_bytes / 2)) {
+      k_slice = (k_slice + 1) / 2;
+    }
+    const std::string prefix = std::string(stage_tag_name(mm.stage)) + " " + mm.name;
+    const std::uint32_t load_a = label(prefix + " L1->L0A");
+    const std::uint32_t load_b = label(prefix + " L1->L0B");
+    const std::uint32_t mmad = label(prefix + " mmad");
+    const std::uint32_t fix = label(prefix + " FIX L0C->GM");
+    for (int n0 = 0; n0 < mm.n; n0 += n_tile) {
+      const int n_len = std::min(n_tile, mm.n - n0);
+      const double c_bytes = static_cast<double>(mm.m) * n_len * kAccBytes;
+      const int c_slot = acquire(core, rings.l0c, mm.stage, mm.block);
+      for (int k0 = 0; k0 < mm.k; k0 += k_slice) {
+        const int k_len = std::min(k_slice, mm.k - k0);
+        const double a = static_cast<double>(mm.m) * k_len * mm.a_bytes;
+        const double b = static_cast<double>(k_len) * n_len * mm.b_bytes;
+        const int slot = acquire(core, rings.l0, mm.stage, mm.block);
+        compute(core, 0, Pipe::mte1, mm.stage, mm.block, load_a,
+                hw_.mte1_start_cycles + a / hw_.mte1_l0a_bytes_per_cycle, Buffer::l0a, a);
+        compute(core, 0, Pipe::mte1, mm.stage, mm.block, load_b,
+                hw_.mte1_start_cycles + b / hw_.mte1_l0b_bytes_per_cycle, Buffer::l0b, b);
+        ready(core, rings.l0, slot, mm.stage, mm.block);
+        await(core, rings.l0, slot, mm.stage, mm.block);
+        const bool first_k = k0 == 0;
+        const bool last_k = k0 + k_len >= mm.k;
+        const double cycles = mmad_cycles(mm.m, n_len, k_len, mm.int8);
+        const int pieces = last_k && config_.opts.unit_flag ? kUnitFlagPieces : 1;
+        for (int piece = 0; piece < pieces; ++piece) {
+          // The mmad releases L0A when it ends; the set below releases L0B.
+          compute(core, 0, Pipe::m, mm.stage, mm.block, mmad, cycles / pieces,
+                  first_k && piece == 0 ? Buffer::l0c : Buffer::none,
+                  first_k && piece == 0 ? c_bytes : 0,
+                  piece == pieces - 1 ? Buffer::l0a : Buffer::none, piece == pieces - 1 ? a : 0);
+          if (last_k) ready(core, rings.l0c, c_slot, mm.stage, mm.block);
+        }
+        release(core, rings.l0, slot, mm.stage, mm.block, Buffer::l0b, b);
+      }
+      const int pieces = config_.opts.unit_flag ? kUnitFlagPieces : 1;
+      for (int piece = 0; piece < pieces; ++piece) {
+        await(core, rings.l0c, c_slot, mm.stage, mm.block);
+        gm_write(core, 0, mm.stage, mm.block, fix, c_bytes / pieces);
+      }
+      release(core, rings.l0c, c_slot, mm.stage, mm.block, Buffer::l0c, c_bytes);
+    }
+  }
+
+  // Flags are per block, or per chunk group under sync_reduce.
+  bool flag_at_group_start(const sched::StageInstance& item) const {
+    return !config_.opts.sync_reduce || item.sub == 0;
+  }
+  bool flag_at_group_end(const sched::StageInstance& item, int num_blocks) const {
+    return !config_.opts.sync_reduce || item.sub == config_.chunk - 1 ||
+           item.block == num_blocks - 1;
+  }
+
+  int block_tokens(const MlaTask& task, int block) const {
+    const int start = (task.first_block + block) * config_.block_size;
+    return std::min(config_.block_size, config_.kv - start);
+  }
+
+  void emit_qk(const MlaTask& task, const sched::StageInstance& item) {
+    const int core = task.core;
+    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    const int block = item.block;
+    const int tokens = block_tokens(task, block);
+    const double tile_bytes = static_cast<double>(config_.block_size) * kNopeDim +
+                              static_cast<double>(config_.block_size) * kRopeDim * kRopeBytes;
+    const double load_bytes =
+        static_cast<double>(tokens) * (kNopeDim + static_cast<double>(kRopeDim) * kRopeBytes);
+    const int slot = acquire(core, rings.k_tiles, StageTag::qk, block);
+    gm_read(core, 0, StageTag::qk, block, label("QK load K tile (HBM->L1)"), load_bytes,
+            MemLevel::hbm, false, Buffer::l1, tile_bytes);
+    ready(core, rings.k_tiles, slot, StageTag::qk, block);
+    await(core, rings.k_tiles, slot, StageTag::qk, block);
+    if (block == 0) await(core, rings.q_tile, 0, StageTag::qk, block);
+
+    emit_matmul(core, Matmul{task.rows, tokens, kNopeDim, 1, 1, true, StageTag::qk, block, "nope"});
+    const bool split = config_.opts.nope_rope_split;
+    if (split && flag_at_group_end(item, task.num_blocks)) {
+      set_cross(core, 0, Pipe::fix, kFlagQkReady, 2, StageTag::qk, block);
+    }
+    emit_matmul(core, Matmul{task.rows, tokens, kRopeDim, kRopeBytes, kRopeBytes, false,
+                             StageTag::qk, block, "rope"});
+    if (flag_at_group_end(item, task.num_blocks)) {
+      set_cross(core, 0, Pipe::fix, split ? kFlagQkRopeReady : kFlagQkReady, 2, StageTag::qk,
+                block);
+    }
+    if (block == task.num_blocks - 1) {
+      release(core, rings.q_tile, 0, StageTag::qk, block, Buffer::l1, q_bytes(task));
+    }
+  }
+
+  void emit_pv(const MlaTask& task, const sched::StageInstance& item) {
+    const int core = task.core;
+    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    const int block = item.block;
+    const int tokens = block_tokens(task, block);
+    if (flag_at_group_start(item)) {
+      wait_cross(core, 0, Pipe::mte2, kFlagSoftmaxReady, StageTag::pv, block);
+    }
+    const double p_tile = static_cast<double>(task.rows) * config_.block_size;
+    const int slot = acquire(core, rings.p_tiles, StageTag::pv, block);
+    gm_read(core, 0, StageTag::pv, block, label("PV load P (L2->L1)"),
+            static_cast<double>(task.rows) * tokens, MemLevel::l2, !config_.opts.int8_layout,
+            Buffer::l1, p_tile);
+    ready(core, rings.p_tiles, slot, StageTag::pv, block);
+    await(core, rings.p_tiles, slot, StageTag::pv, block);
+    emit_matmul(core, Matmul{task.rows, kNopeDim, tokens, 1, 1, true, StageTag::pv, block, "PV"});
+    release(core, rings.p_tiles, slot, StageTag::pv, block, Buffer::l1, p_tile);
+    // V is the K tile's nope part: the tile stays in L1 from QK until here.
+    const double tile_bytes = static_cast<double>(config_.block_size) * kNopeDim +
+                              static_cast<double>(config_.block_size) * kRopeDim * kRopeBytes;
+    release(core, rings.k_tiles, static_cast<int>(block_slot_[block] % rings.k_tiles.slots),
+            StageTag::pv, block, Buffer::l1, tile_bytes);
+    if (flag_at_group_end(item, task.num_blocks)) {
+      set_cross(core, 0, Pipe::fix, kFlagUpdateReady, 2, StageTag::pv, block);
+    }
+  }
+
+  double q_bytes(const MlaTask& task) const {
+    return static_cast<double>(task.rows) * (kNopeDim + kRopeDim * kRopeBytes);
+  }
+
+  // ---- vector ----------------------------------------------------------------------------------
+  double vector_cycles(double passes, double tile_bytes, int instrs) const {
+    return instrs * hw_.vector_issue_cycles + passes * tile_bytes / hw_.vector_bytes_per_cycle;
+  }
+
+  // AIV0 takes the odd row. A single-row task still runs SM/UP on both AIVs (AIV1 on a
+  // padding row) because the mode-2 flags need both AIVs to set.
+  int aiv_rows(const MlaTask& task, int aiv) const {
+    return aiv == 0 ? (task.rows + 1) / 2 : std::max(1, task.rows / 2);
+  }
+
+  void emit_sm(const MlaTask& task, const sched::StageInstance& item, int aiv) {
+    const int core = task.core;
+    const int unit = aiv + 1;
+    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    Ring& in = rings.sm_in[aiv];
+    Ring& out = rings.p_out[aiv];
+    const int block = item.block;
+    const int tokens = block_tokens(task, block);
+    const int rows = aiv_rows(task, aiv);
+    const bool split = config_.opts.nope_rope_split;
+    const bool wait_flags = flag_at_group_start(item);
+    const bool partial = tokens < config_.block_size;
+    // Elementwise work covers the valid tokens rounded up to a 32-byte vector block (8 fp32).
+    const double padded = std::ceil(tokens / 8.0) * 8.0;
+    const double reduce_tokens = partial && !config_.opts.tail_reduce ? config_.block_size : padded;
+    if (wait_flags) wait_cross(core, unit, Pipe::mte2, kFlagQkReady, StageTag::sm, block);
+    const std::uint32_t load_nope = label("SM load S_nope (L2->UB)");
+    const std::uint32_t load_rope = label("SM load S_rope (L2->UB)");
+    const std::uint32_t dequant = label("SM dequant S_nope");
+    const std::uint32_t softmax = label("SM softmax + quantize P");
+    const std::uint32_t store = label("SM store P (UB->L2)");
+    for (int row0 = 0; row0 < rows; row0 += sm_rows_) {
+      const int step_rows = std::min(sm_rows_, rows - row0);
+      const double in_tile = static_cast<double>(step_rows) * config_.block_size * 2 * kAccBytes;
+      const double s_bytes = static_cast<double>(step_rows) * tokens * kAccBytes;
+      const int slot = acquire(core, in, StageTag::sm, block);
+      gm_read(core, unit, StageTag::sm, block, load_nope, s_bytes, MemLevel::l2, false, Buffer::ub,
+              in_tile);
+      ready(core, in, slot, StageTag::sm, block);
+      if (split && wait_flags && row0 == 0) {
+        wait_cross(core, unit, Pipe::mte2, kFlagQkRopeReady, StageTag::sm, block);
+      }
+      gm_read(core, unit, StageTag::sm, block, load_rope, s_bytes, MemLevel::l2, false,
+              Buffer::none, 0);
+      set_event(core, unit, Pipe::mte2, Pipe::v, 2 + slot, StageTag::sm, block);
+
+      const double fp32_tile = step_rows * padded * kAccBytes;
+      await(core, in, slot, StageTag::sm, block);
+      compute(core, unit, Pipe::v, StageTag::sm, block, dequant,
+              vector_cycles(kSmDequantPasses, fp32_tile, kSmDequantInstrs));
+      wait_event(core, unit, Pipe::mte2, Pipe::v, 2 + slot, StageTag::sm, block,
+                 label("wait S_rope tile ready"));
+      const double p_tile = static_cast<double>(step_rows) * config_.block_size;
+      const int p_slot = acquire(core, out, StageTag::sm, block);
+      double passes = kSmElementwisePasses + kSmReductionPasses * reduce_tokens / padded;
+      if (partial && !config_.opts.tail_reduce) passes += kSmMaskPasses * reduce_tokens / padded;
+      compute(core, unit, Pipe::v, StageTag::sm, block, softmax,
+              vector_cycles(passes, fp32_tile, kSmSoftmaxInstrs), Buffer::ub, p_tile);
+      release(core, in, slot, StageTag::sm, block, Buffer::ub, in_tile);
+      ready(core, out, p_slot, StageTag::sm, block);
+      await(core, out, p_slot, StageTag::sm, block);
+      gm_write(core, unit, StageTag::sm, block, store, static_cast<double>(step_rows) * tokens);
+      release(core, out, p_slot, StageTag::sm, block, Buffer::ub, p_tile);
+    }
+    if (flag_at_group_end(item, task.num_blocks)) {
+      set_cross(core, unit, Pipe::mte3, kFlagSoftmaxReady, 2, StageTag::sm, block);
+    }
+  }
+
+  // UP for a run of consecutive blocks of one chunk group: one pass over the running O per
+  // tile, adding every block's O_tmp (fewer O loads and stores for larger chunks).
+  void emit_up(const MlaTask& task, const std::vector<sched::StageInstance>& run, int aiv) {
+    const int core = task.core;
+    const int unit = aiv + 1;
+    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    Ring& in = rings.up_in[aiv];
+    Ring& acc = rings.acc[aiv];
+    const int rows = aiv_rows(task, aiv);
+    const bool first = run.front().block == 0;
+    const bool last = run.back().block == task.num_blocks - 1;
+    const int tag_block = run.front().block;
+    const std::uint32_t load_o = label("UP load O (L2->UB)");
+    const std::uint32_t load_tmp = label("UP load O_tmp (L2->UB)");
+    const std::uint32_t rescale = label("UP rescale O");
+    const std::uint32_t add = label("UP add O_tmp");
+    const std::uint32_t final_label = label("UP normalize O");
+    const std::uint32_t store_o = label(last ? "UP store O (UB->L2)" : "UP store running O");
+    for (int row0 = 0; row0 < rows; row0 += kUpRows) {
+      const int tile_rows = std::min(kUpRows, rows - row0);
+      const double tile = static_cast<double>(tile_rows) * kNopeDim * kAccBytes;
+      const int acc_slot = acquire(core, acc, StageTag::up, tag_block);
+      if (first) {
+        ready(core, acc, acc_slot, StageTag::up, tag_block, Buffer::ub, tile);
+      } else {
+        gm_read(core, unit, StageTag::up, tag_block, load_o, tile, MemLevel::l2, false, Buffer::ub,
+                tile);
+        ready(core, acc, acc_slot, StageTag::up, tag_block);
+      }
+      std::vector<int> slots;
+      for (const sched::StageInstance& item : run) {
+        if (row0 == 0 && flag_at_group_start(item)) {
+          wait_cross(core, unit, Pipe::mte2, kFlagUpdateReady, StageTag::up, item.block);
+        }
+        const int slot = acquire(core, in, StageTag::up, item.block);
+        gm_read(core, unit, StageTag::up, item.block, load_tmp, tile, MemLevel::l2, false,
+                Buffer::ub, tile);
+        ready(core, in, slot, StageTag::up, item.block);
+        slots.push_back(slot);
+      }
+      await(core, acc, acc_slot, StageTag::up, tag_block);
+      if (!first) {
+        compute(core, unit, Pipe::v, StageTag::up, tag_block, rescale,
+                vector_cycles(kUpRescalePasses, tile, 1));
+      }
+      for (std::size_t i = 0; i < run.size(); ++i) {
+        await(core, in, slots[i], StageTag::up, run[i].block);
+        compute(core, unit, Pipe::v, StageTag::up, run[i].block, add,
+                vector_cycles(kUpBlockPasses, tile, kUpBlockInstrs));
+        release(core, in, slots[i], StageTag::up, run[i].block, Buffer::ub, tile);
+      }
+      double out_bytes = tile;
+      if (last) {
+        compute(core, unit, Pipe::v, StageTag::up, tag_block, final_label,
+                vector_cycles(kUpFinalPasses, tile, 2));
+        // A split writes its fp32 partial O and its log-sum-exp for the combine pass.
+        out_bytes = plan_.splits > 1 ? tile + tile_rows * 4.0
+                                     : static_cast<double>(tile_rows) * kNopeDim * kOutBytes;
+      }
+      // The running O goes back to GM (V -> MTE3 ids 2-3), then the tile is free again.
+      set_event(core, unit, Pipe::v, Pipe::mte3, 2 + acc_slot, StageTag::up, tag_block);
+      wait_event(core, unit, Pipe::v, Pipe::mte3, 2 + acc_slot, StageTag::up, tag_block,
+                 label("wait O tile computed"));
+      gm_write(core, unit, StageTag::up, tag_block, store_o, out_bytes);
+      release(core, acc, acc_slot, StageTag::up, tag_block, Buffer::ub, tile);
+    }
+  }
+
+  // ---- tasks -----------------------------------------------------------------------------------
+  void emit_task(const MlaTask& task, const sched::Schedule& schedule) {
+    const int core = task.core;
+    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    block_slot_.assign(static_cast<std::size_t>(task.num_blocks), 0);
+    // q (int8 nope + bf16 rope) stays in L1 for the whole task.
+    acquire(core, rings.q_tile, StageTag::setup, -1);
+    gm_read(core, 0, StageTag::setup, -1, label("load q (HBM->L1)"), q_bytes(task), MemLevel::hbm,
+            false, Buffer::l1, q_bytes(task));
+    ready(core, rings.q_tile, 0, StageTag::setup, -1);
+    for (const sched::StageInstance& item : schedule.cube) {
+      if (item.stage == sched::Stage::qk) {
+        block_slot_[static_cast<std::size_t>(item.block)] = rings.k_tiles.uses;
+        emit_qk(task, item);
+      } else {
+        emit_pv(task, item);
+      }
+    }
+    for (int aiv = 0; aiv < 2; ++aiv) {
+      const auto& order = schedule.vector;
+      for (std::size_t i = 0; i < order.size();) {
+        if (order[i].stage == sched::Stage::sm) {
+          emit_sm(task, order[i], aiv);
+          ++i;
+          continue;
+        }
+        std::vector<sched::StageInstance> run{order[i]};
+        std::size_t j = i + 1;
+        while (j < order.size() && order[j].stage == sched::Stage::up &&
+               order[j].group == order[i].group) {
+          run.push_back(order[j++]);
+        }
+        emit_up(task, run, aiv);
+        i = j;
+      }
+    }
+  }
+
+  void emit_combine() {
+    // Every AIV of the launch reaches the mode-0 barrier after its last GM write.
+    for (int core = 0; core < config_.cores; ++core) {
+      for (int unit = 1; unit <= 2; ++unit) {
+        set_cross(core, unit, Pipe::mte3, kFlagCombine, 0, StageTag::sync, -1);
+        wait_cross(core, unit, Pipe::mte2, kFlagCombine, StageTag::sync, -1);
+      }
+    }
+    // Rows to merge, cut into UP-sized tiles and dealt out evenly over all AIVs.
+    struct Tile {
+      int rows;
+    };
+    std::vector<Tile> tiles;
+    for (int sequence = 0; sequence < config_.batch; ++sequence) {
+      for (int group = 0; group < plan_.head_groups; ++group) {
+        const int heads =
+            std::min(plan_.heads_per_group, config_.heads - group * plan_.heads_per_group);
+        const int rows = heads * config_.q_len;
+        for (int row0 = 0; row0 < rows; row0 += kUpRows)
+          tiles.push_back({std::min(kUpRows, rows - row0)});
+      }
+    }
+    const int units = 2 * config_.cores;
+    const std::uint32_t load = label("combine load partial O (L2->UB)");
+    const std::uint32_t merge = label("combine merge");
+    const std::uint32_t store = label("combine store O (UB->L2)");
+    for (std::size_t t = 0; t < tiles.size(); ++t) {
+      const int target = static_cast<int>(t % static_cast<std::size_t>(units));
+      const int core = target / 2;
+      const int aiv = target % 2;
+      const int unit = aiv + 1;
+      CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+      const double tile = static_cast<double>(tiles[t].rows) * kNopeDim * kAccBytes;
+      const int acc_slot = acquire(core, rings.acc[aiv], StageTag::combine, -1);
+      ready(core, rings.acc[aiv], acc_slot, StageTag::combine, -1, Buffer::ub, tile);
+      await(core, rings.acc[aiv], acc_slot, StageTag::combine, -1);
+      for (int split = 0; split < plan_.splits; ++split) {
+        const int slot = acquire(core, rings.up_in[aiv], StageTag::combine, -1);
+        gm_read(core, unit, StageTag::combine, -1, load, tile + tiles[t].rows * 4.0, MemLevel::l2,
+                false, Buffer::ub, tile);
+        ready(core, rings.up_in[aiv], slot, StageTag::combine, -1);
+        await(core, rings.up_in[aiv], slot, StageTag::combine, -1);
+        compute(core, unit, Pipe::v, StageTag::combine, -1, merge,
+                vector_cycles(kCombineSplitPasses, tile, 2));
+        release(core, rings.up_in[aiv], slot, StageTag::combine, -1, Buffer::ub, tile);
+      }
+      compute(core, unit, Pipe::v, StageTag::combine, -1, merge,
+              vector_cycles(kCombineFinalPasses, tile, 2));
+      set_event(core, unit, Pipe::v, Pipe::mte3, 2 + acc_slot, StageTag::combine, -1);
+      wait_event(core, unit, Pipe::v, Pipe::mte3, 2 + acc_slot, StageTag::combine, -1,
+                 label("wait O tile computed"));
+      gm_write(core, unit, StageTag::combine, -1, store,
+               static_cast<double>(tiles[t].rows) * kNopeDim * kOutBytes);
+      release(core, rings.acc[aiv], acc_slot, StageTag::combine, -1, Buffer::ub, tile);
+    }
+  }
+
+  const MlaConfig& config_;
+  const HwParams& hw_;
+  const MlaPlan& plan_;
+  Program program_;
+  std::vector<CoreRings> cores_;
+  std::vector<long long> block_slot_;  // K ring use index of each block of the current task
+  int sm_rows_ = kSmRows;
+};
+
+}  // namespace
+
+const std::vector<MlaOptInfo>& mla_opt_table() {
+  static const std::vector<MlaOptInfo> table = {
+      {"nope_rope_split",
+       "two QK sync stages: flag S_nope ready, then S_rope ready, so the AIV dequantizes early",
+       &MlaOptimizations::nope_rope_split},
+      {"up_pingpong", "double-buffered UB tiles for O_tmp and the running O in UP",
+       &MlaOptimizations::up_pingpong},
+      {"sm_head_group", "32 rows per SM step instead of 16 (fewer, larger vector instructions)",
+       &MlaOptimizations::sm_head_group},
+      {"tail_reduce", "row max / row sum over the valid tokens of a partial last block only",
+       &MlaOptimizations::tail_reduce},
+      {"unit_flag", "cube/L0C unit flag: FIX drains L0C in pieces while M still runs",
+       &MlaOptimizations::unit_flag},
+      {"sync_reduce", "one cross-core flag per chunk group instead of one per block",
+       &MlaOptimizations::sync_reduce},
+      {"int8_layout", "S/P layout for int8: P stored in NZ, no ND->NZ conversion on load",
+       &MlaOptimizations::int8_layout},
+      {"cube_reorder",
+       "chunk >= 2: interleave the next group's QK with this group's PV (no cube bubble)",
+       &MlaOptimizations::cube_reorder},
+  };
+  return table;
+}
+
+MlaOptimizations parse_mla_opts(const std::string& list) {
+  MlaOptimizations opts;
+  std::stringstream stream(list);
+  std::string name;
+  while (std::getline(stream, name, ',')) {
+    if (name.empty() || name == "none") continue;
+    if (name == "all") {
+      for (const MlaOptInfo& info : mla_opt_table()) opts.*info.field = true;
+      continue;
+    }
+    bool found = false;
+    for (const MlaOptInfo& info : mla_opt_table()) {
+      if (name == info.name) {
+        opts.*info.field = true;
+        found = true;
+      }
+    }
+    if (!found) {
+      std::string names;
+      for (const MlaOptInfo& info : mla_opt_table()) names += std::string(" ") + info.name;
+      throw SimError("unknown optimization '" + name + "' (known: all none" + names + ")");
+    }
+  }
+  return opts;
+}
+
+std::string mla_opts_to_string(const MlaOptimizations& opts) {
+  std::string text;
+  for (const MlaOptInfo& info : mla_opt_table()) {
+    if (opts.*info.field) text += (text.empty() ? "" : ",") + std::string(info.name);
+  }
+  return text.empty() ? "none" : text;
+}
+
+void validate(const MlaConfig& config, const HwParams& hw) {
+  const auto check = [](const char* name, long long value, long long low, long long high) {
+    if (value < low || value > high) {
+      throw SimError(std::string(name) + " must be in [" + std::to_string(low) + ", " +
+                     std::to_string(high) + "] (got " + std::to_string(value) + ")");
+    }
+  };
+  check("batch", config.batch, 1, 4096);
+  check("kv", config.kv, 1, 1 << 20);
+  check("heads", config.heads, 1, 1024);
+  check("q-len", config.q_len, 1, 16);
+  check("cores", config.cores, 1, static_cast<long long>(hw.num_cores));
+  if (config.block_size != 64 && config.block_size != 128) {
+    throw SimError("block-size must be 64 or 128 (got " + std::to_string(config.block_size) + ")");
+  }
+  if (!schedule::valid_chunk(config.chunk)) {
+    throw SimError("chunk must be 1, 2 or 4 (got " + std::to_string(config.chunk) + ")");
+  }
+  check("min_blocks_per_split", config.min_blocks_per_split, 1, 1 << 20);
+  check("max_rows_per_task", config.max_rows_per_task, 1, 128);
+  if (hw.cross_core_flag_ids <= kFlagCombine) {
+    throw SimError("the MLA kernel needs at least " + std::to_string(kFlagCombine + 1) +
+                   " cross-core flag ids");
+  }
+  if (hw.intra_core_event_ids < 8) {
+    throw SimError("the MLA kernel needs 8 intra-core event ids per pipe pair");
+  }
+}
+
+MlaPlan plan_mla(const MlaConfig& config, const HwParams& hw) {
+  validate(config, hw);
+  MlaPlan plan;
+  plan.heads_per_group =
+      std::max(1, std::min(config.heads, config.max_rows_per_task / config.q_len));
+  plan.head_groups = (config.heads + plan.heads_per_group - 1) / plan.heads_per_group;
+  plan.blocks_per_sequence = (config.kv + config.block_size - 1) / config.block_size;
+  const long long items = static_cast<long long>(config.batch) * plan.head_groups;
+  if (items < config.cores) {
+    const long long wanted = (config.cores + items - 1) / items;
+    const long long allowed = std::max(1, plan.blocks_per_sequence / config.min_blocks_per_split);
+    plan.splits = static_cast<int>(std::max(1LL, std::min(wanted, allowed)));
+  }
+  plan.combine = plan.splits > 1;
+  for (int sequence = 0; sequence < config.batch; ++sequence) {
+    for (int group = 0; group < plan.head_groups; ++group) {
+      const int heads = std::min(plan.heads_per_group, config.heads - group * plan.heads_per_group);
+      for (int split = 0; split < plan.splits; ++split) {
+        const long long nb = plan.blocks_per_sequence;
+        MlaTask task;
+        task.sequence = sequence;
+        task.head_group = group;
+        task.split = split;
+        task.first_block = static_cast<int>(nb * split / plan.splits);
+        task.num_blocks = static_cast<int>(nb * (split + 1) / plan.splits) - task.first_block;
+        const int end_token =
+            std::min(config.kv, (task.first_block + task.num_blocks) * config.block_size);
+        task.tokens = end_token - task.first_block * config.block_size;
+        task.rows = heads * config.q_len;
+        plan.tasks.push_back(task);
+      }
+    }
+  }
+  // Longest task first onto the least loaded core (LPT); the cost is the task's tokens times
+  // rows plus a fixed pipeline fill of one block, so short tasks are not free.
+  std::vector<std::size_t> order(plan.tasks.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  const auto cost = [&](const MlaTask& task) {
+    return (static_cast<double>(task.tokens) + config.block_size) * task.rows;
+  };
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t lhs, std::size_t rhs) {
+    return cost(plan.tasks[lhs]) > cost(plan.tasks[rhs]);
+  });
+  std::vector<double> load(static_cast<std::size_t>(config.cores), 0.0);
+  std::vector<std::vector<MlaTask>> per_core(static_cast<std::size_t>(config.cores));
+  for (const std::size_t index : order) {
+    const auto target =
+        static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    MlaTask task = plan.tasks[index];
+    task.core = static_cast<int>(target);
+    load[target] += cost(task);
+    per_core[target].push_back(task);
+  }
+  plan.tasks.clear();
+  for (const auto& tasks : per_core) {
+    if (!tasks.empty()) ++plan.cores_used;
+    plan.tasks.insert(plan.tasks.end(), tasks.begin(), tasks.end());
+  }
+  return plan;
+}
+
+Program build_mla_program(const MlaConfig& config, const HwParams& hw, MlaPlan* plan_out) {
+  const MlaPlan plan = plan_mla(config, hw);
+  MlaBuilder builder(config, hw, plan);
+  Program program = builder.build();
+  if (plan_out != nullptr) *plan_out = plan;
+  return program;
+}
+
+std::string describe(const MlaConfig& config) {
+  return "batch " + std::to_string(config.batch) + ", kv " + std::to_string(config.kv) +
+         ", heads " + std::to_string(config.heads) + ", q-len " + std::to_string(config.q_len) +
+         ", block " + std::to_string(config.block_size) + ", cores " +
+         std::to_string(config.cores) + ", chunk " + std::to_string(config.chunk) + ", opts " +
+         mla_opts_to_string(config.opts);
+}
+
+}  // namespace ditops::sim

@@ -1,0 +1,94 @@
+#pragma once
+// A simulator program: per AI core, one in-order instruction queue per pipe.
+//
+// Units of one AI core: the AIC (cube core, pipes MTE2 MTE1 M FIX; buffers L1 L0A L0B L0C) and
+// two AIVs (vector cores, pipes MTE2 V MTE3; a UB each). An instruction occupies its pipe from
+// start to end; pipes of a core run concurrently and only meet through events (intra-core
+// SET_FLAG/WAIT_FLAG between two pipes of one unit) and cross-core flags (CrossCoreSetFlag /
+// CrossCoreWaitFlag between units, modes 0/1/2).
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace ditops::sim {
+
+enum class Pipe : std::uint8_t { mte2, mte1, m, fix, v, mte3 };
+inline constexpr int kNumPipeKinds = 6;
+
+enum class UnitKind : std::uint8_t { aic, aiv };
+inline constexpr int kUnitsPerCore = 3;   // unit 0 = AIC, 1 = AIV0, 2 = AIV1
+inline constexpr int kPipesPerCore = 10;  // AIC: 4 pipes, each AIV: 3 pipes
+
+enum class Buffer : std::uint8_t { none, l1, l0a, l0b, l0c, ub };
+inline constexpr int kNumBuffers = 6;
+
+enum class MemLevel : std::uint8_t { l2, hbm };
+
+enum class Op : std::uint8_t {
+  compute,     // `cycles` on the pipe (cube mmad, vector op, MTE1 load, FIX L0C read)
+  gm_read,     // GM -> local: head `cycles`, then `bytes` through the unit port and `level`
+  gm_write,    // local -> GM: same, written into `level`
+  set_event,   // intra-unit SET_FLAG(pipe -> peer_pipe, flag)
+  wait_event,  // intra-unit WAIT_FLAG(peer_pipe -> pipe, flag)
+  set_cross,   // CrossCoreSetFlag<mode, pipe>(flag)
+  wait_cross,  // CrossCoreWaitFlag(flag)
+};
+
+/// Tag used by reports to color and group work: the pipeline stage an instruction belongs to.
+enum class StageTag : std::uint8_t { setup, qk, sm, pv, up, combine, sync };
+inline constexpr int kNumStageTags = 7;
+const char* stage_tag_name(StageTag tag) noexcept;
+
+struct Instr {
+  Op op = Op::compute;
+  Pipe pipe = Pipe::mte2;
+  std::uint8_t unit = 0;  // 0 AIC, 1 AIV0, 2 AIV1
+  std::uint8_t flag = 0;  // event id or cross-core flag id
+  std::uint8_t mode = 2;  // cross-core mode (0, 1, 2)
+  Pipe peer_pipe = Pipe::mte2;
+  MemLevel level = MemLevel::l2;
+  StageTag stage = StageTag::setup;
+  Buffer alloc_buffer = Buffer::none;  // reserved when the instruction starts
+  Buffer free_buffer = Buffer::none;   // released when it ends
+  std::int32_t core = 0;
+  std::int32_t block = -1;  // KV block within the task, for labels
+  std::uint32_t label = 0;  // index into Program::labels
+  std::uint32_t alloc_bytes = 0;
+  std::uint32_t free_bytes = 0;
+  double cycles = 0;        // compute time, or the fixed head of a transfer
+  double bytes = 0;         // transfer size
+  double port_rate = 0;     // B/cycle limit of this unit's port for a transfer
+  double ideal_cycles = 0;  // transfer time with the whole port to itself (for stall reports)
+};
+
+/// Global pipe index = core * kPipesPerCore + local index.
+int local_pipe_index(int unit, Pipe pipe);  // throws SimError for a pipe the unit does not have
+Pipe pipe_of_local(int local_index) noexcept;
+int unit_of_local(int local_index) noexcept;
+const char* pipe_name(Pipe pipe) noexcept;        // "MTE2", "MTE1", "M", "FIX", "V", "MTE3"
+const char* unit_name(int unit) noexcept;         // "AIC", "AIV0", "AIV1"
+const char* buffer_name(Buffer buffer) noexcept;  // "L1", "L0A", ...
+/// "AIC.M", "AIV0.V", ...
+std::string local_pipe_name(int local_index);
+
+struct Program {
+  int num_cores = 0;
+  std::vector<Instr> instrs;
+  std::vector<std::vector<std::uint32_t>> queues;  // per global pipe: instruction indices
+  std::vector<std::string> labels;                 // instruction labels ("QK3 mmad nope")
+  std::vector<std::string> cross_flag_names;       // per cross-core flag id, for reports
+
+  explicit Program(int cores = 0);
+  /// Appends `instr` to its pipe's queue; returns its index.
+  std::uint32_t add(const Instr& instr);
+  /// The index of `label` in `labels`, adding it once.
+  std::uint32_t intern_label(const std::string& label);
+  std::string describe(std::uint32_t index) const;  // "core 3 AIC.M instruction #12 'QK mmad'"
+
+ private:
+  std::unordered_map<std::string, std::uint32_t> label_index_;
+};
+
+}  // namespace ditops::sim

@@ -1,0 +1,370 @@
+// ditops-sim: the Ascend 910B pipeline simulator's command line (API.md, "Simulator CLI").
+//
+//   ditops-sim mla   [--batch 1] [--kv 2048] [--heads 128] [--q-len 1] [--cores 24]
+//                    [--block-size 128] [--chunk 1|2|4] [--opt NAME[,NAME...]] [--hw FILE.json]
+//                    [--trace FILE.json] [--csv FILE.csv] [--svg FILE.svg] [--json]
+//   ditops-sim sweep [--batch 1,2,4,8,16,24,48] [--kv 512,2048,4096] [--chunk 1,2,4]
+//                    [same options] [--json]
+//   ditops-sim hw    [--hw FILE.json]
+//
+// Bad flags or values print one line on stderr and exit with status 2.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sim/engine.hpp"
+#include "sim/error.hpp"
+#include "sim/hw.hpp"
+#include "sim/mla.hpp"
+#include "sim/report.hpp"
+
+namespace {
+
+namespace sim = ditops::sim;
+
+constexpr int kExitUsage = 2;
+constexpr int kExitIo = 1;
+
+/// A command-line mistake: one line on stderr, exit status 2.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+const char* const kUsage =
+    "usage: ditops-sim mla   [--batch 1] [--kv 2048] [--heads 128] [--q-len 1] [--cores 24]\n"
+    "                        [--block-size 128] [--chunk 1|2|4] [--opt NAME[,NAME...]]\n"
+    "                        [--hw FILE.json] [--trace FILE.json] [--csv FILE.csv]\n"
+    "                        [--svg FILE.svg] [--json]\n"
+    "       ditops-sim sweep [--batch 1,2,4,8,16,24,48] [--kv 512,2048,4096] [--chunk 1,2,4]\n"
+    "                        [--heads ..] [--q-len ..] [--cores ..] [--block-size ..] [--opt ..]\n"
+    "                        [--hw FILE.json] [--json]\n"
+    "       ditops-sim hw    [--hw FILE.json]   (prints the hardware parameters as JSON)\n";
+
+int parse_int(const std::string& flag, const std::string& text) {
+  if (text.empty() || text.size() > 9 ||
+      text.find_first_not_of("0123456789") != std::string::npos) {
+    throw UsageError(flag + " expects a positive integer (got '" + text + "')");
+  }
+  return std::stoi(text);
+}
+
+std::vector<int> parse_list(const std::string& flag, const std::string& text) {
+  std::vector<int> values;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', start);
+    values.push_back(parse_int(flag, text.substr(start, comma - start)));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return values;
+}
+
+struct Options {
+  std::string command;
+  std::map<std::string, std::string> values;  // flag -> raw value
+  bool json = false;
+};
+
+Options parse_args(int argc, char** argv) {
+  if (argc < 2) throw UsageError("missing command: mla, sweep or hw (see --help)");
+  Options options;
+  options.command = argv[1];
+  if (options.command != "mla" && options.command != "sweep" && options.command != "hw") {
+    throw UsageError("unknown command '" + options.command + "' (expected mla, sweep or hw)");
+  }
+  std::vector<std::string> allowed;
+  if (options.command == "hw") {
+    allowed = {"--hw"};
+  } else {
+    allowed = {"--batch",      "--kv",    "--heads", "--q-len", "--cores",
+               "--block-size", "--chunk", "--opt",   "--hw"};
+    if (options.command == "mla") {
+      for (const char* flag : {"--trace", "--csv", "--svg"}) allowed.emplace_back(flag);
+    }
+  }
+  for (int i = 2; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--json" && options.command != "hw") {
+      options.json = true;
+      continue;
+    }
+    if (std::find(allowed.begin(), allowed.end(), flag) == allowed.end()) {
+      throw UsageError("unknown flag '" + flag + "' for 'ditops-sim " + options.command + "'");
+    }
+    if (i + 1 >= argc) throw UsageError(flag + " needs a value");
+    if (options.values.count(flag) != 0) throw UsageError(flag + " given twice");
+    options.values[flag] = argv[++i];
+  }
+  return options;
+}
+
+sim::HwParams load_hw(const Options& options) {
+  const auto found = options.values.find("--hw");
+  if (found == options.values.end()) return sim::HwParams{};
+  try {
+    return sim::load_hw_file(found->second);
+  } catch (const sim::SimError& error) {
+    throw UsageError(std::string("--hw ") + error.what());
+  }
+}
+
+/// The shared mla/sweep options; list flags of a sweep are set by the caller.
+sim::MlaConfig base_config(const Options& options, const sim::HwParams& hw) {
+  sim::MlaConfig config;
+  config.cores = static_cast<int>(hw.num_cores) < 24 ? static_cast<int>(hw.num_cores) : 24;
+  const auto get = [&](const char* flag, int& target) {
+    const auto found = options.values.find(flag);
+    if (found != options.values.end()) target = parse_int(flag, found->second);
+  };
+  get("--heads", config.heads);
+  get("--q-len", config.q_len);
+  get("--cores", config.cores);
+  get("--block-size", config.block_size);
+  if (options.command == "mla") {
+    get("--batch", config.batch);
+    get("--kv", config.kv);
+    get("--chunk", config.chunk);
+  }
+  const auto opt = options.values.find("--opt");
+  if (opt != options.values.end()) {
+    try {
+      config.opts = sim::parse_mla_opts(opt->second);
+    } catch (const sim::SimError& error) {
+      throw UsageError(std::string("--opt: ") + error.what());
+    }
+  }
+  return config;
+}
+
+void validate_config(const sim::MlaConfig& config, const sim::HwParams& hw) {
+  try {
+    sim::validate(config, hw);
+  } catch (const sim::SimError& error) {
+    throw UsageError(std::string("--") + error.what());
+  }
+}
+
+std::string plan_text(const sim::MlaConfig& config, const sim::MlaPlan& plan) {
+  std::string text = "plan: " + std::to_string(config.batch) + " sequence(s) x " +
+                     std::to_string(plan.head_groups) + " head group(s) of " +
+                     std::to_string(plan.heads_per_group) + " heads x " +
+                     std::to_string(plan.splits) +
+                     " KV split(s) = " + std::to_string(plan.tasks.size()) + " tasks on " +
+                     std::to_string(plan.cores_used) + " cores, " +
+                     std::to_string(plan.blocks_per_sequence) + " blocks per sequence";
+  if (plan.combine) text += ", combine pass";
+  return text;
+}
+
+void write_file(const std::string& path, const std::string& what,
+                const std::function<void(std::ostream&)>& writer) {
+  std::ofstream file(path);
+  if (!file) throw std::runtime_error("cannot write " + what + " file " + path);
+  writer(file);
+  if (!file) throw std::runtime_error("error writing " + what + " file " + path);
+}
+
+int run_mla(const Options& options) {
+  const sim::HwParams hw = load_hw(options);
+  const sim::MlaConfig config = base_config(options, hw);
+  validate_config(config, hw);
+  sim::MlaPlan plan;
+  const sim::Program program = sim::build_mla_program(config, hw, &plan);
+  const auto value = [&](const char* flag) {
+    const auto found = options.values.find(flag);
+    return found == options.values.end() ? std::string() : found->second;
+  };
+  sim::EngineOptions engine_options;
+  engine_options.record_instructions = !value("--trace").empty() || !value("--svg").empty();
+  const sim::SimResult result = sim::simulate(program, hw, engine_options);
+  const sim::Summary summary = sim::summarize(program, result, hw);
+  const std::string title = "ditops-sim mla: " + sim::describe(config);
+  if (!value("--trace").empty()) {
+    write_file(value("--trace"), "trace",
+               [&](std::ostream& out) { sim::write_chrome_trace(out, program, result, hw); });
+  }
+  if (!value("--csv").empty()) {
+    write_file(value("--csv"), "CSV",
+               [&](std::ostream& out) { sim::write_pipe_csv(out, program, result, hw); });
+  }
+  if (!value("--svg").empty()) {
+    write_file(value("--svg"), "SVG",
+               [&](std::ostream& out) { sim::write_svg(out, program, result, hw, title); });
+  }
+  if (options.json) {
+    nlohmann::ordered_json json;
+    json["config"] = {{"batch", config.batch}, {"kv", config.kv},
+                      {"heads", config.heads}, {"q_len", config.q_len},
+                      {"cores", config.cores}, {"block_size", config.block_size},
+                      {"chunk", config.chunk}, {"opts", sim::mla_opts_to_string(config.opts)}};
+    json["plan"] = {{"tasks", plan.tasks.size()},
+                    {"splits", plan.splits},
+                    {"head_groups", plan.head_groups},
+                    {"cores_used", plan.cores_used},
+                    {"combine", plan.combine}};
+    const nlohmann::ordered_json details = sim::summary_json(summary);
+    for (auto it = details.begin(); it != details.end(); ++it) json[it.key()] = it.value();
+    std::cout << json.dump(2) << '\n';
+  } else {
+    std::cout << sim::format_table(summary, title + "\n" + plan_text(config, plan) + "\n");
+  }
+  return 0;
+}
+
+int run_sweep(const Options& options) {
+  const sim::HwParams hw = load_hw(options);
+  const sim::MlaConfig base = base_config(options, hw);
+  const auto list = [&](const char* flag, const std::vector<int>& fallback) {
+    const auto found = options.values.find(flag);
+    return found == options.values.end() ? fallback : parse_list(flag, found->second);
+  };
+  const std::vector<int> batches = list("--batch", {1, 2, 4, 8, 16, 24, 48});
+  const std::vector<int> kvs = list("--kv", {512, 2048, 4096});
+  const std::vector<int> chunks = list("--chunk", {1, 2, 4});
+  for (const int batch : batches) {
+    for (const int kv : kvs) {
+      for (const int chunk : chunks) {
+        sim::MlaConfig config = base;
+        config.batch = batch;
+        config.kv = kv;
+        config.chunk = chunk;
+        validate_config(config, hw);
+      }
+    }
+  }
+  struct Row {
+    int batch, kv, chunk;
+    sim::Summary summary;
+  };
+  std::vector<Row> rows;
+  const std::size_t total = batches.size() * kvs.size() * chunks.size();
+  const bool tty = isatty(fileno(stderr)) != 0;
+  const auto started = std::chrono::steady_clock::now();
+  auto last_report = started;
+  for (const int batch : batches) {
+    for (const int kv : kvs) {
+      for (const int chunk : chunks) {
+        sim::MlaConfig config = base;
+        config.batch = batch;
+        config.kv = kv;
+        config.chunk = chunk;
+        const sim::Program program = sim::build_mla_program(config, hw);
+        const sim::SimResult result = sim::simulate(program, hw);
+        rows.push_back({batch, kv, chunk, sim::summarize(program, result, hw)});
+        // Progress: live on a terminal, otherwise a line at most once a second.
+        const auto now = std::chrono::steady_clock::now();
+        if (total > 1 && (tty || now - last_report > std::chrono::seconds(1))) {
+          std::fprintf(stderr,
+                       tty ? "\rsweep %zu/%zu (batch %d kv %d chunk %d)   "
+                           : "sweep %zu/%zu (batch %d kv %d chunk %d)\n",
+                       rows.size(), total, batch, kv, chunk);
+          last_report = now;
+        }
+      }
+    }
+  }
+  if (tty && total > 1) std::fprintf(stderr, "\r%60s\r", "");
+  // Ratios are to chunk=1 of the same (batch, kv), or to the first chunk listed without it.
+  const int reference_chunk =
+      std::find(chunks.begin(), chunks.end(), 1) != chunks.end() ? 1 : chunks.front();
+  const auto reference_time = [&](const Row& row) {
+    for (const Row& other : rows) {
+      if (other.batch == row.batch && other.kv == row.kv && other.chunk == reference_chunk) {
+        return other.summary.time_us;
+      }
+    }
+    return row.summary.time_us;
+  };
+  if (options.json) {
+    nlohmann::ordered_json array = nlohmann::ordered_json::array();
+    for (const Row& row : rows) {
+      nlohmann::ordered_json item;
+      item["batch"] = row.batch;
+      item["kv"] = row.kv;
+      item["chunk"] = row.chunk;
+      item["time_us"] = row.summary.time_us;
+      item["cycles"] = row.summary.cycles;
+      item["ratio_to_chunk" + std::to_string(reference_chunk)] =
+          row.summary.time_us / reference_time(row);
+      const nlohmann::ordered_json summary = sim::summary_json(row.summary);
+      item["pipes"] = summary["pipes"];
+      item["bubbles"] = summary["bubbles"];
+      item["instructions"] = row.summary.instructions;
+      array.push_back(item);
+    }
+    std::cout << array.dump(2) << '\n';
+    return 0;
+  }
+  sim::MlaConfig shown = base;
+  std::string header = sim::describe(shown);
+  header = header.substr(header.find("heads"));
+  header.replace(header.find(", chunk"), header.find(", opts") - header.find(", chunk"), "");
+  std::printf("ditops-sim sweep: %s\n", header.c_str());
+  std::printf("time in us; (xN) = time / time at chunk=%d; AIC/AIV = compute-pipe idle share\n\n",
+              reference_chunk);
+  std::printf("batch     kv");
+  for (const int chunk : chunks) std::printf("  | chunk=%d  us    ratio  AIC idle AIV idle", chunk);
+  std::printf("\n");
+  for (std::size_t i = 0; i < rows.size(); i += chunks.size()) {
+    std::printf("%5d %6d", rows[i].batch, rows[i].kv);
+    for (std::size_t c = 0; c < chunks.size(); ++c) {
+      const Row& row = rows[i + c];
+      std::printf("  | %11.2f  (x%.3f)  %5.1f%%   %5.1f%%", row.summary.time_us,
+                  row.summary.time_us / reference_time(row), 100.0 * row.summary.bubbles[0].idle,
+                  100.0 * row.summary.bubbles[1].idle);
+    }
+    std::printf("\n");
+  }
+  return 0;
+}
+
+int run_hw(const Options& options) {
+  std::cout << sim::hw_to_json(load_hw(options));
+  return 0;
+}
+
+std::string one_line(std::string text) {
+  for (char& c : text) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return text;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
+                    std::string(argv[1]) == "help")) {
+    std::cout << kUsage;
+    return 0;
+  }
+  try {
+    const Options options = parse_args(argc, argv);
+    if (options.command == "mla") return run_mla(options);
+    if (options.command == "sweep") return run_sweep(options);
+    return run_hw(options);
+  } catch (const UsageError& error) {
+    std::cerr << "ditops-sim: " << one_line(error.what()) << '\n';
+    return kExitUsage;
+  } catch (const sim::SimError& error) {
+    // Simulation errors (buffer overflow, deadlock) come from the user's parameters.
+    std::cerr << "ditops-sim: " << one_line(error.what()) << '\n';
+    return kExitUsage;
+  } catch (const std::exception& error) {
+    std::cerr << "ditops-sim: " << one_line(error.what()) << '\n';
+    return kExitIo;
+  }
+}
