@@ -16,8 +16,7 @@ enum class RotatedMode {
 /// cos, sin: [S,D], or 4-D broadcastable to x; f32 or the dtype of x.
 /// out may be x (in place); no other overlap is allowed.
 void rotary_position_embedding(const TensorView& x, const TensorView& cos, const TensorView& sin,
-                               const TensorView& out,
-                               RotatedMode mode = RotatedMode::rotated_half,
+                               const TensorView& out, RotatedMode mode = RotatedMode::rotated_half,
                                bool head_first = false);
 
 }  // namespace ditops

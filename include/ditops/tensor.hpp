@@ -135,8 +135,8 @@ TensorView view(T* data, std::initializer_list<std::int64_t> shape,
                 std::initializer_list<std::int64_t> strides) {
   detail::check_view_rank(shape.size(), "shape");
   if (strides.size() != shape.size()) {
-    throw Error("view: strides has " + std::to_string(strides.size()) +
-                " entries but shape has " + std::to_string(shape.size()));
+    throw Error("view: strides has " + std::to_string(strides.size()) + " entries but shape has " +
+                std::to_string(shape.size()));
   }
   TensorView v = view(data, shape);
   int d = 0;

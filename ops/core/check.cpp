@@ -17,7 +17,8 @@ std::pair<std::uintptr_t, std::uintptr_t> byte_span(const TensorView& view) {
   if (numel(view) == 0) return {first + 1, first};
   std::int64_t last_element = 0;
   for (int d = 0; d < view.rank; ++d) last_element += (view.shape[d] - 1) * view.strides[d];
-  return {first, first + static_cast<std::uintptr_t>((last_element + 1) * dtype_size(view.dtype)) - 1};
+  return {first,
+          first + static_cast<std::uintptr_t>((last_element + 1) * dtype_size(view.dtype)) - 1};
 }
 
 bool same_view(const TensorView& a, const TensorView& b) {
@@ -53,11 +54,11 @@ std::string shape_string(const TensorView& view) {
 void check_view(const Arg& arg, int min_rank, int max_rank) {
   const TensorView& v = arg.view;
   if (v.rank < min_rank || v.rank > max_rank || v.rank > kMaxRank) {
-    const std::string expected = min_rank == max_rank ? std::to_string(min_rank)
-                                                      : std::to_string(min_rank) + ".." +
-                                                            std::to_string(max_rank);
-    fail(arg.call, std::string(arg.name) + " has rank " + std::to_string(v.rank) +
-                       ", expected " + expected);
+    const std::string expected = min_rank == max_rank
+                                     ? std::to_string(min_rank)
+                                     : std::to_string(min_rank) + ".." + std::to_string(max_rank);
+    fail(arg.call,
+         std::string(arg.name) + " has rank " + std::to_string(v.rank) + ", expected " + expected);
   }
   std::int64_t elements = 1;
   std::int64_t last_element = 0;
@@ -102,8 +103,8 @@ void check_dtype(const Arg& arg, std::initializer_list<DType> allowed) {
 
 void check_same_dtype(const Arg& arg, const Arg& like) {
   if (arg.view.dtype == like.view.dtype) return;
-  fail(arg.call, std::string(arg.name) + ".dtype (" + dtype_name(arg.view.dtype) +
-                     ") must equal " + like.name + ".dtype (" + dtype_name(like.view.dtype) + ")");
+  fail(arg.call, std::string(arg.name) + ".dtype (" + dtype_name(arg.view.dtype) + ") must equal " +
+                     like.name + ".dtype (" + dtype_name(like.view.dtype) + ")");
 }
 
 void check_dim(const Arg& arg, int dim, const Arg& like, int like_dim) {

@@ -1,8 +1,8 @@
 // CPU feature detection and the dispatch level (ops/core/isa.hpp, include/ditops/runtime.hpp).
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <algorithm>
 #include <cstring>
 #include <ditops/runtime.hpp>
 
@@ -43,8 +43,8 @@ Isa detect_active() {
       return static_cast<Isa>(std::min(level, static_cast<int>(supported)));
     }
   }
-  std::fprintf(stderr,
-               "ditops: ignoring DITOPS_ISA=%s (expected scalar, sse4.2, avx2 or avx512)\n", cap);
+  std::fprintf(stderr, "ditops: ignoring DITOPS_ISA=%s (expected scalar, sse4.2, avx2 or avx512)\n",
+               cap);
   return supported;
 }
 

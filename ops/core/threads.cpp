@@ -37,8 +37,8 @@ class Topology {
       topology_ = nullptr;
       return;
     }
-    hwloc_topology_set_flags(topology_, HWLOC_TOPOLOGY_FLAG_IS_THISSYSTEM |
-                                            HWLOC_TOPOLOGY_FLAG_RESTRICT_TO_CPUBINDING);
+    hwloc_topology_set_flags(
+        topology_, HWLOC_TOPOLOGY_FLAG_IS_THISSYSTEM | HWLOC_TOPOLOGY_FLAG_RESTRICT_TO_CPUBINDING);
     if (hwloc_topology_load(topology_) != 0) {
       hwloc_topology_destroy(topology_);
       topology_ = nullptr;

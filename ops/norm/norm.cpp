@@ -32,17 +32,19 @@ std::vector<float> weight_as_f32(const Arg& weight, const Arg& x) {
   if (weight.view.dtype == DType::f32) return {};
   std::vector<float> converted(static_cast<std::size_t>(weight.view.shape[0]));
   for (std::size_t i = 0; i < converted.size(); ++i) {
-    converted[i] = weight.view.dtype == DType::bf16 ? static_cast<const bf16*>(weight.view.data)[i].to_float()
-                                                    : static_cast<const f16*>(weight.view.data)[i].to_float();
+    converted[i] = weight.view.dtype == DType::bf16
+                       ? static_cast<const bf16*>(weight.view.data)[i].to_float()
+                       : static_cast<const f16*>(weight.view.data)[i].to_float();
   }
   return converted;
 }
 
-void run(norm::NormProblem& problem, const TensorView& weight, const std::vector<float>& converted) {
+void run(norm::NormProblem& problem, const TensorView& weight,
+         const std::vector<float>& converted) {
   if (problem.rows.rows == 0 || problem.dim == 0) return;
-  problem.weight = weight.empty()           ? nullptr
-                   : converted.empty()      ? static_cast<const float*>(weight.data)
-                                            : converted.data();
+  problem.weight = weight.empty()      ? nullptr
+                   : converted.empty() ? static_cast<const float*>(weight.data)
+                                       : converted.data();
   static const core::IsaTable<decltype(&norm::rms_norm_rows<xsimd::sse2>)> kernels =
       DITOPS_ISA_TABLE(norm::rms_norm_rows);
   const auto kernel = kernels.get();
@@ -50,12 +52,13 @@ void run(norm::NormProblem& problem, const TensorView& weight, const std::vector
   const std::int64_t bytes = problem.rows.rows * problem.dim * dtype_size(problem.dtype) * operands;
   const int threads = core::threads_for_bytes(bytes);
   // Scratch for h in fp32 (fused path with a narrow dtype): one row per thread.
-  std::vector<float> scratch(problem.residual ? static_cast<std::size_t>(problem.dim) * threads : 0);
-  core::parallel_ranges(problem.rows.rows, threads,
-                        [&](std::int64_t begin, std::int64_t end, int thread) {
-                          float* row_scratch = scratch.empty() ? nullptr : scratch.data() + thread * problem.dim;
-                          kernel(problem, begin, end, row_scratch);
-                        });
+  std::vector<float> scratch(problem.residual ? static_cast<std::size_t>(problem.dim) * threads
+                                              : 0);
+  core::parallel_ranges(
+      problem.rows.rows, threads, [&](std::int64_t begin, std::int64_t end, int thread) {
+        float* row_scratch = scratch.empty() ? nullptr : scratch.data() + thread * problem.dim;
+        kernel(problem, begin, end, row_scratch);
+      });
 }
 
 }  // namespace

@@ -4,12 +4,13 @@
 // L1/L2), so the work per element is a few vector ops. Four accumulators hide the FMA latency
 // of the sum of squares (one chain would cap it at one vector per 4 cycles).
 
+#include "ops/norm/norm_kernel.hpp"
+
 #include <cmath>
 #include <type_traits>
 
 #include "ops/core/arch.hpp"
 #include "ops/core/simd.hpp"
-#include "ops/norm/norm_kernel.hpp"
 
 namespace ditops::norm {
 namespace {

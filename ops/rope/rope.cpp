@@ -35,8 +35,7 @@ std::array<std::int64_t, kMaxRank> table_strides(const Arg& table, const Arg& x,
     } else {
       core::fail(table.call, std::string(table.name) + ".shape[" + std::to_string(d) + "] (" +
                                  std::to_string(t.shape[d]) + ") must be 1 or equal x.shape[" +
-                                 std::to_string(d) + "] (" + std::to_string(x.view.shape[d]) +
-                                 ")");
+                                 std::to_string(d) + "] (" + std::to_string(x.view.shape[d]) + ")");
     }
   }
   return strides;
@@ -89,10 +88,9 @@ void rotary_position_embedding(const TensorView& x, const TensorView& cos, const
       DITOPS_ISA_TABLE(rope::rope_rows);
   const auto kernel = kernels.get();
   const std::int64_t bytes = problem.rows.rows * problem.dim * dtype_size(x.dtype) * 2;
-  core::parallel_ranges(problem.rows.rows, core::threads_for_bytes(bytes),
-                        [&](std::int64_t begin, std::int64_t end, int) {
-                          kernel(problem, begin, end);
-                        });
+  core::parallel_ranges(
+      problem.rows.rows, core::threads_for_bytes(bytes),
+      [&](std::int64_t begin, std::int64_t end, int) { kernel(problem, begin, end); });
 }
 
 }  // namespace ditops

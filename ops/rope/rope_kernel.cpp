@@ -4,11 +4,12 @@
 // follow it in memory (BSND) or stays in L2 across heads (BNSD, an [S, D] table of a few MB).
 // Each row reads every input chunk before writing the output chunk, so out may be x.
 
+#include "ops/rope/rope_kernel.hpp"
+
 #include <type_traits>
 
 #include "ops/core/arch.hpp"
 #include "ops/core/simd.hpp"
-#include "ops/rope/rope_kernel.hpp"
 
 namespace ditops::rope {
 namespace {

@@ -14,10 +14,9 @@ int main() {
     if (std::fabs(v - 0.5f) > 1e-6f) return std::printf("rms_norm gave %g\n", v), 1;
   }
   std::vector<float> q(1 * 2 * 1 * 4, 1.f), cos(2 * 4, 0.f), sin(2 * 4, 1.f);
-  ditops::rotary_position_embedding(ditops::view(q.data(), {1, 2, 1, 4}),
-                                    ditops::view(cos.data(), {2, 4}),
-                                    ditops::view(sin.data(), {2, 4}),
-                                    ditops::view(q.data(), {1, 2, 1, 4}));
+  ditops::rotary_position_embedding(
+      ditops::view(q.data(), {1, 2, 1, 4}), ditops::view(cos.data(), {2, 4}),
+      ditops::view(sin.data(), {2, 4}), ditops::view(q.data(), {1, 2, 1, 4}));
   // cos 0, sin 1: out = rot(x) = [-x2, -x3, x0, x1] = [-1, -1, 1, 1].
   if (q[0] != -1.f || q[2] != 1.f) return std::printf("rope gave %g %g\n", q[0], q[2]), 1;
   std::printf("consumer ok: isa %s, %d threads\n", ditops::cpu_info().isa.c_str(),

@@ -62,7 +62,7 @@ TEST(Bf16, RoundsToNearestEvenAndKeepsSpecials) {
   EXPECT_TRUE(std::isnan(bf16::from_float(std::bit_cast<float>(0x7fffffffu)).to_float()));
   EXPECT_EQ(bf16::from_float(INFINITY).to_float(), INFINITY);
   EXPECT_EQ(bf16::from_float(3.3962e38f).to_float(), INFINITY);  // past max + half ulp
-  EXPECT_EQ(bf16::from_float(3.3895314e38f).bits, 0x7f7f);         // the max itself
+  EXPECT_EQ(bf16::from_float(3.3895314e38f).bits, 0x7f7f);       // the max itself
   EXPECT_EQ(from_float<bf16>(1.5f).bits, 0x3fc0);
   EXPECT_EQ(to_float(bf16{0x3fc0}), 1.5f);
 }
@@ -80,7 +80,8 @@ TEST(F16, EveryPatternRoundTripsAndRoundingIsNearestEven) {
     const std::uint32_t magnitude = pattern & 0x7fffu;
     if (magnitude >= 0x7bffu) continue;
     const double lower = std::fabs(static_cast<double>(value));
-    const double upper = std::fabs(static_cast<double>(f16{static_cast<std::uint16_t>(pattern + 1)}.to_float()));
+    const double upper =
+        std::fabs(static_cast<double>(f16{static_cast<std::uint16_t>(pattern + 1)}.to_float()));
     const double midpoint = (lower + upper) / 2;  // exact in float for f16 neighbours
     const float mid = std::copysign(static_cast<float>(midpoint), value);
     const std::uint16_t even = (magnitude & 1u) ? static_cast<std::uint16_t>(pattern + 1) : h.bits;

@@ -197,8 +197,7 @@ TEST(NormBadInput, EveryInvalidArgumentThrowsBeforeWriting) {
   TestTensor<std::int32_t> x_int({4, 64});
   const TensorView w = weight.view();
 
-  expect_rejected([&] { rms_norm(scalar_like.view(), w, 1e-6f, out.view()); }, "x has rank 0",
-                  out);
+  expect_rejected([&] { rms_norm(scalar_like.view(), w, 1e-6f, out.view()); }, "x has rank 0", out);
   expect_rejected([&] { rms_norm(x.view(), w, 1e-6f, wrong_d.view()); }, "out.shape[1] (65)", out);
   expect_rejected([&] { rms_norm(x.view(), weight_short.view(), 1e-6f, out.view()); },
                   "weight.shape[0] (63)", out);
@@ -226,8 +225,8 @@ TEST(NormBadInput, EveryInvalidArgumentThrowsBeforeWriting) {
   expect_rejected([&] { rms_norm(negative_stride, w, 1e-6f, out.view()); }, "x.strides[0]", out);
   TensorView self_overlapping = out.view();
   self_overlapping.strides[0] = 32;
-  expect_rejected([&] { rms_norm(x.view(), w, 1e-6f, self_overlapping); },
-                  "write the same element", out);
+  expect_rejected([&] { rms_norm(x.view(), w, 1e-6f, self_overlapping); }, "write the same element",
+                  out);
   TensorView shifted = out.view();  // overlaps x's storage without being x
   shifted.data = static_cast<float*>(x.view().data) + 1;
   shifted.shape[0] = 3;

@@ -49,9 +49,9 @@ struct RopeCase {
 
   void run_and_check(std::mt19937& rng) const {
     set_num_threads(threads);
-    const std::vector<std::int64_t> x_shape = head_first
-                                                  ? std::vector<std::int64_t>{batch, heads, seq, dim}
-                                                  : std::vector<std::int64_t>{batch, seq, heads, dim};
+    const std::vector<std::int64_t> x_shape =
+        head_first ? std::vector<std::int64_t>{batch, heads, seq, dim}
+                   : std::vector<std::int64_t>{batch, seq, heads, dim};
     // The table's shape, in x's dimension order.
     std::vector<std::int64_t> t_shape;
     const int seq_dim = head_first ? 2 : 1, head_dim = head_first ? 1 : 2;
@@ -97,8 +97,8 @@ struct RopeCase {
         return t.value(row * dim + k);
       };
     };
-    const auto ref = rope_reference(x, mode == RotatedMode::rotated_interleaved, lookup(cos_t),
-                                    lookup(sin_t));
+    const auto ref =
+        rope_reference(x, mode == RotatedMode::rotated_interleaved, lookup(cos_t), lookup(sin_t));
     TestTensor<T>& dst = in_place ? x : out;
     rotary_position_embedding(x.view(), cos_t.view(), sin_t.view(), dst.view(), mode, head_first);
     expect_close(dst, ref, rowwise_tolerance<T>(), describe());
@@ -128,8 +128,8 @@ TYPED_TEST(RopeTest, MatchesReferenceOverSweep) {
                                 TableKind::per_head}) {
           for (bool in_place : {false, true}) {
             const std::int64_t pad = in_place ? 0 : 3;
-            RopeCase<T, C>{2, seq, 3, dim, head_first, mode, table, pad, 1, in_place}
-                .run_and_check(rng);
+            RopeCase<T, C>{2, seq, 3, dim, head_first, mode, table, pad, 1, in_place}.run_and_check(
+                rng);
           }
         }
       }
@@ -207,8 +207,8 @@ TEST(RopeBadInput, EveryInvalidArgumentThrowsBeforeWriting) {
                   const TensorView& o, bool head_first = false) {
     rotary_position_embedding(xv, c, s, o, half, head_first);
   };
-  expect_rejected([&] { rope(x3.view(), cos_t.view(), sin_t.view(), out.view()); },
-                  "x has rank 3", out);
+  expect_rejected([&] { rope(x3.view(), cos_t.view(), sin_t.view(), out.view()); }, "x has rank 3",
+                  out);
   expect_rejected([&] { rope(odd.view(), cos_odd.view(), cos_odd.view(), odd.view()); },
                   "x.shape[3] (7) must be even", out);
   expect_rejected([&] { rope(x.view(), cos_wrong_d.view(), sin_t.view(), out.view()); },
@@ -232,8 +232,8 @@ TEST(RopeBadInput, EveryInvalidArgumentThrowsBeforeWriting) {
                   "x.dtype is i8", out);
   TensorView null_sin = sin_t.view();
   null_sin.data = nullptr;
-  expect_rejected([&] { rope(x.view(), cos_t.view(), null_sin, out.view()); },
-                  "sin.data is null", out);
+  expect_rejected([&] { rope(x.view(), cos_t.view(), null_sin, out.view()); }, "sin.data is null",
+                  out);
   TensorView strided_d = x.view();
   strided_d.shape[3] = 4;
   strided_d.strides[3] = 2;

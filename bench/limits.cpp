@@ -1,0 +1,111 @@
+#include "bench/limits.hpp"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <ditops/runtime.hpp>
+#include <map>
+#include <memory>
+#include <mutex>
+
+namespace ditops::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// Runs loop(iterations) on `threads` threads at once; returns total operations per second.
+template <class Loop>
+double run_parallel(int threads, std::int64_t iterations, Loop loop) {
+  double total_ops = 0;
+  const auto start = Clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : total_ops)
+  total_ops += loop(iterations);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return total_ops / seconds;
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+/// Median of `runs` compute probes of ~50 ms each (after one warm-up that also lets the clock
+/// settle at its vector frequency).
+template <class Loop>
+double compute_probe(int threads, Loop loop) {
+  constexpr std::int64_t kIterations = 4'000'000;
+  run_parallel(threads, kIterations / 4, loop);
+  std::vector<double> rates;
+  for (int run = 0; run < 5; ++run) rates.push_back(run_parallel(threads, kIterations, loop));
+  return median(rates);
+}
+
+}  // namespace
+
+std::int64_t last_level_cache_bytes() {
+  long bytes = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (bytes <= 0) bytes = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  return std::max<std::int64_t>(bytes, 32 << 20);
+}
+
+int copies_to_defeat_cache(std::int64_t bytes) {
+  const std::int64_t needed = 2 * last_level_cache_bytes();
+  return static_cast<int>(std::max<std::int64_t>(2, (needed + bytes - 1) / bytes));
+}
+
+double probe_fma(int threads) {
+  const CpuInfo info = cpu_info();
+  if (info.avx512) return compute_probe(threads, fma_loop_avx512);
+  if (info.avx2) return compute_probe(threads, fma_loop_avx2);
+  return 0;
+}
+
+double probe_bf16(int threads) {
+  return cpu_info().avx512_bf16 ? compute_probe(threads, bf16_loop_avx512) : 0;
+}
+
+double probe_vnni(int threads) {
+  return cpu_info().avx512_vnni ? compute_probe(threads, vnni_loop_avx512) : 0;
+}
+
+double probe_triad(int threads) {
+  // a = b + s*c over arrays far beyond the last-level cache; 12 bytes counted per element
+  // (two reads, one write; write-allocate traffic not counted, as STREAM does).
+  // The three arrays together span twice the last-level cache.
+  const std::int64_t elements = std::max<std::int64_t>(2 * last_level_cache_bytes() / 12, 16 << 20);
+  std::unique_ptr<float[]> a(new float[elements]), b(new float[elements]), c(new float[elements]);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (std::int64_t i = 0; i < elements; ++i) {  // first touch from the threads that stream
+    a[i] = 0.f;
+    b[i] = 1.f;
+    c[i] = 2.f;
+  }
+  std::vector<double> rates;
+  for (int run = 0; run < 5; ++run) {
+    const auto start = Clock::now();
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (std::int64_t i = 0; i < elements; ++i) a[i] = b[i] + 0.5f * c[i];
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    rates.push_back(12.0 * static_cast<double>(elements) / seconds);
+  }
+  return median(rates);
+}
+
+const Limits& measured_limits(int threads) {
+  static std::mutex mutex;
+  static std::map<int, Limits> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(threads);
+  if (it == cache.end()) {
+    it = cache
+             .emplace(threads, Limits{probe_fma(threads), probe_bf16(threads), probe_vnni(threads),
+                                      probe_triad(threads)})
+             .first;
+  }
+  return it->second;
+}
+
+}  // namespace ditops::bench

@@ -1,0 +1,105 @@
+// RoPE on out-of-cache tensors, both modes: ditops beside an Eigen-expression baseline with the
+// same threads. Shapes: FLUX [1, 4608, 24, 128] and an LLM-like [1, 8192, 24, 128]
+// (8192 x 3072 elements), cos/sin [S, 128] in f32.
+
+#include <omp.h>
+
+#include <Eigen/Core>
+#include <cmath>
+#include <ditops/rope.hpp>
+#include <ditops/runtime.hpp>
+
+#include "bench/support.hpp"
+
+namespace ditops::bench {
+namespace {
+
+constexpr std::int64_t kHeads = 24, kDim = 128;
+const std::int64_t kSeqs[] = {4608, 8192};
+
+template <class T>
+using EigenScalar = std::conditional_t<std::is_same_v<T, bf16>, Eigen::bfloat16, float>;
+
+/// The baseline a user would write: Eigen array expressions per row, rows split over threads.
+template <class T>
+void eigen_rope(const T* x, const float* cos, const float* sin, T* out, std::int64_t seq,
+                bool interleaved, int threads) {
+  using S = EigenScalar<T>;
+  using Row = Eigen::Array<S, 1, Eigen::Dynamic>;
+  constexpr std::int64_t kHalf = kDim / 2;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (std::int64_t row = 0; row < seq * kHeads; ++row) {
+    const std::int64_t s = row / kHeads;
+    const Eigen::Map<const Row> xr(reinterpret_cast<const S*>(x) + row * kDim, kDim);
+    Eigen::Map<Row> yr(reinterpret_cast<S*>(out) + row * kDim, kDim);
+    const Eigen::Map<const Eigen::ArrayXf> c(cos + s * kDim, kDim), sn(sin + s * kDim, kDim);
+    const Eigen::ArrayXf xf = xr.template cast<float>().transpose();
+    Eigen::ArrayXf rotated(kDim);
+    if (interleaved) {
+      const Eigen::Map<const Eigen::ArrayXf, 0, Eigen::InnerStride<2>> even(xf.data(), kHalf);
+      const Eigen::Map<const Eigen::ArrayXf, 0, Eigen::InnerStride<2>> odd(xf.data() + 1, kHalf);
+      Eigen::Map<Eigen::ArrayXf, 0, Eigen::InnerStride<2>>(rotated.data(), kHalf) = -odd;
+      Eigen::Map<Eigen::ArrayXf, 0, Eigen::InnerStride<2>>(rotated.data() + 1, kHalf) = even;
+    } else {
+      rotated << -xf.tail(kHalf), xf.head(kHalf);
+    }
+    yr = (xf * c + rotated * sn).transpose().template cast<S>();
+  }
+}
+
+template <class T>
+void BM_rope(benchmark::State& state) {
+  const std::int64_t seq = kSeqs[state.range(0)];
+  const bool interleaved = state.range(1) != 0;
+  const int threads = static_cast<int>(state.range(2));
+  const bool eigen = state.range(3) != 0;
+  const std::int64_t elements = seq * kHeads * kDim;
+  const std::int64_t bytes = 2 * elements * static_cast<std::int64_t>(sizeof(T));
+  ColdBuffers<T> x(elements, bytes), out(elements, bytes, 2);
+  std::vector<float> cos(seq * kDim), sin(seq * kDim);
+  for (std::int64_t i = 0; i < seq * kDim; ++i) {
+    const double angle = (i / kDim) * std::pow(10000.0, -2.0 * (i % (kDim / 2)) / kDim);
+    cos[i] = static_cast<float>(std::cos(angle));
+    sin[i] = static_cast<float>(std::sin(angle));
+  }
+  set_num_threads(threads);
+  const RotatedMode mode =
+      interleaved ? RotatedMode::rotated_interleaved : RotatedMode::rotated_half;
+  int iteration = 0;
+  for (auto _ : state) {
+    T* xs = x.copy(iteration);
+    T* ys = out.copy(iteration++);
+    if (eigen) {
+      eigen_rope(xs, cos.data(), sin.data(), ys, seq, interleaved, threads);
+    } else {
+      rotary_position_embedding(view(xs, {1, seq, kHeads, kDim}), view(cos.data(), {seq, kDim}),
+                                view(sin.data(), {seq, kDim}), view(ys, {1, seq, kHeads, kDim}),
+                                mode);
+    }
+    benchmark::ClobberMemory();
+  }
+  state.SetLabel(std::string(eigen ? "eigen " : "ditops ") + dtype_name(detail::dtype_of<T>()) +
+                 (interleaved ? " interleaved" : " half") + " [1, " + std::to_string(seq) +
+                 ", 24, 128]");
+  // x read and out written; the [S, D] tables are reused across 24 heads and are not counted.
+  report_bandwidth(state, static_cast<double>(bytes), threads);
+}
+
+// Args: sequence index, interleaved, threads, baseline (0 = ditops, 1 = Eigen).
+void rope_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"seq", "interleaved", "threads", "eigen"});
+  for (int seq = 0; seq < 2; ++seq) {
+    for (int interleaved : {0, 1}) {
+      for (int threads : {1, 2}) {
+        for (int eigen : {0, 1}) b->Args({seq, interleaved, threads, eigen});
+      }
+    }
+  }
+  b->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+
+BENCHMARK_TEMPLATE(BM_rope, float)->Apply(rope_args);
+BENCHMARK_TEMPLATE(BM_rope, bf16)->Apply(rope_args);
+
+}  // namespace
+}  // namespace ditops::bench

@@ -1,0 +1,90 @@
+// bench-summary: turns Google Benchmark JSON (--benchmark_format=json) into the markdown tables
+// of out/summary.md and bench/RESULTS.md: each kernel's rate, its fraction of the measured
+// limit, and its ratio to the baseline run in the same process (the entry whose name differs
+// only in "eigen:1" / "backend:reference" style arguments).
+//
+// Usage: bench-summary RESULTS.json [more.json...]
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace {
+
+using nlohmann::json;
+
+std::string format(double value, const char* spec) {
+  char text[64];
+  std::snprintf(text, sizeof text, spec, value);
+  return text;
+}
+
+/// The rate counter an entry reports, in display order of preference.
+std::pair<std::string, double> rate_of(const json& entry) {
+  for (const char* unit : {"GFLOP/s", "GB/s", "GOP/s", "Minstr/s"}) {
+    if (entry.contains(unit)) return {unit, entry[unit].get<double>()};
+  }
+  return {"", 0};
+}
+
+double fraction_of(const json& entry) {
+  for (const char* key : {"frac_bw", "frac_peak"}) {
+    if (entry.contains(key)) return entry[key].get<double>();
+  }
+  return -1;
+}
+
+/// Name of the baseline entry for `name`, or "" when it is itself a baseline or has none.
+std::string baseline_name(const std::string& name) {
+  const std::string ours = "eigen:0", theirs = "eigen:1";
+  const auto at = name.find(ours);
+  if (at == std::string::npos) return "";
+  return name.substr(0, at) + theirs + name.substr(at + ours.size());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: bench-summary RESULTS.json [more.json...]\n");
+    return 2;
+  }
+  std::vector<json> entries;
+  std::map<std::string, double> seconds_by_name;
+  for (int i = 1; i < argc; ++i) {
+    std::ifstream file(argv[i]);
+    json document;
+    try {
+      document = json::parse(file);
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "bench-summary: %s: %s\n", argv[i], error.what());
+      return 2;
+    }
+    for (const json& entry : document.value("benchmarks", json::array())) {
+      if (entry.value("error_occurred", false)) continue;
+      entries.push_back(entry);
+      seconds_by_name[entry["name"]] = entry["real_time"].get<double>();
+    }
+  }
+  std::printf("| benchmark | what | rate | fraction of limit | vs baseline |\n");
+  std::printf("|---|---|---:|---:|---:|\n");
+  for (const json& entry : entries) {
+    const std::string name = entry["name"];
+    if (name.find("eigen:1") != std::string::npos) continue;  // shown as the ratio column
+    const auto [unit, rate] = rate_of(entry);
+    const double fraction = fraction_of(entry);
+    std::string ratio = "";
+    const std::string baseline = baseline_name(name);
+    if (!baseline.empty() && seconds_by_name.count(baseline)) {
+      ratio = format(seconds_by_name[baseline] / seconds_by_name[name], "%.2fx");
+    }
+    std::printf("| %s | %s | %s %s | %s | %s |\n", name.c_str(),
+                entry.value("label", std::string()).c_str(), format(rate, "%.1f").c_str(),
+                unit.c_str(), fraction >= 0 ? format(100 * fraction, "%.0f%%").c_str() : "",
+                ratio.c_str());
+  }
+  return 0;
+}

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The main job: builds Release and writes a report to out/: the machine's measured limits, the
+# kernel benchmark summary (throughput as a fraction of those limits, ratio to the baseline run
+# in the same process) and the simulator's pipeline report for the int8 MLA decode kernel.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source tools/setup.sh
+ditops_ensure_packages
+
+cmake --preset release
+cmake --build --preset release
+build=build/release
+mkdir -p out
+
+"$build/tools/ditops-info" | tee out/machine.txt
+
+echo "== benchmarks (roofline, RMSNorm, RoPE) =="
+"$build/bench/ditops_bench" --benchmark_filter='peak|triad|rms_norm|rope' \
+  --benchmark_min_time=0.2 --benchmark_out=out/bench.json --benchmark_out_format=json \
+  | tee out/bench.txt
+
+if [ -x "$build/tools/ditops-sim" ]; then
+  echo "== simulator: int8 MLA decode, batch 1, kv 2048 =="
+  for chunk in 1 2 4; do
+    "$build/tools/ditops-sim" mla --batch 1 --kv 2048 --chunk "$chunk" \
+      --trace "out/sim_chunk${chunk}_trace.json" --csv "out/sim_chunk${chunk}.csv" \
+      --svg "out/sim_chunk${chunk}.svg" | tee "out/sim_chunk${chunk}.txt"
+  done
+  "$build/tools/ditops-sim" sweep | tee out/sim_sweep.txt
+fi
+
+{
+  echo "# ditops demo report"
+  echo
+  echo '```'
+  cat out/machine.txt
+  echo '```'
+  echo
+  echo "## Kernels (fraction of this machine's measured limits; ratio to the same-run baseline)"
+  echo
+  "$build/tools/bench-summary" out/bench.json
+  if [ -f out/sim_sweep.txt ]; then
+    echo
+    echo "## Simulator: int8 MLA decode, batch 1, kv 2048"
+    for chunk in 1 2 4; do
+      echo
+      echo "### chunk $chunk (trace out/sim_chunk${chunk}_trace.json, Gantt out/sim_chunk${chunk}.svg)"
+      echo '```'
+      cat "out/sim_chunk${chunk}.txt"
+      echo '```'
+    done
+    echo
+    echo "## Simulator sweep"
+    echo '```'
+    cat out/sim_sweep.txt
+    echo '```'
+  fi
+} > out/summary.md
+echo "tools/demo.sh: report written to out/summary.md"

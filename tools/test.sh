@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds and runs the whole test suite: the Release build (every ISA level, the ODR guard, the
+# installed-package consumer, the simulator) and the AddressSanitizer + UBSan build.
+# Usage: tools/test.sh [--quick]   (--quick skips the sanitizer build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source tools/setup.sh
+ditops_ensure_packages
+
+cmake --preset release
+cmake --build --preset release
+ctest --preset release -j2
+
+if [ "${1:-}" != "--quick" ]; then
+  cmake --preset asan-ubsan
+  cmake --build --preset asan-ubsan
+  ctest --preset asan-ubsan -j2
+fi
+echo "tools/test.sh: all tests passed"
