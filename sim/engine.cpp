@@ -35,7 +35,8 @@ struct PipeState {
   bool blocked = false;
   double block_start = 0;
   double issue_time = 0;  // start of the running instruction
-  double last_end = 0;
+  double last_end = 0;    // when the pipe was last released
+  double retire = 0;      // when all issued work has retired
 };
 
 struct Transfer {
@@ -43,13 +44,13 @@ struct Transfer {
   double remaining = 0;
   double rate = 0;
   double cap = 0;
-  std::uint32_t version = 0;
 };
 
 struct Resource {
   double capacity = 0;
   double last_update = 0;
-  std::vector<int> active;  // global pipes
+  std::uint32_t version = 0;  // bumped whenever rates change; older completion events are stale
+  std::vector<int> active;    // global pipes
 };
 
 class Engine {
@@ -98,13 +99,9 @@ class Engine {
         case EventKind::transfer_head_done:
           start_flow(static_cast<int>(event.a));
           break;
-        case EventKind::transfer_done: {
-          Transfer& transfer = transfers_[event.a];
-          if (transfer.version != event.b || transfer.resource < 0) break;  // rescheduled
-          leave_flow(static_cast<int>(event.a));
-          finish(static_cast<int>(event.a), now_);
+        case EventKind::transfer_done:
+          complete_flows(static_cast<int>(event.a), event.b);
           break;
-        }
         case EventKind::visible:
           make_visible(event.a, event.b, now_);
           break;
@@ -203,26 +200,30 @@ class Engine {
             state.blocked = false;
           }
           if (options_.record_instructions) {
-            result_.records[index] = InstrRecord{start, time, ready, source};
+            result_.records[index] = InstrRecord{start, time, time, ready, source};
             if (instr.op == Op::wait_cross) result_.cross_flows.emplace_back(source, index);
           }
           retire_instant(pipe, index, instr, time);
           continue;
         }
         case Op::set_event:
-        case Op::set_cross:
+        case Op::set_cross: {
           apply_alloc(index, instr);
+          const double effect = std::max(time, state.retire);
           if (instr.op == Op::set_event) {
-            schedule(time + hw_.intra_core_event_latency_cycles, EventKind::visible,
+            schedule(effect + hw_.intra_core_event_latency_cycles, EventKind::visible,
                      static_cast<std::uint32_t>(event_counter(instr.core, instr.unit, instr.pipe,
                                                               instr.peer_pipe, instr.flag)),
                      index);
           } else {
-            set_cross(index, instr, time);
+            set_cross(index, instr, effect);
           }
-          if (options_.record_instructions) result_.records[index] = InstrRecord{time, time};
+          if (options_.record_instructions) {
+            result_.records[index] = InstrRecord{time, effect, time};
+          }
           retire_instant(pipe, index, instr, time);
           continue;
+        }
         case Op::compute:
           apply_alloc(index, instr);
           state.issue_time = time;
@@ -255,11 +256,16 @@ class Engine {
     PipeStats& stats = result_.pipes[static_cast<std::size_t>(pipe)];
     const double duration = time - state.issue_time;
     stats.busy += duration;
+    double retire = time;
     if (instr.op == Op::gm_read || instr.op == Op::gm_write) {
       stats.contention += std::max(0.0, duration - instr.ideal_cycles);
       (instr.level == MemLevel::hbm ? result_.hbm_bytes : result_.l2_bytes) += instr.bytes;
+      retire = time + instr.latency;
     }
-    if (options_.record_instructions) result_.records[index] = InstrRecord{state.issue_time, time};
+    state.retire = std::max(state.retire, retire);
+    if (options_.record_instructions) {
+      result_.records[index] = InstrRecord{state.issue_time, retire, time};
+    }
     apply_free(instr);
     state.last_end = time;
     ++stats.instructions;
@@ -432,16 +438,28 @@ class Engine {
     transfer.cap = instr.port_rate;
     transfer.rate = 0;
     resource.active.push_back(pipe);
-    share(resource);
+    share(resource_index);
   }
 
-  void leave_flow(int pipe) {
-    Transfer& transfer = transfers_[static_cast<std::size_t>(pipe)];
-    Resource& resource = resources_[transfer.resource];
+  // The earliest completion on a resource: finish every transfer that is done by now (in pipe
+  // order, for determinism), then share the bandwidth among the rest again.
+  void complete_flows(int resource_index, std::uint32_t version) {
+    Resource& resource = resources_[resource_index];
+    if (version != resource.version) return;
     advance(resource);
-    resource.active.erase(std::find(resource.active.begin(), resource.active.end(), pipe));
-    transfer.resource = -1;
-    share(resource);
+    finished_.clear();
+    for (const int pipe : resource.active) {
+      const Transfer& transfer = transfers_[static_cast<std::size_t>(pipe)];
+      // Relative slack for the rounding of remaining -= rate * elapsed.
+      if (transfer.remaining <= 1e-9 * head(pipe).bytes + 1e-9) finished_.push_back(pipe);
+    }
+    std::sort(finished_.begin(), finished_.end());
+    for (const int pipe : finished_) {
+      resource.active.erase(std::find(resource.active.begin(), resource.active.end(), pipe));
+      transfers_[static_cast<std::size_t>(pipe)].resource = -1;
+    }
+    share(resource_index);
+    for (const int pipe : finished_) finish(pipe, now_);
   }
 
   void advance(Resource& resource) {
@@ -455,29 +473,44 @@ class Engine {
     resource.last_update = now_;
   }
 
-  // Max-min fair rates (water filling): transfers capped below the equal share keep their cap,
-  // the rest split what is left equally.
-  void share(Resource& resource) {
+  // Max-min fair rates (water filling): transfers whose port cap is below the equal share keep
+  // their cap, the rest split what is left equally. Caps take few distinct values, so the
+  // rounds are few. One event is kept per resource: its earliest completion.
+  void share(int resource_index) {
+    Resource& resource = resources_[resource_index];
+    ++resource.version;
     const std::size_t count = resource.active.size();
     if (count == 0) return;
-    order_.assign(resource.active.begin(), resource.active.end());
-    std::sort(order_.begin(), order_.end(), [&](int lhs, int rhs) {
-      const double cap_l = transfers_[static_cast<std::size_t>(lhs)].cap;
-      const double cap_r = transfers_[static_cast<std::size_t>(rhs)].cap;
-      return cap_l != cap_r ? cap_l < cap_r : lhs < rhs;
-    });
     double left = resource.capacity;
-    for (std::size_t i = 0; i < count; ++i) {
-      Transfer& transfer = transfers_[static_cast<std::size_t>(order_[i])];
-      const double rate = std::min(transfer.cap, left / static_cast<double>(count - i));
-      left -= rate;
-      if (rate != transfer.rate) {
-        transfer.rate = rate;
-        ++transfer.version;
-        schedule(now_ + transfer.remaining / rate, EventKind::transfer_done,
-                 static_cast<std::uint32_t>(order_[i]), transfer.version);
+    std::size_t open = count;
+    for (const int pipe : resource.active) transfers_[static_cast<std::size_t>(pipe)].rate = 0;
+    while (open > 0) {
+      const double equal = left / static_cast<double>(open);
+      std::size_t capped = 0;
+      for (const int pipe : resource.active) {
+        Transfer& transfer = transfers_[static_cast<std::size_t>(pipe)];
+        if (transfer.rate == 0 && transfer.cap <= equal) {
+          transfer.rate = transfer.cap;
+          left -= transfer.cap;
+          ++capped;
+        }
       }
+      if (capped == 0) {
+        for (const int pipe : resource.active) {
+          Transfer& transfer = transfers_[static_cast<std::size_t>(pipe)];
+          if (transfer.rate == 0) transfer.rate = equal;
+        }
+        break;
+      }
+      open -= capped;
     }
+    double earliest = std::numeric_limits<double>::infinity();
+    for (const int pipe : resource.active) {
+      const Transfer& transfer = transfers_[static_cast<std::size_t>(pipe)];
+      earliest = std::min(earliest, transfer.remaining / transfer.rate);
+    }
+    schedule(now_ + earliest, EventKind::transfer_done, static_cast<std::uint32_t>(resource_index),
+             resource.version);
   }
 
   // ---- end of run
@@ -515,7 +548,9 @@ class Engine {
 
   void finalize_stats() {
     double makespan = 0;
-    for (const PipeState& state : pipes_) makespan = std::max(makespan, state.last_end);
+    for (const PipeState& state : pipes_) {
+      makespan = std::max({makespan, state.last_end, state.retire});
+    }
     result_.makespan = makespan;
     std::uint64_t total = 0;
     for (std::size_t pipe = 0; pipe < pipes_.size(); ++pipe) {
@@ -539,7 +574,7 @@ class Engine {
   std::vector<PipeState> pipes_;
   std::vector<Transfer> transfers_;
   Resource resources_[2];
-  std::vector<int> order_;
+  std::vector<int> finished_;
   std::vector<Counter> event_counters_;
   std::vector<Counter> flag_counters_;
   std::vector<long long> mode2_up_sets_, mode2_up_released_;

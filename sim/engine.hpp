@@ -2,12 +2,14 @@
 // Event-driven execution of a Program on the hardware model.
 //
 // Time is in cycles (double: shared-bandwidth transfers finish at fractional times). Each pipe
-// runs its queue in order; an instruction starts when its predecessor on the pipe has ended.
-// Waits block the pipe until their counter is positive; a set takes effect when its pipe reaches
-// it (so after the pipe's earlier work has retired) and becomes visible after the event or flag
-// latency. GM transfers pay a fixed head (latency, small-copy head, ND->NZ) and then move their
-// bytes at min(port rate, max-min fair share of the L2 or HBM bandwidth among the transfers
-// active at that moment), so cores reading HBM together slow each other down.
+// runs its queue in order; an instruction starts when its predecessor has released the pipe.
+// A transfer releases its pipe once its bytes have left the port and retires `latency` later
+// (DMA engines keep several copies in flight). Waits block the pipe until their counter is
+// positive; a set takes effect once the pipe's earlier work has retired and becomes visible
+// after the event or flag latency; it does not hold the pipe. GM transfers pay a fixed head
+// (small-copy head, ND->NZ conversion) and then move their bytes at min(port rate, max-min fair
+// share of the L2 or HBM bandwidth among the transfers active at that moment), so cores reading HBM
+// together slow each other down.
 
 #include <cstdint>
 #include <string>
@@ -23,9 +25,11 @@ inline constexpr std::uint32_t kNoInstr = 0xffffffffu;
 
 /// What happened to one instruction (only when EngineOptions::record_instructions).
 struct InstrRecord {
-  double start = -1;                // issue time (for a wait: when the pipe reached it)
-  double end = -1;                  // completion (for a wait: when it was released)
-  double ready = 0;                 // waits: when the consumed set became visible
+  double start = -1;    // issue time (for a wait: when the pipe reached it)
+  double end = -1;      // retirement: transfer data landed, compute done, wait released, set
+                        // effective (after the pipe's earlier work retired)
+  double release = -1;  // when the pipe could start its next instruction
+  double ready = 0;     // waits: when the consumed set became visible
   std::uint32_t source = kNoInstr;  // waits: the set instruction whose increment was consumed
 };
 

@@ -130,9 +130,9 @@ class MlaBuilder {
     instr.bytes = bytes;
     const bool hbm = level == MemLevel::hbm;
     instr.port_rate = hbm ? hw_.mte2_gm_bytes_per_cycle : hw_.l2_read_bytes_per_cycle;
-    instr.cycles = (hbm ? hw_.hbm_latency_cycles : hw_.l2_read_latency_cycles) +
-                   (bytes < hw_.mte2_small_copy_bytes ? hw_.mte2_small_copy_head_cycles : 0) +
+    instr.cycles = (bytes < hw_.mte2_small_copy_bytes ? hw_.mte2_small_copy_head_cycles : 0) +
                    (nd2nz ? hw_.nd2nz_cycles : 0);
+    instr.latency = hbm ? hw_.hbm_latency_cycles : hw_.l2_read_latency_cycles;
     instr.ideal_cycles = instr.cycles + bytes / instr.port_rate;
     instr.alloc_buffer = alloc;
     instr.alloc_bytes = static_cast<std::uint32_t>(alloc_bytes);
@@ -149,7 +149,7 @@ class MlaBuilder {
     instr.port_rate =
         unit == 0 ? std::min(hw_.fix_gm_write_bytes_per_cycle, hw_.fix_l0c_read_bytes_per_cycle)
                   : hw_.mte3_ub_to_l2_bytes_per_cycle;
-    instr.cycles = hw_.l2_write_latency_cycles;
+    instr.latency = hw_.l2_write_latency_cycles;
     instr.ideal_cycles = instr.cycles + bytes / instr.port_rate;
     program_.add(instr);
   }

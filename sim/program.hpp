@@ -28,7 +28,8 @@ enum class MemLevel : std::uint8_t { l2, hbm };
 
 enum class Op : std::uint8_t {
   compute,     // `cycles` on the pipe (cube mmad, vector op, MTE1 load, FIX L0C read)
-  gm_read,     // GM -> local: head `cycles`, then `bytes` through the unit port and `level`
+  gm_read,     // GM -> local: head `cycles`, then `bytes` through the unit port and `level`;
+               // the pipe is free after that, the data lands `latency` later (DMA pipelining)
   gm_write,    // local -> GM: same, written into `level`
   set_event,   // intra-unit SET_FLAG(pipe -> peer_pipe, flag)
   wait_event,  // intra-unit WAIT_FLAG(peer_pipe -> pipe, flag)
@@ -57,10 +58,11 @@ struct Instr {
   std::uint32_t label = 0;  // index into Program::labels
   std::uint32_t alloc_bytes = 0;
   std::uint32_t free_bytes = 0;
-  double cycles = 0;        // compute time, or the fixed head of a transfer
+  double cycles = 0;        // compute time, or the fixed head of a transfer (per-copy overhead)
+  double latency = 0;       // transfer: from the last byte leaving the port to the data landing
   double bytes = 0;         // transfer size
   double port_rate = 0;     // B/cycle limit of this unit's port for a transfer
-  double ideal_cycles = 0;  // transfer time with the whole port to itself (for stall reports)
+  double ideal_cycles = 0;  // head + bytes / port rate: the pipe time without contention
 };
 
 /// Global pipe index = core * kPipesPerCore + local index.

@@ -329,8 +329,11 @@ void write_chrome_trace(std::ostream& out, const Program& program, const SimResu
     if (!shown[static_cast<std::size_t>(instr.core)]) continue;
     const InstrRecord& record = result.records[index];
     const int tid = local_pipe_index(instr.unit, instr.pipe);
-    double start = record.start / per_us;
-    double duration = (record.end - record.start) / per_us;
+    const bool work =
+        instr.op == Op::compute || instr.op == Op::gm_read || instr.op == Op::gm_write;
+    // Work shows the time it held its pipe; waits and sets span until they took effect.
+    const double start = record.start / per_us;
+    double duration = ((work ? record.release : record.end) - record.start) / per_us;
     std::string name = program.labels[instr.label];
     std::string category = stage_tag_name(instr.stage);
     nlohmann::json args = nlohmann::json::object();
@@ -342,6 +345,7 @@ void write_chrome_trace(std::ostream& out, const Program& program, const SimResu
       case Op::gm_write:
         args["bytes"] = instr.bytes;
         args["ideal_us"] = instr.ideal_cycles / per_us;
+        args["data_landed_us"] = record.end / per_us;
         break;
       case Op::wait_event:
       case Op::wait_cross:
@@ -376,13 +380,14 @@ void write_chrome_trace(std::ostream& out, const Program& program, const SimResu
     const double wait_end =
         std::max(wait_record.end / per_us, wait_record.start / per_us + kTiny) - kTiny / 2;
     ++flow_id;
-    events.push_back({{"ph", "s"},
-                      {"name", program.labels[from.label]},
-                      {"cat", "flag"},
-                      {"id", flow_id},
-                      {"pid", from.core},
-                      {"tid", local_pipe_index(from.unit, from.pipe)},
-                      {"ts", set_record.start / per_us + kTiny / 2}});
+    events.push_back(
+        {{"ph", "s"},
+         {"name", program.labels[from.label]},
+         {"cat", "flag"},
+         {"id", flow_id},
+         {"pid", from.core},
+         {"tid", local_pipe_index(from.unit, from.pipe)},
+         {"ts", std::max(set_record.end / per_us, set_record.start / per_us + kTiny) - kTiny / 2}});
     events.push_back({{"ph", "f"},
                       {"bp", "e"},
                       {"name", program.labels[from.label]},
@@ -531,9 +536,10 @@ void write_svg(std::ostream& out, const Program& program, const SimResult& resul
     const bool wait = instr.op == Op::wait_event || instr.op == Op::wait_cross;
     const bool work =
         instr.op == Op::compute || instr.op == Op::gm_read || instr.op == Op::gm_write;
-    if (!(wait || work) || record.end <= record.start) continue;
+    const double end = work ? record.release : record.end;
+    if (!(wait || work) || end <= record.start) continue;
     const double x = kLabelWidth + record.start * scale;
-    const double w = std::max(0.4, (record.end - record.start) * scale);
+    const double w = std::max(0.4, (end - record.start) * scale);
     const double y = core_top(row) + local_pipe_index(instr.unit, instr.pipe) * kRowHeight + 1;
     std::string tip = program.labels[instr.label];
     if (instr.block >= 0) tip += " (block " + std::to_string(instr.block) + ")";
@@ -541,7 +547,7 @@ void write_svg(std::ostream& out, const Program& program, const SimResult& resul
                   "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\"><title>"
                   "%s: %.3f-%.3f us</title></rect>\n",
                   x, y, w, kRowHeight - 2, wait ? "url(#bubble)" : stage_color(instr.stage),
-                  xml_escape(tip).c_str(), record.start / per_us, record.end / per_us);
+                  xml_escape(tip).c_str(), record.start / per_us, end / per_us);
     out << buffer;
   }
   // Time axis with 1-2-5 ticks.
