@@ -1,0 +1,206 @@
+// The built ditops-sim against API.md's "Simulator CLI": outputs parse, and bad flags or values
+// exit with status 2 and exactly one line on stderr.
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+namespace {
+
+struct CliRun {
+  int status = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string env(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? std::string() : std::string(value);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream file(path);
+  std::stringstream buffer;
+  buffer << file.rdbuf();
+  return buffer.str();
+}
+
+CliRun run(const std::string& args) {
+  const std::string dir = env("DITOPS_SIM_TMP");
+  const std::string out = dir + "/cli_out.txt";
+  const std::string err = dir + "/cli_err.txt";
+  const std::string command =
+      "'" + env("DITOPS_SIM_CLI") + "' " + args + " >'" + out + "' 2>'" + err + "'";
+  CliRun result;
+  const int raw = std::system(command.c_str());
+  result.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  result.out = read_file(out);
+  result.err = read_file(err);
+  return result;
+}
+
+int lines(const std::string& text) {
+  int count = 0;
+  for (const char c : text) count += c == '\n';
+  return count;
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (env("DITOPS_SIM_CLI").empty() || env("DITOPS_SIM_TMP").empty()) {
+      GTEST_FAIL() << "DITOPS_SIM_CLI and DITOPS_SIM_TMP must be set (ctest sets them)";
+    }
+  }
+  void expect_usage_error(const std::string& args, const std::string& mentions) {
+    const CliRun result = run(args);
+    EXPECT_EQ(result.status, 2) << args;
+    EXPECT_EQ(lines(result.err), 1) << args << ": " << result.err;
+    EXPECT_NE(result.err.find(mentions), std::string::npos) << args << ": " << result.err;
+    EXPECT_TRUE(result.out.empty()) << args;
+  }
+  std::string write_tmp(const std::string& name, const std::string& text) {
+    const std::string path = env("DITOPS_SIM_TMP") + "/" + name;
+    std::ofstream(path) << text;
+    return path;
+  }
+};
+
+TEST_F(Cli, BadFlagsAndValuesExit2WithOneLine) {
+  expect_usage_error("mla --chunk 3", "chunk");
+  expect_usage_error("mla --batch 0", "batch");
+  expect_usage_error("mla --batch -1", "batch");
+  expect_usage_error("mla --kv 12x", "--kv");
+  expect_usage_error("mla --block-size 96", "block-size");
+  expect_usage_error("mla --cores 99", "cores");
+  expect_usage_error("mla --opt warp_speed", "warp_speed");
+  expect_usage_error("mla --frobnicate 1", "--frobnicate");
+  expect_usage_error("mla --batch", "--batch");
+  expect_usage_error("sweep --chunk 1,3", "chunk");
+  expect_usage_error("sweep --batch 1,,2", "--batch");
+  expect_usage_error("sweep --trace x.json", "--trace");
+  expect_usage_error("fly", "fly");
+  expect_usage_error("", "command");
+}
+
+TEST_F(Cli, MalformedHardwareJsonExits2) {
+  expect_usage_error("mla --hw " + write_tmp("broken.json", "{\"format\": "), "--hw");
+  expect_usage_error("mla --hw /nonexistent/hw.json", "--hw");
+  // Valid JSON, but a missing parameter, an unknown one, a wrong type, a wrong unit.
+  const CliRun hw = run("hw");
+  ASSERT_EQ(hw.status, 0);
+  nlohmann::json base = nlohmann::json::parse(hw.out);
+  nlohmann::json missing = base;
+  missing["params"].erase("clock_ghz");
+  expect_usage_error("mla --hw " + write_tmp("missing.json", missing.dump()), "clock_ghz");
+  nlohmann::json unknown = base;
+  unknown["params"]["warp_factor"] = {{"value", 9}, {"unit", "x"}, {"source", "U"}};
+  expect_usage_error("mla --hw " + write_tmp("unknown.json", unknown.dump()), "warp_factor");
+  nlohmann::json wrong_type = base;
+  wrong_type["params"]["l1_bytes"]["value"] = "512K";
+  expect_usage_error("sweep --hw " + write_tmp("type.json", wrong_type.dump()), "l1_bytes");
+  nlohmann::json wrong_unit = base;
+  wrong_unit["params"]["clock_ghz"]["unit"] = "MHz";
+  expect_usage_error("mla --hw " + write_tmp("unit.json", wrong_unit.dump()), "MHz");
+  nlohmann::json negative = base;
+  negative["params"]["hbm_bandwidth_bytes_per_cycle"]["value"] = -5;
+  expect_usage_error("mla --hw " + write_tmp("negative.json", negative.dump()), "hbm_bandwidth");
+}
+
+TEST_F(Cli, HwPrintsAValidHwFileWithUnitsAndSources) {
+  const CliRun hw = run("hw");
+  ASSERT_EQ(hw.status, 0) << hw.err;
+  const nlohmann::json json = nlohmann::json::parse(hw.out);
+  ASSERT_TRUE(json["params"].is_object());
+  for (const auto& [name, entry] : json["params"].items()) {
+    EXPECT_TRUE(entry["value"].is_number()) << name;
+    EXPECT_FALSE(entry["unit"].get<std::string>().empty()) << name;
+    const std::string source = entry["source"].get<std::string>();
+    EXPECT_TRUE(source.rfind("H:", 0) == 0 || source.rfind("M:", 0) == 0 ||
+                source.rfind("U:", 0) == 0)
+        << name << ": " << source;
+  }
+  const std::string path = write_tmp("defaults.json", hw.out);
+  const CliRun again = run("hw --hw " + path);
+  EXPECT_EQ(again.status, 0);
+  EXPECT_EQ(again.out, hw.out);
+}
+
+TEST_F(Cli, MlaJsonHasTheContractFields) {
+  const CliRun result = run("mla --batch 2 --kv 512 --chunk 4 --json");
+  ASSERT_EQ(result.status, 0) << result.err;
+  const nlohmann::json json = nlohmann::json::parse(result.out);
+  EXPECT_GT(json["time_us"].get<double>(), 0);
+  EXPECT_GT(json["cycles"].get<double>(), 0);
+  ASSERT_TRUE(json["pipes"].is_object());
+  for (const char* pipe :
+       {"AIC.MTE2", "AIC.MTE1", "AIC.M", "AIC.FIX", "AIV.MTE2", "AIV.V", "AIV.MTE3"}) {
+    const double ratio = json["pipes"][pipe].get<double>();
+    EXPECT_GE(ratio, 0) << pipe;
+    EXPECT_LE(ratio, 1) << pipe;
+  }
+  ASSERT_TRUE(json["bubbles"].is_object());
+  EXPECT_TRUE(json["bubbles"].contains("AIC"));
+  EXPECT_TRUE(json["bubbles"].contains("AIV"));
+  EXPECT_NEAR(json["time_us"].get<double>() * 1800.0, json["cycles"].get<double>(), 1e-6);
+}
+
+TEST_F(Cli, SweepJsonIsAnArrayOfRuns) {
+  const CliRun result = run("sweep --batch 1,2 --kv 512 --chunk 1,4 --json");
+  ASSERT_EQ(result.status, 0) << result.err;
+  const nlohmann::json json = nlohmann::json::parse(result.out);
+  ASSERT_TRUE(json.is_array());
+  ASSERT_EQ(json.size(), 4u);
+  for (const auto& item : json) {
+    for (const char* key : {"batch", "kv", "chunk", "time_us"}) {
+      EXPECT_TRUE(item.contains(key)) << key;
+    }
+  }
+  EXPECT_EQ(json[1]["chunk"], 4);
+  EXPECT_DOUBLE_EQ(json[0]["ratio_to_chunk1"].get<double>(), 1.0);
+}
+
+TEST_F(Cli, SweepTableShowsRatiosToChunk1) {
+  const CliRun result = run("sweep --batch 1 --kv 512,1024");
+  ASSERT_EQ(result.status, 0) << result.err;
+  EXPECT_NE(result.out.find("chunk=1"), std::string::npos);
+  EXPECT_NE(result.out.find("chunk=4"), std::string::npos);
+  EXPECT_NE(result.out.find("(x1.000)"), std::string::npos);
+}
+
+TEST_F(Cli, MlaWritesTraceCsvAndSvg) {
+  const std::string dir = env("DITOPS_SIM_TMP");
+  const CliRun result = run("mla --batch 1 --kv 2048 --chunk 2 --trace '" + dir +
+                            "/t.json' --csv '" + dir + "/p.csv' --svg '" + dir + "/g.svg'");
+  ASSERT_EQ(result.status, 0) << result.err;
+  EXPECT_NE(result.out.find("bubbles"), std::string::npos);
+  const nlohmann::json trace = nlohmann::json::parse(read_file(dir + "/t.json"));
+  int complete = 0, flows_start = 0, flows_end = 0, thread_names = 0;
+  for (const auto& event : trace["traceEvents"]) {
+    const std::string ph = event["ph"];
+    complete += ph == "X";
+    flows_start += ph == "s";
+    flows_end += ph == "f";
+    thread_names += ph == "M" && event["name"] == "thread_name";
+  }
+  EXPECT_GT(complete, 100);
+  EXPECT_GT(flows_start, 0);
+  EXPECT_EQ(flows_start, flows_end);
+  EXPECT_EQ(thread_names % 10, 0);  // ten pipes per core
+  const std::string csv = read_file(dir + "/p.csv");
+  EXPECT_EQ(csv.rfind("core_id,aic_total_time(us),aic_total_cycles,aic_mac_time(us)", 0), 0u);
+  EXPECT_NE(csv.find("\nmean,"), std::string::npos);
+  const std::string svg = read_file(dir + "/g.svg");
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("time (us)"), std::string::npos);
+  EXPECT_NE(svg.find("url(#bubble)"), std::string::npos);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+}
+
+}  // namespace
