@@ -6,6 +6,7 @@
 //   ditops-sim sweep [--batch 1,2,4,8,16,24,48] [--kv 512,2048,4096] [--chunk 1,2,4]
 //                    [same options] [--json]
 //   ditops-sim hw    [--hw FILE.json]
+//   every command also takes --set NAME=VALUE[,...] to override hardware parameters
 //
 // Bad flags or values print one line on stderr and exit with status 2.
 
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -50,7 +52,8 @@ const char* const kUsage =
     "       ditops-sim sweep [--batch 1,2,4,8,16,24,48] [--kv 512,2048,4096] [--chunk 1,2,4]\n"
     "                        [--heads ..] [--q-len ..] [--cores ..] [--block-size ..] [--opt ..]\n"
     "                        [--hw FILE.json] [--json]\n"
-    "       ditops-sim hw    [--hw FILE.json]   (prints the hardware parameters as JSON)\n";
+    "       ditops-sim hw    [--hw FILE.json]   (prints the hardware parameters as JSON)\n"
+    "  --set NAME=VALUE[,NAME=VALUE...] overrides hardware parameters after --hw\n";
 
 int parse_int(const std::string& flag, const std::string& text) {
   if (text.empty() || text.size() > 9 ||
@@ -87,10 +90,10 @@ Options parse_args(int argc, char** argv) {
   }
   std::vector<std::string> allowed;
   if (options.command == "hw") {
-    allowed = {"--hw"};
+    allowed = {"--hw", "--set"};
   } else {
     allowed = {"--batch",      "--kv",    "--heads", "--q-len", "--cores",
-               "--block-size", "--chunk", "--opt",   "--hw"};
+               "--block-size", "--chunk", "--opt",   "--hw",    "--set"};
     if (options.command == "mla") {
       for (const char* flag : {"--trace", "--csv", "--svg"}) allowed.emplace_back(flag);
     }
@@ -111,14 +114,48 @@ Options parse_args(int argc, char** argv) {
   return options;
 }
 
+// --hw FILE, then --set NAME=VALUE[,NAME=VALUE...] overrides (for sensitivity sweeps).
 sim::HwParams load_hw(const Options& options) {
+  sim::HwParams hw;
   const auto found = options.values.find("--hw");
-  if (found == options.values.end()) return sim::HwParams{};
-  try {
-    return sim::load_hw_file(found->second);
-  } catch (const sim::SimError& error) {
-    throw UsageError(std::string("--hw ") + error.what());
+  if (found != options.values.end()) {
+    try {
+      hw = sim::load_hw_file(found->second);
+    } catch (const sim::SimError& error) {
+      throw UsageError(std::string("--hw ") + error.what());
+    }
   }
+  const auto set = options.values.find("--set");
+  if (set == options.values.end()) return hw;
+  std::size_t start = 0;
+  const std::string& text = set->second;
+  while (start <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    const std::size_t equals = item.find('=');
+    if (equals == std::string::npos)
+      throw UsageError("--set expects NAME=VALUE (got '" + item + "')");
+    const std::string name = item.substr(0, equals);
+    const std::string value = item.substr(equals + 1);
+    const sim::HwParamInfo* info = nullptr;
+    for (const sim::HwParamInfo& candidate : sim::hw_param_table()) {
+      if (name == candidate.name) info = &candidate;
+    }
+    if (info == nullptr) throw UsageError("--set: unknown hardware parameter '" + name + "'");
+    char* end = nullptr;
+    const double number = std::strtod(value.c_str(), &end);
+    if (value.empty() || end != value.c_str() + value.size()) {
+      throw UsageError("--set " + name + " expects a number (got '" + value + "')");
+    }
+    hw.*(info->field) = number;
+    start = comma + 1;
+  }
+  try {
+    sim::validate(hw);
+  } catch (const sim::SimError& error) {
+    throw UsageError(std::string("--set: ") + error.what());
+  }
+  return hw;
 }
 
 /// The shared mla/sweep options; list flags of a sweep are set by the caller.
