@@ -6,6 +6,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <ditops/tensor.hpp>
@@ -124,6 +125,51 @@ inline void store(T* dst, F32<Arch> v) noexcept {
   }
 }
 
+/// Bytes one store<Arch, T>() writes; streaming stores need dst aligned to it.
+template <class Arch, class T>
+inline constexpr std::size_t kStoreBytes = F32<Arch>::size * sizeof(T);
+
+/// Elements from dst to the next kStoreBytes boundary (0 when aligned).
+template <class Arch, class T>
+inline std::size_t elements_to_alignment(const T* dst) noexcept {
+  const auto misalignment = reinterpret_cast<std::uintptr_t>(dst) % kStoreBytes<Arch, T>;
+  return misalignment ? (kStoreBytes<Arch, T> - misalignment) / sizeof(T) : 0;
+}
+
+/// store() with a non-temporal (cache-bypassing) store when dst is aligned for one: for outputs
+/// far larger than the caches it saves the read-for-ownership of every line. SSE levels stream
+/// f32 only (SSE2 has no 16-byte streaming store for packed 16-bit results worth the detour).
+/// Callers issue stream_fence() before the data is handed to another thread.
+template <class Arch, class T>
+inline void store_stream(T* dst, F32<Arch> v) noexcept {
+  if (simd::elements_to_alignment<Arch>(dst) != 0) return simd::store<Arch>(dst, v);
+  if constexpr (std::is_same_v<T, float>) {
+    if constexpr (kIsAvx512<Arch>) {
+      _mm512_stream_ps(dst, v);
+    } else if constexpr (kIsAvx2<Arch>) {
+      _mm256_stream_ps(dst, v);
+    } else {
+      _mm_stream_ps(dst, v);
+    }
+  } else if constexpr (kIsAvx512<Arch>) {
+    const __m256i half = std::is_same_v<T, bf16>
+                             ? _mm512_cvtepi32_epi16(simd::bf16_bits<Arch>(v))
+                             : _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), half);
+  } else if constexpr (kIsAvx2<Arch> && std::is_same_v<T, f16>) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst),
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  } else {
+    simd::store<Arch>(dst, v);
+  }
+}
+
+/// Orders earlier streaming stores before later stores (they are weakly ordered).
+template <class Arch>
+inline void stream_fence() noexcept {
+  _mm_sfence();
+}
+
 /// Loads the first `count` (< lanes) elements of src; the other lanes hold `fill`. Never reads
 /// past src + count (xsimd 8.1 has no masked load).
 template <class Arch, class T>
@@ -139,6 +185,39 @@ inline void store_partial(T* dst, F32<Arch> v, std::size_t count) noexcept {
   alignas(64) float lanes[F32<Arch>::size];
   v.store_aligned(lanes);
   for (std::size_t i = 0; i < count; ++i) dst[i] = from_float<T>(lanes[i]);
+}
+
+// ---- row chunks: full vectors, with partial vectors at the ends -----------------------------
+
+/// Writes elements [i, i + count) of a row: store_partial for a short piece, else store or
+/// (when `stream`) store_stream.
+template <class Arch, class T>
+inline void store_chunk(T* dst, std::size_t i, std::size_t count, F32<Arch> v, bool stream) {
+  if (count < F32<Arch>::size) {
+    simd::store_partial<Arch>(dst + i, v, count);
+  } else if (stream) {
+    simd::store_stream<Arch>(dst + i, v);
+  } else {
+    simd::store<Arch>(dst + i, v);
+  }
+}
+
+/// Elements [i, i + count) of src (count <= lanes; the rest of the vector is 0).
+template <class Arch, class T>
+inline F32<Arch> load_chunk(const T* src, std::size_t i, std::size_t count) {
+  return count < F32<Arch>::size ? simd::load_partial<Arch>(src + i, count, 0.f)
+                                       : simd::load<Arch>(src + i);
+}
+
+/// Calls chunk(i, count) over [0, dim) in vector-sized pieces, the first piece cut short so
+/// that the full pieces start at a kStoreBytes boundary of dst (streaming stores need it).
+template <class Arch, class T, class Chunk>
+inline void for_each_chunk(const T* dst, std::size_t dim, bool align, const Chunk& chunk) {
+  constexpr std::size_t kLanes = F32<Arch>::size;
+  std::size_t i = align ? std::min(dim, simd::elements_to_alignment<Arch>(dst)) : 0;
+  if (i) chunk(0, i);
+  for (; i + kLanes <= dim; i += kLanes) chunk(i, kLanes);
+  if (i < dim) chunk(i, dim - i);
 }
 
 }  // namespace ditops::simd

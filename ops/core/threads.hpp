@@ -46,4 +46,13 @@ inline int threads_for_bytes(std::int64_t bytes) noexcept {
       std::clamp<std::int64_t>(bytes / kBytesPerThread, 1, std::max(1, thread_count())));
 }
 
+/// Whether a pass that writes `bytes` should bypass the caches with streaming stores. Above
+/// 32 MiB an output cannot stay in one core's share of any current server L3 (Zen 4: 4 MiB per
+/// core, Sapphire/Granite Rapids: 2-5 MiB per core), so caching it only costs the
+/// read-for-ownership of every line; below, the next operator may still find it in cache.
+inline bool use_streaming_stores(std::int64_t bytes) noexcept {
+  constexpr std::int64_t kStreamingStoreBytes = std::int64_t{32} << 20;
+  return bytes >= kStreamingStoreBytes;
+}
+
 }  // namespace ditops::core

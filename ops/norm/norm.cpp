@@ -51,6 +51,7 @@ void run(norm::NormProblem& problem, const TensorView& weight,
   const int operands = problem.residual ? 4 : 2;  // tensors streamed through memory per element
   const std::int64_t bytes = problem.rows.rows * problem.dim * dtype_size(problem.dtype) * operands;
   const int threads = core::threads_for_bytes(bytes);
+  problem.stream = core::use_streaming_stores(bytes / 2);  // half of the traffic is written
   // Scratch for h in fp32 (fused path with a narrow dtype): one row per thread.
   std::vector<float> scratch(problem.residual ? static_cast<std::size_t>(problem.dim) * threads
                                               : 0);

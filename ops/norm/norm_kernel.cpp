@@ -6,6 +6,7 @@
 
 #include "ops/norm/norm_kernel.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -20,10 +21,7 @@ void norm_rows(const NormProblem& p, std::int64_t begin, std::int64_t end, float
   using B = simd::F32<Arch>;
   constexpr std::size_t kLanes = B::size;
   const auto dim = static_cast<std::size_t>(p.dim);
-  const std::size_t vector_end = dim - dim % kLanes;
   const std::size_t unrolled_end = dim - dim % (4 * kLanes);
-  const std::size_t tail = dim - vector_end;
-  const bool has_residual = p.residual != nullptr;
 
   for (std::int64_t row = begin; row < end; ++row) {
     const auto offset = core::row_offsets<4>(p.rows, row);
@@ -32,29 +30,21 @@ void norm_rows(const NormProblem& p, std::int64_t begin, std::int64_t end, float
 
     // Pass 1: sum of squares (of h = x + residual when fused, storing h on the way).
     B acc0(0.f), acc1(0.f), acc2(0.f), acc3(0.f);
-    const T* src = x;  // what pass 2 normalizes: x, or h in fp32
-    const float* src_f32 = nullptr;
-    if (has_residual) {
+    const float* h_f32 = nullptr;  // fused: h in fp32, which pass 2 normalizes
+    if (p.residual) {
       const T* residual = static_cast<const T*>(p.residual) + offset[kResidual];
       T* sum_out = static_cast<T*>(p.sum_out) + offset[kSumOut];
-      // sum_out holds h rounded to T; for narrow types pass 2 reads the fp32 h from scratch.
-      float* h_f32 = std::is_same_v<T, float> ? reinterpret_cast<float*>(sum_out) : scratch;
-      for (std::size_t i = 0; i < vector_end; i += kLanes) {
-        const B h = simd::load<Arch>(x + i) + simd::load<Arch>(residual + i);
-        simd::store<Arch>(sum_out + i, h);
-        if constexpr (!std::is_same_v<T, float>) h.store_unaligned(scratch + i);
-        acc0 = simd::fmadd<Arch>(h, h, acc0);
-      }
-      if (tail) {
-        const B h = simd::load_partial<Arch>(x + vector_end, tail, 0.f) +
-                    simd::load_partial<Arch>(residual + vector_end, tail, 0.f);
-        simd::store_partial<Arch>(sum_out + vector_end, h, tail);
-        if constexpr (!std::is_same_v<T, float>) {
-          simd::store_partial<Arch>(scratch + vector_end, h, tail);
-        }
-        acc1 = simd::fmadd<Arch>(h, h, acc1);
-      }
-      src_f32 = h_f32;
+      // An f32 sum_out that stays in cache is h itself; otherwise keep h in scratch (narrow
+      // types round h in sum_out; streamed stores leave it in memory).
+      float* h = std::is_same_v<T, float> && !p.stream ? reinterpret_cast<float*>(sum_out)
+                                                       : scratch;
+      simd::for_each_chunk<Arch>(sum_out, dim, p.stream, [&](std::size_t i, std::size_t count) {
+        const B sum = simd::load_chunk<Arch>(x, i, count) + simd::load_chunk<Arch>(residual, i, count);
+        simd::store_chunk<Arch>(sum_out, i, count, sum, p.stream);
+        if (h != reinterpret_cast<float*>(sum_out)) simd::store_chunk<Arch>(h, i, count, sum, false);
+        acc0 = simd::fmadd<Arch>(sum, sum, acc0);
+      });
+      h_f32 = h;
     } else {
       for (std::size_t i = 0; i < unrolled_end; i += 4 * kLanes) {
         const B v0 = simd::load<Arch>(x + i);
@@ -66,12 +56,8 @@ void norm_rows(const NormProblem& p, std::int64_t begin, std::int64_t end, float
         acc2 = simd::fmadd<Arch>(v2, v2, acc2);
         acc3 = simd::fmadd<Arch>(v3, v3, acc3);
       }
-      for (std::size_t i = unrolled_end; i < vector_end; i += kLanes) {
-        const B v = simd::load<Arch>(x + i);
-        acc0 = simd::fmadd<Arch>(v, v, acc0);
-      }
-      if (tail) {
-        const B v = simd::load_partial<Arch>(x + vector_end, tail, 0.f);
+      for (std::size_t i = unrolled_end; i < dim; i += kLanes) {
+        const B v = simd::load_chunk<Arch>(x, i, std::min(kLanes, dim - i));
         acc1 = simd::fmadd<Arch>(v, v, acc1);
       }
     }
@@ -80,22 +66,13 @@ void norm_rows(const NormProblem& p, std::int64_t begin, std::int64_t end, float
 
     // Pass 2: scale (and weight) the row, now in L1.
     const B scale(inv_rms);
-    auto normalized = [&](std::size_t i) {
-      return src_f32 ? B::load_unaligned(src_f32 + i) * scale : simd::load<Arch>(src + i) * scale;
-    };
-    for (std::size_t i = 0; i < vector_end; i += kLanes) {
-      B y = normalized(i);
-      if (p.weight) y = y * B::load_unaligned(p.weight + i);
-      simd::store<Arch>(out + i, y);
-    }
-    if (tail) {
-      B y = (src_f32 ? simd::load_partial<Arch>(src_f32 + vector_end, tail, 0.f)
-                     : simd::load_partial<Arch>(src + vector_end, tail, 0.f)) *
-            scale;
-      if (p.weight) y = y * simd::load_partial<Arch>(p.weight + vector_end, tail, 0.f);
-      simd::store_partial<Arch>(out + vector_end, y, tail);
-    }
+    simd::for_each_chunk<Arch>(out, dim, p.stream, [&](std::size_t i, std::size_t count) {
+      B y = (h_f32 ? simd::load_chunk<Arch>(h_f32, i, count) : simd::load_chunk<Arch>(x, i, count)) * scale;
+      if (p.weight) y = y * simd::load_chunk<Arch>(p.weight, i, count);
+      simd::store_chunk<Arch>(out, i, count, y, p.stream);
+    });
   }
+  if (p.stream) simd::stream_fence<Arch>();
 }
 
 }  // namespace

@@ -21,10 +21,11 @@ struct NormProblem {
   float eps = 0.f;
   void* out = nullptr;
   void* sum_out = nullptr;  ///< written iff residual is set
+  bool stream = false;      ///< write out and sum_out with streaming (non-temporal) stores
 };
 
 /// Normalizes rows [begin, end). scratch: D floats private to the calling thread (holds
-/// x + residual in fp32 when the storage type is narrower). Defined per ISA in norm_kernel.cpp.
+/// x + residual in fp32 for the second pass, unless sum_out is f32 and stays in cache). Defined per ISA in norm_kernel.cpp.
 template <class Arch>
 void rms_norm_rows(const NormProblem& problem, std::int64_t begin, std::int64_t end,
                    float* scratch) noexcept;

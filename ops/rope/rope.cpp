@@ -88,6 +88,7 @@ void rotary_position_embedding(const TensorView& x, const TensorView& cos, const
       DITOPS_ISA_TABLE(rope::rope_rows);
   const auto kernel = kernels.get();
   const std::int64_t bytes = problem.rows.rows * problem.dim * dtype_size(x.dtype) * 2;
+  problem.stream = core::use_streaming_stores(bytes / 2);
   core::parallel_ranges(
       problem.rows.rows, core::threads_for_bytes(bytes),
       [&](std::int64_t begin, std::int64_t end, int) { kernel(problem, begin, end); });

@@ -21,39 +21,23 @@ struct PairSwap {
 
 /// out[i] = x[i]*cos[i] - x[i+h]*sin[i];  out[i+h] = x[i+h]*cos[i+h] + x[i]*sin[i+h].
 template <class Arch, class T, class C>
-void rotate_half(const T* x, const C* cos, const C* sin, T* out, std::size_t dim) {
+void rotate_half(const T* x, const C* cos, const C* sin, T* out, std::size_t dim, bool stream) {
   using B = simd::F32<Arch>;
-  constexpr std::size_t kLanes = B::size;
   const std::size_t half = dim / 2;
-  auto step = [&](B x1, B x2, B c1, B c2, B s1, B s2, B& o1, B& o2) {
-    o1 = simd::fmadd<Arch>(x1, c1, -(x2 * s1));
-    o2 = simd::fmadd<Arch>(x2, c2, x1 * s2);
-  };
-  std::size_t i = 0;
-  for (; i + kLanes <= half; i += kLanes) {
-    B o1, o2;
-    step(simd::load<Arch>(x + i), simd::load<Arch>(x + half + i), simd::load<Arch>(cos + i),
-         simd::load<Arch>(cos + half + i), simd::load<Arch>(sin + i),
-         simd::load<Arch>(sin + half + i), o1, o2);
-    simd::store<Arch>(out + i, o1);
-    simd::store<Arch>(out + half + i, o2);
-  }
-  if (const std::size_t tail = half - i) {
-    B o1, o2;
-    step(simd::load_partial<Arch>(x + i, tail, 0.f),
-         simd::load_partial<Arch>(x + half + i, tail, 0.f),
-         simd::load_partial<Arch>(cos + i, tail, 0.f),
-         simd::load_partial<Arch>(cos + half + i, tail, 0.f),
-         simd::load_partial<Arch>(sin + i, tail, 0.f),
-         simd::load_partial<Arch>(sin + half + i, tail, 0.f), o1, o2);
-    simd::store_partial<Arch>(out + i, o1, tail);
-    simd::store_partial<Arch>(out + half + i, o2, tail);
-  }
+  // Chunks align the first half's stores; the second half streams where it happens to align.
+  simd::for_each_chunk<Arch>(out, half, stream, [&](std::size_t i, std::size_t n) {
+    const B x1 = simd::load_chunk<Arch>(x, i, n), x2 = simd::load_chunk<Arch>(x + half, i, n);
+    const B c1 = simd::load_chunk<Arch>(cos, i, n), c2 = simd::load_chunk<Arch>(cos + half, i, n);
+    const B s1 = simd::load_chunk<Arch>(sin, i, n), s2 = simd::load_chunk<Arch>(sin + half, i, n);
+    simd::store_chunk<Arch>(out, i, n, simd::fmadd<Arch>(x1, c1, -(x2 * s1)), stream);
+    simd::store_chunk<Arch>(out + half, i, n, simd::fmadd<Arch>(x2, c2, x1 * s2), stream);
+  });
 }
 
 /// out[2j] = x[2j]*cos[2j] - x[2j+1]*sin[2j];  out[2j+1] = x[2j+1]*cos[2j+1] + x[2j]*sin[2j+1].
 template <class Arch, class T, class C>
-void rotate_interleaved(const T* x, const C* cos, const C* sin, T* out, std::size_t dim) {
+void rotate_interleaved(const T* x, const C* cos, const C* sin, T* out, std::size_t dim,
+                        bool stream) {
   using B = simd::F32<Arch>;
   constexpr std::size_t kLanes = B::size;
   constexpr auto kSwap = xsimd::make_batch_constant<xsimd::batch<std::uint32_t, Arch>, PairSwap>();
@@ -61,21 +45,16 @@ void rotate_interleaved(const T* x, const C* cos, const C* sin, T* out, std::siz
   alignas(64) float sign_lanes[kLanes];
   for (std::size_t lane = 0; lane < kLanes; ++lane) sign_lanes[lane] = lane % 2 ? 0.f : -0.f;
   const B sign = B::load_aligned(sign_lanes);
-  auto rotated = [&](B v, B c, B s) {
-    return simd::fmadd<Arch>(v, c, xsimd::swizzle(v, kSwap) * (s ^ sign));
-  };
-  std::size_t i = 0;
-  for (; i + kLanes <= dim; i += kLanes) {
-    simd::store<Arch>(out + i, rotated(simd::load<Arch>(x + i), simd::load<Arch>(cos + i),
-                                       simd::load<Arch>(sin + i)));
-  }
-  if (const std::size_t tail = dim - i) {  // even, so pairs never straddle the tail
-    simd::store_partial<Arch>(out + i,
-                              rotated(simd::load_partial<Arch>(x + i, tail, 0.f),
-                                      simd::load_partial<Arch>(cos + i, tail, 0.f),
-                                      simd::load_partial<Arch>(sin + i, tail, 0.f)),
-                              tail);
-  }
+  // Pairs must not straddle chunks, so the first (alignment) chunk must be even-sized; when out
+  // sits an odd number of elements off a store boundary, skip the alignment (and streaming).
+  const bool align = stream && simd::elements_to_alignment<Arch>(out) % 2 == 0;
+  simd::for_each_chunk<Arch>(out, dim, align, [&](std::size_t i, std::size_t n) {
+    const B v = simd::load_chunk<Arch>(x, i, n);
+    const B rotated = xsimd::swizzle(v, kSwap) * (simd::load_chunk<Arch>(sin, i, n) ^ sign);
+    simd::store_chunk<Arch>(out, i, n,
+                            simd::fmadd<Arch>(v, simd::load_chunk<Arch>(cos, i, n), rotated),
+                            stream);
+  });
 }
 
 template <class Arch, class T, class C>
@@ -88,11 +67,12 @@ void rope_rows_typed(const RopeProblem& p, std::int64_t begin, std::int64_t end)
     const C* cos = static_cast<const C*>(p.cos) + offset[kCos];
     const C* sin = static_cast<const C*>(p.sin) + offset[kSin];
     if (p.mode == RotatedMode::rotated_half) {
-      rotate_half<Arch>(x, cos, sin, out, dim);
+      rotate_half<Arch>(x, cos, sin, out, dim, p.stream);
     } else {
-      rotate_interleaved<Arch>(x, cos, sin, out, dim);
+      rotate_interleaved<Arch>(x, cos, sin, out, dim, p.stream);
     }
   }
+  if (p.stream) simd::stream_fence<Arch>();
 }
 
 template <class Arch, class T>

@@ -22,6 +22,7 @@ struct RopeProblem {
   void* out = nullptr;
   const void* cos = nullptr;
   const void* sin = nullptr;
+  bool stream = false;  ///< write out with streaming (non-temporal) stores
 };
 
 /// Rotates rows [begin, end). Defined per ISA in rope_kernel.cpp.

@@ -261,3 +261,24 @@ TEST(RopeBadInput, EveryInvalidArgumentThrowsBeforeWriting) {
 
 }  // namespace
 }  // namespace ditops::test
+
+namespace ditops::test {
+namespace {
+
+// Outputs above 32 MiB are written with streaming stores; padded rows (pad 1 and 3) put row
+// starts at odd and even misalignments, which the interleaved mode must handle pair-safely.
+TYPED_TEST(RopeTest, LargeOutputsUseStreamingStoresCorrectly) {
+  using T = typename TypeParam::X;
+  using C = typename TypeParam::Table;
+  std::mt19937 rng(8);
+  const std::int64_t seq = (std::int64_t{33} << 20) / (8 * 136 * sizeof(T)) + 1;
+  for (RotatedMode mode : {RotatedMode::rotated_half, RotatedMode::rotated_interleaved}) {
+    for (std::int64_t pad : {1, 2}) {
+      RopeCase<T, C>{1, seq, 8, 136, false, mode, TableKind::seq_dim, pad, 2, false}
+          .run_and_check(rng);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ditops::test
