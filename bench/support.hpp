@@ -5,7 +5,9 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <ditops/tensor.hpp>
 #include <random>
 #include <string>
@@ -16,28 +18,39 @@
 namespace ditops::bench {
 
 /// Copies of a buffer of `elements` T, cycled so each iteration touches memory that is not in
-/// any cache (copies_to_defeat_cache). Filled with N(0, 1) values.
+/// any cache (copies_to_defeat_cache). Filled with N(0, 1) values. Each copy starts on a
+/// 64-byte boundary, as framework allocators (PyTorch, ONNX Runtime) align tensors.
 template <class T>
 class ColdBuffers {
  public:
   ColdBuffers(std::int64_t elements, std::int64_t working_set_bytes, unsigned seed = 1)
-      : elements_(elements) {
+      : elements_(round_up(elements)) {
     const int copies = copies_to_defeat_cache(working_set_bytes);
-    storage_.resize(static_cast<std::size_t>(elements) * copies);
+    storage_.reset(static_cast<T*>(
+        std::aligned_alloc(64, static_cast<std::size_t>(elements_) * copies * sizeof(T))));
+    copies_ = copies;
     std::mt19937 rng(seed);
     std::normal_distribution<float> dist;
     // Fill one copy and replicate it: generating a GB of normals would dominate set-up time.
-    for (std::int64_t i = 0; i < elements; ++i) storage_[i] = from_float<T>(dist(rng));
+    for (std::int64_t i = 0; i < elements_; ++i) storage_.get()[i] = from_float<T>(dist(rng));
     for (int c = 1; c < copies; ++c) {
-      std::memcpy(storage_.data() + c * elements, storage_.data(), elements * sizeof(T));
+      std::memcpy(storage_.get() + c * elements_, storage_.get(), elements_ * sizeof(T));
     }
   }
-  int copies() const { return static_cast<int>(storage_.size() / elements_); }
-  T* copy(int index) { return storage_.data() + (index % copies()) * elements_; }
+  int copies() const { return copies_; }
+  T* copy(int index) { return storage_.get() + (index % copies_) * elements_; }
 
  private:
+  static std::int64_t round_up(std::int64_t elements) {
+    constexpr std::int64_t kPerLine = 64 / sizeof(T);
+    return (elements + kPerLine - 1) / kPerLine * kPerLine;
+  }
+  struct Free {
+    void operator()(T* p) const { std::free(p); }
+  };
   std::int64_t elements_;
-  std::vector<T> storage_;
+  int copies_ = 0;
+  std::unique_ptr<T, Free> storage_;
 };
 
 /// GB/s and the fraction of the measured memory bandwidth for `bytes_per_iteration`.

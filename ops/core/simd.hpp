@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <ditops/tensor.hpp>
@@ -128,12 +129,15 @@ inline void store(T* dst, F32<Arch> v) noexcept {
 /// Bytes one store<Arch, T>() writes; streaming stores need dst aligned to it.
 template <class Arch, class T>
 inline constexpr std::size_t kStoreBytes = F32<Arch>::size * sizeof(T);
+/// Streaming stores pay off only for whole cache lines: a line written partly by them and
+/// partly by ordinary stores is flushed from the write-combining buffer half empty.
+inline constexpr std::size_t kCacheLineBytes = 64;
 
-/// Elements from dst to the next kStoreBytes boundary (0 when aligned).
-template <class Arch, class T>
-inline std::size_t elements_to_alignment(const T* dst) noexcept {
-  const auto misalignment = reinterpret_cast<std::uintptr_t>(dst) % kStoreBytes<Arch, T>;
-  return misalignment ? (kStoreBytes<Arch, T> - misalignment) / sizeof(T) : 0;
+/// Elements from dst to the next cache-line boundary (0 when aligned).
+template <class T>
+inline std::size_t elements_to_line(const T* dst) noexcept {
+  const auto misalignment = reinterpret_cast<std::uintptr_t>(dst) % kCacheLineBytes;
+  return misalignment ? (kCacheLineBytes - misalignment) / sizeof(T) : 0;
 }
 
 /// store() with a non-temporal (cache-bypassing) store when dst is aligned for one: for outputs
@@ -142,7 +146,9 @@ inline std::size_t elements_to_alignment(const T* dst) noexcept {
 /// Callers issue stream_fence() before the data is handed to another thread.
 template <class Arch, class T>
 inline void store_stream(T* dst, F32<Arch> v) noexcept {
-  if (simd::elements_to_alignment<Arch>(dst) != 0) return simd::store<Arch>(dst, v);
+  if (reinterpret_cast<std::uintptr_t>(dst) % kStoreBytes<Arch, T> != 0) {
+    return simd::store<Arch>(dst, v);
+  }
   if constexpr (std::is_same_v<T, float>) {
     if constexpr (kIsAvx512<Arch>) {
       _mm512_stream_ps(dst, v);
@@ -170,21 +176,74 @@ inline void stream_fence() noexcept {
   _mm_sfence();
 }
 
+/// float value of one stored element, inline (the hot tail paths must not call out).
+template <class T>
+inline float scalar_to_float(T value) noexcept {
+  if constexpr (std::is_same_v<T, bf16>) {
+    return std::bit_cast<float>(static_cast<std::uint32_t>(value.bits) << 16);
+  } else {
+    return to_float(value);
+  }
+}
+
+/// AVX2 lane mask (all ones in lanes < count) for maskload/maskstore.
+template <class Arch>
+inline __m256i avx2_lane_mask(std::size_t count) noexcept {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 /// Loads the first `count` (< lanes) elements of src; the other lanes hold `fill`. Never reads
-/// past src + count (xsimd 8.1 has no masked load).
+/// past src + count: AVX-512 and AVX2 (f32) use masked loads, which do not fault on masked-off
+/// lanes (xsimd 8.1 has none); other cases go element by element.
 template <class Arch, class T>
 inline F32<Arch> load_partial(const T* src, std::size_t count, float fill) noexcept {
-  alignas(64) float lanes[F32<Arch>::size];
-  for (std::size_t i = 0; i < F32<Arch>::size; ++i) lanes[i] = i < count ? to_float(src[i]) : fill;
-  return F32<Arch>::load_aligned(lanes);
+  if constexpr (kIsAvx512<Arch>) {
+    const auto mask = static_cast<__mmask16>((1u << count) - 1);
+    const __m512 fill_vector = _mm512_set1_ps(fill);
+    if constexpr (std::is_same_v<T, float>) {
+      return _mm512_mask_loadu_ps(fill_vector, mask, src);
+    } else {
+      const __m256i half = _mm256_maskz_loadu_epi16(mask, src);
+      const __m512 wide =
+          std::is_same_v<T, bf16>
+              ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16))
+              : _mm512_cvtph_ps(half);
+      return _mm512_mask_blend_ps(mask, fill_vector, wide);
+    }
+  } else if constexpr (kIsAvx2<Arch> && std::is_same_v<T, float>) {
+    const __m256i mask = avx2_lane_mask<Arch>(count);
+    return _mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(src, mask),
+                            _mm256_castsi256_ps(mask));
+  } else {
+    alignas(64) float lanes[F32<Arch>::size];
+    for (std::size_t i = 0; i < F32<Arch>::size; ++i) {
+      lanes[i] = i < count ? scalar_to_float(src[i]) : fill;
+    }
+    return F32<Arch>::load_aligned(lanes);
+  }
 }
 
 /// Stores the first `count` (< lanes) lanes of v; writes nothing past dst + count.
 template <class Arch, class T>
 inline void store_partial(T* dst, F32<Arch> v, std::size_t count) noexcept {
-  alignas(64) float lanes[F32<Arch>::size];
-  v.store_aligned(lanes);
-  for (std::size_t i = 0; i < count; ++i) dst[i] = from_float<T>(lanes[i]);
+  if constexpr (kIsAvx512<Arch>) {
+    const auto mask = static_cast<__mmask16>((1u << count) - 1);
+    if constexpr (std::is_same_v<T, float>) {
+      _mm512_mask_storeu_ps(dst, mask, v);
+    } else {
+      const __m256i half = std::is_same_v<T, bf16>
+                               ? _mm512_cvtepi32_epi16(simd::bf16_bits<Arch>(v))
+                               : _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm256_mask_storeu_epi16(dst, mask, half);
+    }
+  } else if constexpr (kIsAvx2<Arch> && std::is_same_v<T, float>) {
+    _mm256_maskstore_ps(dst, avx2_lane_mask<Arch>(count), v);
+  } else {
+    alignas(64) float lanes[F32<Arch>::size];
+    v.store_aligned(lanes);
+    for (std::size_t i = 0; i < count; ++i) dst[i] = from_float<T>(lanes[i]);
+  }
 }
 
 // ---- row chunks: full vectors, with partial vectors at the ends -----------------------------
@@ -206,18 +265,25 @@ inline void store_chunk(T* dst, std::size_t i, std::size_t count, F32<Arch> v, b
 template <class Arch, class T>
 inline F32<Arch> load_chunk(const T* src, std::size_t i, std::size_t count) {
   return count < F32<Arch>::size ? simd::load_partial<Arch>(src + i, count, 0.f)
-                                       : simd::load<Arch>(src + i);
+                                 : simd::load<Arch>(src + i);
 }
 
-/// Calls chunk(i, count) over [0, dim) in vector-sized pieces, the first piece cut short so
-/// that the full pieces start at a kStoreBytes boundary of dst (streaming stores need it).
+/// Calls chunk(i, count, stream) over [0, dim) in pieces of at most one vector. With `stream`,
+/// the pieces that cover whole cache lines of dst get stream = true; the (at most two) partial
+/// lines at the ends of the row are written with ordinary stores.
 template <class Arch, class T, class Chunk>
-inline void for_each_chunk(const T* dst, std::size_t dim, bool align, const Chunk& chunk) {
+inline void for_each_chunk(const T* dst, std::size_t dim, bool stream, const Chunk& chunk) {
   constexpr std::size_t kLanes = F32<Arch>::size;
-  std::size_t i = align ? std::min(dim, simd::elements_to_alignment<Arch>(dst)) : 0;
-  if (i) chunk(0, i);
-  for (; i + kLanes <= dim; i += kLanes) chunk(i, kLanes);
-  if (i < dim) chunk(i, dim - i);
+  auto pieces = [&](std::size_t begin, std::size_t end, bool whole_lines) {
+    for (std::size_t i = begin; i < end; i += kLanes) chunk(i, std::min(kLanes, end - i), whole_lines);
+  };
+  if (!stream) return pieces(0, dim, false);
+  constexpr std::size_t kLineElements = kCacheLineBytes / sizeof(T);
+  const std::size_t head = std::min(dim, elements_to_line(dst));
+  const std::size_t body_end = head + (dim - head) / kLineElements * kLineElements;
+  pieces(0, head, false);
+  pieces(head, body_end, true);  // whole lines: a multiple of kLanes elements
+  pieces(body_end, dim, false);
 }
 
 }  // namespace ditops::simd

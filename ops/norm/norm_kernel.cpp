@@ -38,9 +38,10 @@ void norm_rows(const NormProblem& p, std::int64_t begin, std::int64_t end, float
       // types round h in sum_out; streamed stores leave it in memory).
       float* h = std::is_same_v<T, float> && !p.stream ? reinterpret_cast<float*>(sum_out)
                                                        : scratch;
-      simd::for_each_chunk<Arch>(sum_out, dim, p.stream, [&](std::size_t i, std::size_t count) {
+      simd::for_each_chunk<Arch>(sum_out, dim, p.stream, [&](std::size_t i, std::size_t count,
+                                                             bool stream) {
         const B sum = simd::load_chunk<Arch>(x, i, count) + simd::load_chunk<Arch>(residual, i, count);
-        simd::store_chunk<Arch>(sum_out, i, count, sum, p.stream);
+        simd::store_chunk<Arch>(sum_out, i, count, sum, stream);
         if (h != reinterpret_cast<float*>(sum_out)) simd::store_chunk<Arch>(h, i, count, sum, false);
         acc0 = simd::fmadd<Arch>(sum, sum, acc0);
       });
@@ -66,10 +67,11 @@ void norm_rows(const NormProblem& p, std::int64_t begin, std::int64_t end, float
 
     // Pass 2: scale (and weight) the row, now in L1.
     const B scale(inv_rms);
-    simd::for_each_chunk<Arch>(out, dim, p.stream, [&](std::size_t i, std::size_t count) {
+    simd::for_each_chunk<Arch>(out, dim, p.stream, [&](std::size_t i, std::size_t count,
+                                                       bool stream) {
       B y = (h_f32 ? simd::load_chunk<Arch>(h_f32, i, count) : simd::load_chunk<Arch>(x, i, count)) * scale;
       if (p.weight) y = y * simd::load_chunk<Arch>(p.weight, i, count);
-      simd::store_chunk<Arch>(out, i, count, y, p.stream);
+      simd::store_chunk<Arch>(out, i, count, y, stream);
     });
   }
   if (p.stream) simd::stream_fence<Arch>();

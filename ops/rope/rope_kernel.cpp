@@ -24,13 +24,16 @@ template <class Arch, class T, class C>
 void rotate_half(const T* x, const C* cos, const C* sin, T* out, std::size_t dim, bool stream) {
   using B = simd::F32<Arch>;
   const std::size_t half = dim / 2;
-  // Chunks align the first half's stores; the second half streams where it happens to align.
-  simd::for_each_chunk<Arch>(out, half, stream, [&](std::size_t i, std::size_t n) {
+  // Chunks follow the cache lines of the first half; the second half streams along only when
+  // it starts at the same offset within a line.
+  const bool same_line_phase = half * sizeof(T) % simd::kCacheLineBytes == 0;
+  simd::for_each_chunk<Arch>(out, half, stream, [&](std::size_t i, std::size_t n, bool whole) {
     const B x1 = simd::load_chunk<Arch>(x, i, n), x2 = simd::load_chunk<Arch>(x + half, i, n);
     const B c1 = simd::load_chunk<Arch>(cos, i, n), c2 = simd::load_chunk<Arch>(cos + half, i, n);
     const B s1 = simd::load_chunk<Arch>(sin, i, n), s2 = simd::load_chunk<Arch>(sin + half, i, n);
-    simd::store_chunk<Arch>(out, i, n, simd::fmadd<Arch>(x1, c1, -(x2 * s1)), stream);
-    simd::store_chunk<Arch>(out + half, i, n, simd::fmadd<Arch>(x2, c2, x1 * s2), stream);
+    simd::store_chunk<Arch>(out, i, n, simd::fmadd<Arch>(x1, c1, -(x2 * s1)), whole);
+    simd::store_chunk<Arch>(out + half, i, n, simd::fmadd<Arch>(x2, c2, x1 * s2),
+                            whole && same_line_phase);
   });
 }
 
@@ -45,15 +48,15 @@ void rotate_interleaved(const T* x, const C* cos, const C* sin, T* out, std::siz
   alignas(64) float sign_lanes[kLanes];
   for (std::size_t lane = 0; lane < kLanes; ++lane) sign_lanes[lane] = lane % 2 ? 0.f : -0.f;
   const B sign = B::load_aligned(sign_lanes);
-  // Pairs must not straddle chunks, so the first (alignment) chunk must be even-sized; when out
-  // sits an odd number of elements off a store boundary, skip the alignment (and streaming).
-  const bool align = stream && simd::elements_to_alignment<Arch>(out) % 2 == 0;
-  simd::for_each_chunk<Arch>(out, dim, align, [&](std::size_t i, std::size_t n) {
+  // Pairs must not straddle chunks, so the first (line-alignment) chunk must be even-sized; when
+  // out sits an odd number of elements off a line boundary, do not stream.
+  const bool align = stream && simd::elements_to_line(out) % 2 == 0;
+  simd::for_each_chunk<Arch>(out, dim, align, [&](std::size_t i, std::size_t n, bool whole) {
     const B v = simd::load_chunk<Arch>(x, i, n);
     const B rotated = xsimd::swizzle(v, kSwap) * (simd::load_chunk<Arch>(sin, i, n) ^ sign);
     simd::store_chunk<Arch>(out, i, n,
                             simd::fmadd<Arch>(v, simd::load_chunk<Arch>(cos, i, n), rotated),
-                            stream);
+                            whole);
   });
 }
 
