@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <ditops/tensor.hpp>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>

@@ -170,6 +170,12 @@ inline void store_stream(T* dst, F32<Arch> v) noexcept {
   }
 }
 
+/// Asks for the cache line holding `address` (xsimd 8.1 has no prefetch).
+template <class T>
+inline void prefetch(const T* address) noexcept {
+  _mm_prefetch(reinterpret_cast<const char*>(address), _MM_HINT_T0);
+}
+
 /// Orders earlier streaming stores before later stores (they are weakly ordered).
 template <class Arch>
 inline void stream_fence() noexcept {
@@ -275,7 +281,8 @@ template <class Arch, class T, class Chunk>
 inline void for_each_chunk(const T* dst, std::size_t dim, bool stream, const Chunk& chunk) {
   constexpr std::size_t kLanes = F32<Arch>::size;
   auto pieces = [&](std::size_t begin, std::size_t end, bool whole_lines) {
-    for (std::size_t i = begin; i < end; i += kLanes) chunk(i, std::min(kLanes, end - i), whole_lines);
+    for (std::size_t i = begin; i < end; i += kLanes)
+      chunk(i, std::min(kLanes, end - i), whole_lines);
   };
   if (!stream) return pieces(0, dim, false);
   constexpr std::size_t kLineElements = kCacheLineBytes / sizeof(T);

@@ -6,6 +6,7 @@
 
 #include "ops/core/check.hpp"
 #include "ops/core/isa.hpp"
+#include "ops/core/scratch.hpp"
 #include "ops/core/threads.hpp"
 #include "ops/norm/norm_kernel.hpp"
 

@@ -36,15 +36,17 @@ void norm_rows(const NormProblem& p, std::int64_t begin, std::int64_t end, float
       T* sum_out = static_cast<T*>(p.sum_out) + offset[kSumOut];
       // An f32 sum_out that stays in cache is h itself; otherwise keep h in scratch (narrow
       // types round h in sum_out; streamed stores leave it in memory).
-      float* h = std::is_same_v<T, float> && !p.stream ? reinterpret_cast<float*>(sum_out)
-                                                       : scratch;
-      simd::for_each_chunk<Arch>(sum_out, dim, p.stream, [&](std::size_t i, std::size_t count,
-                                                             bool stream) {
-        const B sum = simd::load_chunk<Arch>(x, i, count) + simd::load_chunk<Arch>(residual, i, count);
-        simd::store_chunk<Arch>(sum_out, i, count, sum, stream);
-        if (h != reinterpret_cast<float*>(sum_out)) simd::store_chunk<Arch>(h, i, count, sum, false);
-        acc0 = simd::fmadd<Arch>(sum, sum, acc0);
-      });
+      float* h =
+          std::is_same_v<T, float> && !p.stream ? reinterpret_cast<float*>(sum_out) : scratch;
+      simd::for_each_chunk<Arch>(
+          sum_out, dim, p.stream, [&](std::size_t i, std::size_t count, bool stream) {
+            const B sum =
+                simd::load_chunk<Arch>(x, i, count) + simd::load_chunk<Arch>(residual, i, count);
+            simd::store_chunk<Arch>(sum_out, i, count, sum, stream);
+            if (h != reinterpret_cast<float*>(sum_out))
+              simd::store_chunk<Arch>(h, i, count, sum, false);
+            acc0 = simd::fmadd<Arch>(sum, sum, acc0);
+          });
       h_f32 = h;
     } else {
       for (std::size_t i = 0; i < unrolled_end; i += 4 * kLanes) {
@@ -65,14 +67,29 @@ void norm_rows(const NormProblem& p, std::int64_t begin, std::int64_t end, float
     const float sum_squares = simd::reduce_add<Arch>((acc0 + acc1) + (acc2 + acc3));
     const float inv_rms = 1.f / std::sqrt(sum_squares / static_cast<float>(dim) + p.eps);
 
-    // Pass 2: scale (and weight) the row, now in L1.
+    // Pass 2: scale (and weight) the row, now in L1, while prefetching the next row's inputs:
+    // pass 1 of that row then finds them in cache instead of waiting on memory, and this
+    // pass's arithmetic overlaps the transfer. Rows under 1 KiB are left to the hardware
+    // prefetcher, which follows consecutive short rows well (measured: prefetching there cost
+    // ~20% at D = 128 f32).
     const B scale(inv_rms);
-    simd::for_each_chunk<Arch>(out, dim, p.stream, [&](std::size_t i, std::size_t count,
-                                                       bool stream) {
-      B y = (h_f32 ? simd::load_chunk<Arch>(h_f32, i, count) : simd::load_chunk<Arch>(x, i, count)) * scale;
-      if (p.weight) y = y * simd::load_chunk<Arch>(p.weight, i, count);
-      simd::store_chunk<Arch>(out, i, count, y, stream);
-    });
+    const T* next_x = nullptr;
+    const T* next_residual = nullptr;
+    if (row + 1 < end && dim * sizeof(T) >= 1024) {
+      const auto next = core::row_offsets<4>(p.rows, row + 1);
+      next_x = static_cast<const T*>(p.x) + next[kX];
+      if (p.residual) next_residual = static_cast<const T*>(p.residual) + next[kResidual];
+    }
+    simd::for_each_chunk<Arch>(out, dim, p.stream,
+                               [&](std::size_t i, std::size_t count, bool stream) {
+                                 if (next_x) simd::prefetch(next_x + i);
+                                 if (next_residual) simd::prefetch(next_residual + i);
+                                 B y = (h_f32 ? simd::load_chunk<Arch>(h_f32, i, count)
+                                              : simd::load_chunk<Arch>(x, i, count)) *
+                                       scale;
+                                 if (p.weight) y = y * simd::load_chunk<Arch>(p.weight, i, count);
+                                 simd::store_chunk<Arch>(out, i, count, y, stream);
+                               });
   }
   if (p.stream) simd::stream_fence<Arch>();
 }

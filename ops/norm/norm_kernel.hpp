@@ -25,7 +25,8 @@ struct NormProblem {
 };
 
 /// Normalizes rows [begin, end). scratch: D floats private to the calling thread (holds
-/// x + residual in fp32 for the second pass, unless sum_out is f32 and stays in cache). Defined per ISA in norm_kernel.cpp.
+/// x + residual in fp32 for the second pass, unless sum_out is f32 and stays in cache). Defined per
+/// ISA in norm_kernel.cpp.
 template <class Arch>
 void rms_norm_rows(const NormProblem& problem, std::int64_t begin, std::int64_t end,
                    float* scratch) noexcept;

@@ -54,9 +54,8 @@ void rotate_interleaved(const T* x, const C* cos, const C* sin, T* out, std::siz
   simd::for_each_chunk<Arch>(out, dim, align, [&](std::size_t i, std::size_t n, bool whole) {
     const B v = simd::load_chunk<Arch>(x, i, n);
     const B rotated = xsimd::swizzle(v, kSwap) * (simd::load_chunk<Arch>(sin, i, n) ^ sign);
-    simd::store_chunk<Arch>(out, i, n,
-                            simd::fmadd<Arch>(v, simd::load_chunk<Arch>(cos, i, n), rotated),
-                            whole);
+    simd::store_chunk<Arch>(
+        out, i, n, simd::fmadd<Arch>(v, simd::load_chunk<Arch>(cos, i, n), rotated), whole);
   });
 }
 

@@ -274,8 +274,8 @@ TYPED_TEST(RopeTest, LargeOutputsUseStreamingStoresCorrectly) {
   const std::int64_t seq = (std::int64_t{33} << 20) / (8 * 136 * sizeof(T)) + 1;
   for (RotatedMode mode : {RotatedMode::rotated_half, RotatedMode::rotated_interleaved}) {
     for (std::int64_t pad : {1, 2}) {
-      RopeCase<T, C>{1, seq, 8, 136, false, mode, TableKind::seq_dim, pad, 2, false}
-          .run_and_check(rng);
+      RopeCase<T, C>{1, seq, 8, 136, false, mode, TableKind::seq_dim, pad, 2, false}.run_and_check(
+          rng);
     }
   }
 }
