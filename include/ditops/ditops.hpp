@@ -1,6 +1,7 @@
 #pragma once
 // Everything ditops offers: #include <ditops/ditops.hpp>.
 
+#include <ditops/attention.hpp>
 #include <ditops/norm.hpp>
 #include <ditops/rope.hpp>
 #include <ditops/runtime.hpp>

@@ -48,6 +48,56 @@ inline float reduce_add(F32<Arch> v) noexcept {
 /// Loads F32<Arch>::size elements of T (float, bf16 or f16) as floats.
 template <class Arch, class T>
 inline F32<Arch> load(const T* src) noexcept {
+/// Largest lane (xsimd 8.1 has no reduce_max).
+template <class Arch>
+inline float reduce_max(F32<Arch> v) noexcept {
+  if constexpr (kIsAvx512<Arch>) {
+    return _mm512_reduce_max_ps(v);
+  } else {
+    alignas(64) float lanes[F32<Arch>::size];
+    v.store_aligned(lanes);
+    float best = lanes[0];
+    for (std::size_t i = 1; i < F32<Arch>::size; ++i) best = lanes[i] > best ? lanes[i] : best;
+    return best;
+  }
+}
+
+/// Lane i of the result is the sum of the lanes of rows[i] (rows: F32<Arch>::size vectors).
+template <class Arch>
+inline F32<Arch> transpose_sum(const F32<Arch>* rows) noexcept {
+  // Not xsimd::haddp: its 8.1 AVX-512 version orders the lanes wrongly.
+  alignas(64) float sums[F32<Arch>::size];
+  for (std::size_t i = 0; i < F32<Arch>::size; ++i) sums[i] = reduce_add<Arch>(rows[i]);
+  return F32<Arch>::load_aligned(sums);
+}
+
+/// 2^x for x <= 0 (softmax after subtracting the running maximum), exactly 0 below 2^-126
+/// and for x = -inf. Cephes exp2f: x = n + f with |f| <= 1/2, 2^f by a degree-6 polynomial
+/// (relative error about 2e-7, i.e. ~2 ulp), 2^n built in the exponent field. It replaces
+/// xsimd::exp, whose range checks and ldexp cost twice as much in the attention inner loop.
+template <class Arch>
+inline F32<Arch> exp2_nonpositive(F32<Arch> x) noexcept {
+  using B = F32<Arch>;
+  using I = xsimd::batch<std::int32_t, Arch>;
+  const auto underflow = x < B(-126.f);
+  const B clamped = xsimd::max(x, B(-126.f));
+  // Adding 1.5 * 2^23 rounds to an integer held in the low mantissa bits.
+  const B shifter(12582912.f);
+  const B rounded = clamped + shifter;
+  const B n = rounded - shifter;
+  const B f = clamped - n;
+  B p(1.535336188319500e-4f);
+  p = simd::fmadd<Arch>(p, f, B(1.339887440266574e-3f));
+  p = simd::fmadd<Arch>(p, f, B(9.618437357674640e-3f));
+  p = simd::fmadd<Arch>(p, f, B(5.550332471162809e-2f));
+  p = simd::fmadd<Arch>(p, f, B(2.402264791363012e-1f));
+  p = simd::fmadd<Arch>(p, f, B(6.931472028550421e-1f));
+  p = simd::fmadd<Arch>(p, f, B(1.f));
+  const I exponent = (xsimd::bitwise_cast<I>(rounded) - xsimd::bitwise_cast<I>(shifter)) << 23;
+  const B scaled = xsimd::bitwise_cast<B>(xsimd::bitwise_cast<I>(p) + exponent);
+  return xsimd::select(underflow, B(0.f), scaled);
+}
+
   if constexpr (std::is_same_v<T, float>) {
     return F32<Arch>::load_unaligned(src);
   } else if constexpr (std::is_same_v<T, bf16>) {

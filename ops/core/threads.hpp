@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 namespace ditops::core {
@@ -35,6 +36,28 @@ void parallel_ranges(std::int64_t count, int threads, const Body& body) {
     const std::int64_t begin = thread * base + std::min<std::int64_t>(thread, extra);
     const std::int64_t end = begin + base + (thread < extra ? 1 : 0);
     if (begin < end) body(begin, end, thread);
+  }
+}
+
+/// Runs body(task, thread) for every task in [0, count), handed out dynamically (one atomic
+/// counter) so that tasks of unequal cost balance: order them most expensive first. Use it
+/// where costs differ (causal attention, ragged batches); parallel_ranges where they do not.
+template <class Body>
+void parallel_tasks(std::int64_t count, int threads, const Body& body) {
+  threads = static_cast<int>(std::min<std::int64_t>(threads, count));
+  if (threads <= 1) {
+    for (std::int64_t task = 0; task < count; ++task) body(task, 0);
+    return;
+  }
+  std::atomic<std::int64_t> next{0};
+#pragma omp parallel num_threads(threads)
+  {
+    const int thread = omp_get_thread_num();
+    bind_worker(thread);
+    for (std::int64_t task = next.fetch_add(1, std::memory_order_relaxed); task < count;
+         task = next.fetch_add(1, std::memory_order_relaxed)) {
+      body(task, thread);
+    }
   }
 }
 

@@ -1,0 +1,59 @@
+#pragma once
+// Scaled dot-product attention (API.md "Attention"): dense BSND/BNSD and packed varlen (TND),
+// with auto-tuned backends.
+
+#include <cstdint>
+#include <ditops/tensor.hpp>
+#include <optional>
+#include <span>
+#include <string>
+
+namespace ditops {
+
+enum class AttentionBackend { automatic, reference, flash, flash_bf16, int8, sparse };
+
+struct AttentionOptions {
+  std::optional<float> scale;  ///< default 1/sqrt(Dk)
+  bool causal = false;         ///< bottom-right aligned when Sq != Sk
+  bool head_first = false;     ///< false: q,k,v,out are BSND; true: BNSD
+  TensorView attn_mask{};      ///< boolean (true = attend) or f32 additive; broadcastable as
+                               ///< [B|1, N|1, Sq|1, Sk]; rank 2 means [Sq, Sk]
+  TensorView lse{};            ///< optional output, f32 [B, N, Sq], natural-log log-sum-exp
+  AttentionBackend backend = AttentionBackend::automatic;
+  int int8_chunk = 2;  ///< int8 backend only: 1, 2 or 4
+};
+
+/// q: [B,Sq,N,Dk]; k: [B,Sk,Nkv,Dk]; v: [B,Sk,Nkv,Dv]; out: [B,Sq,N,Dv]; N % Nkv == 0.
+/// f32, bf16 or f16 (q, k, v, out share one dtype). Rows with no attended key give 0
+/// (lse = -inf).
+void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& out, const AttentionOptions& options = {});
+
+struct VarlenOptions {
+  std::optional<float> scale;
+  bool causal = false;  ///< bottom-right aligned per sequence
+  TensorView lse{};     ///< optional output, f32 [N, Tq]
+  AttentionBackend backend = AttentionBackend::automatic;
+};
+
+/// q: [Tq,N,Dk]; k: [Tk,Nkv,Dk]; v: [Tk,Nkv,Dv]; out: [Tq,N,Dv];
+/// cu_seqlens_*: batch+1 cumulative offsets, first 0, non-decreasing, last = Tq (resp. Tk).
+void attention_forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                              std::span<const std::int32_t> cu_seqlens_q,
+                              std::span<const std::int32_t> cu_seqlens_k, const TensorView& out,
+                              const VarlenOptions& options = {});
+
+struct AttentionChoice {
+  AttentionBackend backend;
+  std::string detail;  ///< e.g. internal layout and tile sizes
+  bool from_cache;     ///< true when an earlier tuning result was reused
+};
+
+/// What attention_forward would run for these arguments (tunes on a cache miss).
+AttentionChoice select_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const AttentionOptions& options = {});
+
+/// "reference", "flash", ... (the names DITOPS_ATTN_BACKEND accepts).
+const char* backend_name(AttentionBackend backend) noexcept;
+
+}  // namespace ditops

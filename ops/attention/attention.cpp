@@ -1,0 +1,854 @@
+// Public attention entries: validate, describe the problem once (FlashProblem), choose a
+// backend and tiles (forced, cached or tuned), pack K (and narrow V) once per call, then run
+// a cost-ordered task list on the thread team; short-Sq calls split the KV range across
+// threads and merge the partial results by their log-sum-exp.
+
+#define EIGEN_DONT_PARALLELIZE  // the reference runs inside our own threads
+#include <Eigen/Core>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <ditops/attention.hpp>
+#include <ditops/runtime.hpp>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "ops/attention/attention_kernel.hpp"
+#include "ops/attention/tuner.hpp"
+#include "ops/core/check.hpp"
+#include "ops/core/isa.hpp"
+#include "ops/core/threads.hpp"
+
+namespace ditops {
+
+const char* backend_name(AttentionBackend backend) noexcept {
+  switch (backend) {
+    case AttentionBackend::automatic:
+      return "automatic";
+    case AttentionBackend::reference:
+      return "reference";
+    case AttentionBackend::flash:
+      return "flash";
+    case AttentionBackend::flash_bf16:
+      return "flash_bf16";
+    case AttentionBackend::int8:
+      return "int8";
+    case AttentionBackend::sparse:
+      return "sparse";
+  }
+  return "unknown";
+}
+
+namespace attention {
+
+bool bf16_dot_available() noexcept {
+  static const bool available = cpu_info().avx512_bf16;
+  return available && core::active_isa() == core::Isa::avx512;
+}
+
+namespace {
+
+using core::Arg;
+using core::numel;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+
+/// A validated call: the kernel problem plus what the tuner key and the reference need.
+struct Call {
+  FlashProblem problem;
+  float scale = 1.f;
+  std::string key;  ///< tuner key (without the thread count)
+  AttentionBackend requested = AttentionBackend::automatic;
+};
+
+std::int64_t round_up(std::int64_t value, std::int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+float checked_scale(const char* call, const std::optional<float>& scale, std::int64_t dk) {
+  if (!scale) return 1.f / std::sqrt(static_cast<float>(dk));
+  if (!std::isfinite(*scale) || *scale <= 0.f) {
+    core::fail(call, "scale (" + std::to_string(*scale) + ") must be finite and > 0");
+  }
+  return *scale;
+}
+
+void check_heads(const Arg& q, int q_dim, const Arg& k, int k_dim) {
+  const std::int64_t heads = q.view.shape[q_dim], kv_heads = k.view.shape[k_dim];
+  if (kv_heads == 0 || heads % kv_heads != 0) {
+    core::fail(q.call, std::string(q.name) + ".shape[" + std::to_string(q_dim) + "] (" +
+                           std::to_string(heads) + " heads) must be a multiple of " + k.name +
+                           ".shape[" + std::to_string(k_dim) + "] (" + std::to_string(kv_heads) +
+                           " KV heads)");
+  }
+}
+
+void check_head_dim(const Arg& arg, int dim) {
+  if (arg.view.shape[dim] < 1) {
+    core::fail(arg.call, std::string(arg.name) + ".shape[" + std::to_string(dim) + "] (" +
+                             std::to_string(arg.view.shape[dim]) + ") must be >= 1");
+  }
+}
+
+/// Validates the four tensors of a dense call (layout dims: batch, seq, head).
+Call validate_dense(const char* name, const TensorView& q, const TensorView& k, const TensorView& v,
+                    const TensorView* out, const AttentionOptions& options) {
+  const Arg q_arg{name, "q", q}, k_arg{name, "k", k}, v_arg{name, "v", v};
+  const int seq_dim = options.head_first ? 2 : 1, head_dim = options.head_first ? 1 : 2;
+  core::check_view(q_arg, 4, 4);
+  core::check_dtype(q_arg, {DType::f32, DType::bf16, DType::f16});
+  for (const Arg* arg : {&k_arg, &v_arg}) {
+    core::check_view(*arg, 4, 4);
+    core::check_same_dtype(*arg, q_arg);
+  }
+  core::check_dim(k_arg, 0, q_arg, 0);
+  core::check_dim(v_arg, 0, q_arg, 0);
+  core::check_dim(k_arg, 3, q_arg, 3);
+  core::check_dim(v_arg, seq_dim, k_arg, seq_dim);
+  core::check_dim(v_arg, head_dim, k_arg, head_dim);
+  check_head_dim(q_arg, 3);
+  check_head_dim(v_arg, 3);
+  check_heads(q_arg, head_dim, k_arg, head_dim);
+  const std::int64_t batch = q.shape[0], q_len = q.shape[seq_dim], kv_len = k.shape[seq_dim];
+  const std::int64_t heads = q.shape[head_dim];
+
+  Call call;
+  FlashProblem& p = call.problem;
+  call.scale = checked_scale(name, options.scale, q.shape[3]);
+  p.dtype = q.dtype;
+  p.dk = q.shape[3];
+  p.dv = v.shape[3];
+  p.dv_padded = round_up(p.dv, 16);
+  p.heads = heads;
+  p.kv_heads = k.shape[head_dim];
+  p.batch = batch;
+  p.q_len = q_len;
+  p.kv_len = kv_len;
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  auto strides_of = [&](const TensorView& t) {
+    return Strides{t.strides[0], t.strides[seq_dim], t.strides[head_dim]};
+  };
+  p.q_strides = strides_of(q);
+  p.k_strides = strides_of(k);
+  p.v_strides = strides_of(v);
+  p.scale_log2 = call.scale * kLog2e;
+  p.causal = options.causal;
+
+  std::string mask_key = "none";
+  const TensorView& mask = options.attn_mask;
+  if (!mask.empty() || mask.rank != 0) {
+    const Arg mask_arg{name, "attn_mask", mask};
+    core::check_view(mask_arg, 2, 4);
+    core::check_dtype(mask_arg, {DType::boolean, DType::f32});
+    if (mask.rank == 3) {
+      core::fail(name,
+                 "attn_mask has rank 3; expected rank 2 [Sq, Sk] or rank 4 "
+                 "[B|1, N|1, Sq|1, Sk]");
+    }
+    const std::int64_t want[4] = {batch, heads, q_len, kv_len};
+    const int first = 4 - mask.rank;
+    for (int d = 0; d < mask.rank; ++d) {
+      const std::int64_t extent = mask.shape[d], expected = want[first + d];
+      const bool last = d == mask.rank - 1;
+      if (extent != expected && (last || extent != 1)) {
+        core::fail(name, "attn_mask " + core::shape_string(mask) +
+                             " is not broadcastable to [B|1, N|1, Sq|1, Sk] = [" +
+                             std::to_string(batch) + "|1, " + std::to_string(heads) + "|1, " +
+                             std::to_string(q_len) + "|1, " + std::to_string(kv_len) + "]");
+      }
+      p.mask_strides[first + d] = extent == 1 && !last ? 0 : mask.strides[d];
+    }
+    p.mask_strides[3] = 1;
+    p.mask_kind = mask.dtype == DType::boolean ? MaskKind::boolean : MaskKind::additive;
+    p.mask = mask.data;
+    mask_key =
+        std::string(mask.dtype == DType::boolean ? "bool" : "f32") + core::shape_string(mask);
+    if (numel(mask) == 0) p.mask_kind = MaskKind::none;
+  }
+
+  std::vector<const Arg*> inputs = {&q_arg, &k_arg, &v_arg};
+  const Arg mask_arg{name, "attn_mask", mask};
+  if (!mask.empty()) inputs.push_back(&mask_arg);
+  if (out) {
+    const Arg out_arg{name, "out", *out};
+    core::check_view(out_arg, 4, 4);
+    core::check_same_dtype(out_arg, q_arg);
+    core::check_dim(out_arg, 0, q_arg, 0);
+    core::check_dim(out_arg, seq_dim, q_arg, seq_dim);
+    core::check_dim(out_arg, head_dim, q_arg, head_dim);
+    core::check_dim(out_arg, 3, v_arg, 3);
+    for (const Arg* in : inputs) {
+      if (numel(in->view) > 0) core::check_no_overlap(out_arg, *in, false);
+    }
+    core::check_writable(out_arg);
+    p.out = out->data;
+    p.out_strides = strides_of(*out);
+  }
+  const TensorView& lse = options.lse;
+  if (!lse.empty() || lse.rank != 0) {
+    const Arg lse_arg{name, "lse", lse};
+    core::check_view(lse_arg, 3, 3);
+    core::check_dtype(lse_arg, {DType::f32});
+    if (lse.shape[0] != batch || lse.shape[1] != heads || lse.shape[2] != q_len) {
+      core::fail(name, "lse " + core::shape_string(lse) + " must be [B, N, Sq] = [" +
+                           std::to_string(batch) + ", " + std::to_string(heads) + ", " +
+                           std::to_string(q_len) + "]");
+    }
+    core::check_writable(lse_arg);
+    for (const Arg* in : inputs) {
+      if (numel(in->view) > 0) core::check_no_overlap(lse_arg, *in, false);
+    }
+    if (out) core::check_no_overlap(lse_arg, Arg{name, "out", *out}, false);
+    p.lse = static_cast<float*>(lse.data);
+    p.lse_strides = Strides{lse.strides[0], lse.strides[2], lse.strides[1]};
+    if (numel(lse) == 0) p.lse = nullptr;
+  }
+  call.requested = options.backend;
+  call.key = "b" + std::to_string(batch) + " sq" + std::to_string(q_len) + " sk" +
+             std::to_string(kv_len) + " n" + std::to_string(heads) + "/" +
+             std::to_string(p.kv_heads) + " d" + std::to_string(p.dk) + "/" + std::to_string(p.dv) +
+             " " + dtype_name(p.dtype) + (options.head_first ? " bnsd" : " bsnd") +
+             " mask:" + mask_key + (p.causal ? " causal" : "") + (p.lse ? " lse" : "");
+  return call;
+}
+
+void check_cu_seqlens(const char* name, const char* arg, std::span<const std::int32_t> cu,
+                      std::int64_t total, const char* tensor) {
+  if (cu.empty()) core::fail(name, std::string(arg) + " is empty; it needs batch + 1 entries");
+  if (cu[0] != 0) {
+    core::fail(name, std::string(arg) + "[0] (" + std::to_string(cu[0]) + ") must be 0");
+  }
+  for (std::size_t i = 1; i < cu.size(); ++i) {
+    if (cu[i] < cu[i - 1]) {
+      core::fail(name, std::string(arg) + "[" + std::to_string(i) + "] (" + std::to_string(cu[i]) +
+                           ") is less than " + arg + "[" + std::to_string(i - 1) + "] (" +
+                           std::to_string(cu[i - 1]) + "): offsets must be non-decreasing");
+    }
+  }
+  if (cu.back() != total) {
+    core::fail(name, std::string(arg) + " ends at " + std::to_string(cu.back()) + " but " + tensor +
+                         ".shape[0] is " + std::to_string(total));
+  }
+}
+
+Call validate_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                     std::span<const std::int32_t> cu_q, std::span<const std::int32_t> cu_k,
+                     const TensorView& out, const VarlenOptions& options) {
+  constexpr const char* name = "attention_forward_varlen";
+  const Arg q_arg{name, "q", q}, k_arg{name, "k", k}, v_arg{name, "v", v},
+      out_arg{name, "out", out};
+  core::check_view(q_arg, 3, 3);
+  core::check_dtype(q_arg, {DType::f32, DType::bf16, DType::f16});
+  for (const Arg* arg : {&k_arg, &v_arg, &out_arg}) {
+    core::check_view(*arg, 3, 3);
+    core::check_same_dtype(*arg, q_arg);
+  }
+  core::check_dim(k_arg, 2, q_arg, 2);
+  core::check_dim(v_arg, 0, k_arg, 0);
+  core::check_dim(v_arg, 1, k_arg, 1);
+  core::check_dim(out_arg, 0, q_arg, 0);
+  core::check_dim(out_arg, 1, q_arg, 1);
+  core::check_dim(out_arg, 2, v_arg, 2);
+  check_head_dim(q_arg, 2);
+  check_head_dim(v_arg, 2);
+  check_heads(q_arg, 1, k_arg, 1);
+  if (cu_q.size() != cu_k.size()) {
+    core::fail(name, "cu_seqlens_q has " + std::to_string(cu_q.size()) +
+                         " entries but cu_seqlens_k has " + std::to_string(cu_k.size()));
+  }
+  check_cu_seqlens(name, "cu_seqlens_q", cu_q, q.shape[0], "q");
+  check_cu_seqlens(name, "cu_seqlens_k", cu_k, k.shape[0], "k");
+  Call call;
+  FlashProblem& p = call.problem;
+  call.scale = checked_scale(name, options.scale, q.shape[2]);
+  p.dtype = q.dtype;
+  p.dk = q.shape[2];
+  p.dv = v.shape[2];
+  p.dv_padded = round_up(p.dv, 16);
+  p.heads = q.shape[1];
+  p.kv_heads = k.shape[1];
+  p.batch = static_cast<std::int64_t>(cu_q.size()) - 1;
+  p.cu_q = cu_q.data();
+  p.cu_k = cu_k.data();
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  p.out = out.data;
+  auto strides_of = [](const TensorView& t) { return Strides{0, t.strides[0], t.strides[1]}; };
+  p.q_strides = strides_of(q);
+  p.k_strides = strides_of(k);
+  p.v_strides = strides_of(v);
+  p.out_strides = strides_of(out);
+  p.scale_log2 = call.scale * kLog2e;
+  p.causal = options.causal;
+  for (const Arg* in : {&q_arg, &k_arg, &v_arg}) {
+    if (numel(in->view) > 0) core::check_no_overlap(out_arg, *in, false);
+  }
+  core::check_writable(out_arg);
+  const TensorView& lse = options.lse;
+  if (!lse.empty() || lse.rank != 0) {
+    const Arg lse_arg{name, "lse", lse};
+    core::check_view(lse_arg, 2, 2);
+    core::check_dtype(lse_arg, {DType::f32});
+    if (lse.shape[0] != p.heads || lse.shape[1] != q.shape[0]) {
+      core::fail(name, "lse " + core::shape_string(lse) + " must be [N, Tq] = [" +
+                           std::to_string(p.heads) + ", " + std::to_string(q.shape[0]) + "]");
+    }
+    core::check_writable(lse_arg);
+    for (const Arg* in : {&q_arg, &k_arg, &v_arg, &out_arg}) {
+      if (numel(in->view) > 0) core::check_no_overlap(lse_arg, *in, false);
+    }
+    p.lse = static_cast<float*>(lse.data);
+    p.lse_strides = Strides{0, lse.strides[1], lse.strides[0]};
+    if (numel(lse) == 0) p.lse = nullptr;
+  }
+  call.requested = options.backend;
+  call.key = "varlen b" + std::to_string(p.batch) + " tq" + std::to_string(q.shape[0]) + " tk" +
+             std::to_string(k.shape[0]) + " n" + std::to_string(p.heads) + "/" +
+             std::to_string(p.kv_heads) + " d" + std::to_string(p.dk) + "/" + std::to_string(p.dv) +
+             " " + dtype_name(p.dtype) + (p.causal ? " causal" : "") + (p.lse ? " lse" : "");
+  return call;
+}
+
+// ---- execution --------------------------------------------------------------------------------
+
+struct SequenceShape {
+  std::int64_t q_len, kv_len, q_row0, k_row0;
+};
+SequenceShape sequence_shape(const FlashProblem& p, std::int64_t seq) {
+  if (p.cu_q) {
+    return {p.cu_q[seq + 1] - p.cu_q[seq], p.cu_k[seq + 1] - p.cu_k[seq], p.cu_q[seq], p.cu_k[seq]};
+  }
+  return {p.q_len, p.kv_len, 0, 0};
+}
+
+template <class T>
+float element(const void* base, std::int64_t offset) {
+  return to_float(static_cast<const T*>(base)[offset]);
+}
+float load_element(DType dtype, const void* base, std::int64_t offset) {
+  switch (dtype) {
+    case DType::bf16:
+      return element<bf16>(base, offset);
+    case DType::f16:
+      return element<f16>(base, offset);
+    default:
+      return element<float>(base, offset);
+  }
+}
+void store_element(DType dtype, void* base, std::int64_t offset, float value) {
+  switch (dtype) {
+    case DType::bf16:
+      static_cast<bf16*>(base)[offset] = bf16::from_float(value);
+      break;
+    case DType::f16:
+      static_cast<f16*>(base)[offset] = f16::from_float(value);
+      break;
+    default:
+      static_cast<float*>(base)[offset] = value;
+  }
+}
+
+struct AlignedFree {
+  void operator()(void* p) const { std::free(p); }
+};
+template <class T>
+std::unique_ptr<T[], AlignedFree> aligned_array(std::int64_t count) {
+  const std::size_t bytes =
+      static_cast<std::size_t>(round_up(std::max<std::int64_t>(count, 1) * sizeof(T), 64));
+  return std::unique_ptr<T[], AlignedFree>(static_cast<T*>(std::aligned_alloc(64, bytes)));
+}
+
+/// K^T blocks (and fp32 V rows for narrow dtypes), once per call, shared by every task.
+struct Packed {
+  std::unique_ptr<float[], AlignedFree> k, v;
+  std::unique_ptr<std::uint16_t[], AlignedFree> k_bf16;
+  std::vector<std::int64_t> k_offset, v_offset;
+};
+
+void pack_operands(FlashProblem& p, Packed& packed, int threads) {
+  const bool pack_k = p.k_layout == KLayout::packed;
+  const bool pack_v = p.dtype != DType::f32;
+  if (!pack_k && !pack_v) return;
+  const std::int64_t dk_padded = round_up(p.dk, 32);
+  const std::int64_t heads_total = p.batch * p.kv_heads;
+  packed.k_offset.resize(heads_total);
+  packed.v_offset.resize(heads_total);
+  std::int64_t k_total = 0, v_total = 0;
+  struct Job {
+    std::int64_t seq, head, block;
+  };
+  std::vector<Job> jobs;
+  const std::int64_t k_block_elements = (p.bf16_dot ? dk_padded : p.dk) * kKvBlock;
+  for (std::int64_t seq = 0; seq < p.batch; ++seq) {
+    const std::int64_t blocks = (sequence_shape(p, seq).kv_len + kKvBlock - 1) / kKvBlock;
+    for (std::int64_t head = 0; head < p.kv_heads; ++head) {
+      packed.k_offset[seq * p.kv_heads + head] = k_total;
+      packed.v_offset[seq * p.kv_heads + head] = v_total;
+      k_total += blocks * k_block_elements;
+      v_total += blocks * kKvBlock * p.dv_padded;
+      for (std::int64_t block = 0; block < blocks; ++block) jobs.push_back({seq, head, block});
+    }
+  }
+  if (pack_k && p.bf16_dot) {
+    packed.k_bf16 = aligned_array<std::uint16_t>(k_total);
+  } else if (pack_k) {
+    packed.k = aligned_array<float>(k_total);
+  }
+  if (pack_v) packed.v = aligned_array<float>(v_total);
+  core::parallel_ranges(
+      static_cast<std::int64_t>(jobs.size()), threads,
+      [&](std::int64_t begin, std::int64_t end, int) {
+        for (std::int64_t j = begin; j < end; ++j) {
+          const Job job = jobs[j];
+          const SequenceShape s = sequence_shape(p, job.seq);
+          const std::int64_t first_key = job.block * kKvBlock;
+          const std::int64_t keys = std::min(kKvBlock, s.kv_len - first_key);
+          const std::int64_t slot = job.seq * p.kv_heads + job.head;
+          const std::int64_t k_row0 = job.seq * p.k_strides.batch + job.head * p.k_strides.head +
+                                      (s.k_row0 + first_key) * p.k_strides.seq;
+          if (pack_k && p.bf16_dot) {
+            std::uint16_t* kt =
+                packed.k_bf16.get() + packed.k_offset[slot] + job.block * k_block_elements;
+            std::fill(kt, kt + k_block_elements, std::uint16_t{0});
+            for (std::int64_t key = 0; key < keys; ++key) {
+              for (std::int64_t d = 0; d < p.dk; ++d) {
+                const float value = load_element(p.dtype, p.k, k_row0 + key * p.k_strides.seq + d);
+                kt[(d / 2) * 2 * kKvBlock + key * 2 + d % 2] = bf16::from_float(value).bits;
+              }
+            }
+          } else if (pack_k) {
+            float* kt = packed.k.get() + packed.k_offset[slot] + job.block * k_block_elements;
+            std::fill(kt, kt + k_block_elements, 0.f);
+            for (std::int64_t key = 0; key < keys; ++key) {
+              const std::int64_t row = k_row0 + key * p.k_strides.seq;
+              if (p.dtype == DType::f32) {
+                const float* src = static_cast<const float*>(p.k) + row;
+                for (std::int64_t d = 0; d < p.dk; ++d) kt[d * kKvBlock + key] = src[d];
+              } else {
+                for (std::int64_t d = 0; d < p.dk; ++d) {
+                  kt[d * kKvBlock + key] = load_element(p.dtype, p.k, row + d);
+                }
+              }
+            }
+          }
+          if (pack_v) {
+            float* vp = packed.v.get() + packed.v_offset[slot] + first_key * p.dv_padded;
+            const std::int64_t v_row0 = job.seq * p.v_strides.batch + job.head * p.v_strides.head +
+                                        (s.k_row0 + first_key) * p.v_strides.seq;
+            for (std::int64_t key = 0; key < keys; ++key) {
+              float* dst = vp + key * p.dv_padded;
+              for (std::int64_t d = 0; d < p.dv; ++d) {
+                dst[d] = load_element(p.dtype, p.v, v_row0 + key * p.v_strides.seq + d);
+              }
+              std::fill(dst + p.dv, dst + p.dv_padded, 0.f);
+            }
+          }
+        }
+      });
+  p.k_packed = packed.k.get();
+  p.k_packed_bf16 = packed.k_bf16.get();
+  p.k_packed_offset = packed.k_offset.data();
+  p.v_packed = packed.v.get();
+  p.v_packed_offset = packed.v_offset.data();
+}
+
+/// Element offsets of one query row's output and LSE.
+struct RowOffsets {
+  std::int64_t out, lse;
+};
+RowOffsets row_offsets(const FlashProblem& p, std::int64_t seq, std::int64_t head,
+                       std::int64_t pos) {
+  const SequenceShape s = sequence_shape(p, seq);
+  return {
+      seq * p.out_strides.batch + (s.q_row0 + pos) * p.out_strides.seq + head * p.out_strides.head,
+      seq * p.lse_strides.batch + (s.q_row0 + pos) * p.lse_strides.seq + head * p.lse_strides.head};
+}
+
+void run_flash(FlashProblem p, int threads) {
+  if (p.batch == 0 || p.heads == 0) return;
+  using Kernel = decltype(&flash_task<xsimd::sse2>);
+  static const core::IsaTable<Kernel> kernels = DITOPS_ISA_TABLE(flash_task);
+  const Kernel kernel = kernels.get();
+  const std::int64_t group = p.heads / p.kv_heads;
+
+  // Tasks: (sequence, KV head, block of query positions). ~96 rows (16 micro-tiles of 6) per
+  // task amortize the row-group set-up; GQA heads count as rows of the same task.
+  std::vector<FlashTask> tasks;
+  std::vector<double> cost;
+  std::int64_t longest_kv = 0;
+  for (std::int64_t seq = 0; seq < p.batch; ++seq) {
+    const SequenceShape s = sequence_shape(p, seq);
+    longest_kv = std::max(longest_kv, s.kv_len);
+    if (s.q_len == 0) continue;
+    const std::int64_t q_block = std::max<std::int64_t>(1, 96 / group);
+    for (std::int64_t head = 0; head < p.kv_heads; ++head) {
+      for (std::int64_t q0 = 0; q0 < s.q_len; q0 += q_block) {
+        FlashTask task;
+        task.seq = seq;
+        task.kv_head = head;
+        task.q_begin = q0;
+        task.q_end = std::min(s.q_len, q0 + q_block);
+        task.kv_begin = 0;
+        task.kv_end = s.kv_len;
+        // Keys the last row of the block sees: with causal masking the later blocks cost more.
+        std::int64_t keys = s.kv_len;
+        if (p.causal) keys = std::clamp<std::int64_t>(task.q_end + s.kv_len - s.q_len, 0, s.kv_len);
+        tasks.push_back(task);
+        cost.push_back(static_cast<double>(task.q_end - q0) * group * (keys + kKvBlock));
+      }
+    }
+  }
+  // Split-KV: too few tasks to occupy the threads (decode-like shapes) and long enough KV.
+  const std::int64_t kv_blocks = (longest_kv + kKvBlock - 1) / kKvBlock;
+  std::int64_t splits = 1;
+  if (threads > 1 && static_cast<std::int64_t>(tasks.size()) < 2 * threads && kv_blocks >= 8) {
+    splits = std::min<std::int64_t>((2 * threads + tasks.size() - 1) / tasks.size(), kv_blocks / 4);
+    splits = std::max<std::int64_t>(splits, 1);
+  }
+  std::unique_ptr<float[], AlignedFree> partial_out, partial_lse;
+  std::vector<FlashTask> base_tasks;
+  if (splits > 1) {
+    base_tasks = tasks;
+    std::int64_t rows_total = 0;
+    for (const FlashTask& t : tasks) rows_total += group * (t.q_end - t.q_begin);
+    partial_out = aligned_array<float>(rows_total * splits * p.dv_padded);
+    partial_lse = aligned_array<float>(rows_total * splits);
+    std::vector<FlashTask> split_tasks;
+    std::vector<double> split_cost;
+    std::int64_t row_offset = 0;
+    for (const FlashTask& t : tasks) {
+      const std::int64_t rows = group * (t.q_end - t.q_begin);
+      const std::int64_t blocks = (t.kv_end + kKvBlock - 1) / kKvBlock;
+      for (std::int64_t s = 0; s < splits; ++s) {
+        FlashTask part = t;
+        part.kv_begin = std::min(t.kv_end, blocks * s / splits * kKvBlock);
+        part.kv_end = std::min(t.kv_end, blocks * (s + 1) / splits * kKvBlock);
+        part.partial_out = partial_out.get() + (row_offset * splits + s * rows) * p.dv_padded;
+        part.partial_lse = partial_lse.get() + row_offset * splits + s * rows;
+        split_tasks.push_back(part);
+        split_cost.push_back(static_cast<double>(rows) * (part.kv_end - part.kv_begin));
+      }
+      row_offset += rows;
+    }
+    tasks = std::move(split_tasks);
+    cost = std::move(split_cost);
+  }
+  // Most expensive first, handed out dynamically: the tail of the schedule is short tasks.
+  std::vector<std::int64_t> order(tasks.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::int64_t a, std::int64_t b) { return cost[a] > cost[b]; });
+
+  Packed packed;
+  pack_operands(p, packed, threads);
+  const int team = static_cast<int>(std::min<std::int64_t>(threads, tasks.size()));
+  const std::int64_t scratch_floats = round_up(flash_scratch_floats(p), 16);
+  auto scratch = aligned_array<float>(scratch_floats * std::max(team, 1));
+  core::parallel_tasks(static_cast<std::int64_t>(tasks.size()), team,
+                       [&](std::int64_t index, int thread) {
+                         kernel(p, tasks[order[index]], scratch.get() + thread * scratch_floats);
+                       });
+  if (splits == 1) return;
+
+  // Merge the splits of each row by their LSE (log2 domain): out = sum 2^(lse_s - lse) O_s.
+  std::vector<std::int64_t> task_rows(base_tasks.size() + 1, 0);
+  for (std::size_t t = 0; t < base_tasks.size(); ++t) {
+    task_rows[t + 1] = task_rows[t] + group * (base_tasks[t].q_end - base_tasks[t].q_begin);
+  }
+  core::parallel_ranges(
+      static_cast<std::int64_t>(base_tasks.size()), threads,
+      [&](std::int64_t begin, std::int64_t end, int) {
+        std::vector<float> merged(p.dv);
+        for (std::int64_t t = begin; t < end; ++t) {
+          const FlashTask& task = base_tasks[t];
+          const std::int64_t rows = task_rows[t + 1] - task_rows[t];
+          const std::int64_t per_head = task.q_end - task.q_begin;
+          for (std::int64_t r = 0; r < rows; ++r) {
+            const std::int64_t head = task.kv_head * group + r / per_head;
+            const std::int64_t pos = task.q_begin + r % per_head;
+            float top = kMinusInf;
+            for (std::int64_t s = 0; s < splits; ++s) {
+              top = std::max(top, partial_lse[task_rows[t] * splits + s * rows + r]);
+            }
+            std::fill(merged.begin(), merged.end(), 0.f);
+            float total = 0.f;
+            if (top > kMinusInf) {
+              for (std::int64_t s = 0; s < splits; ++s) {
+                const float weight =
+                    std::exp2(partial_lse[task_rows[t] * splits + s * rows + r] - top);
+                if (weight == 0.f) continue;
+                total += weight;
+                const float* o =
+                    partial_out.get() + ((task_rows[t] * splits + s * rows + r) * p.dv_padded);
+                for (std::int64_t d = 0; d < p.dv; ++d) merged[d] += weight * o[d];
+              }
+            }
+            const RowOffsets offsets = row_offsets(p, task.seq, head, pos);
+            const float inverse = total > 0.f ? 1.f / total : 0.f;
+            for (std::int64_t d = 0; d < p.dv; ++d) {
+              store_element(p.dtype, p.out, offsets.out + d, merged[d] * inverse);
+            }
+            if (p.lse) {
+              p.lse[offsets.lse] = total > 0.f ? (top + std::log2(total)) * kLn2 : kMinusInf;
+            }
+          }
+        }
+      });
+}
+
+/// The oracle: per (sequence, head, block of 128 query rows) the fp32 scores are materialized
+/// by an Eigen GEMM, masked, soft-maxed (std::exp) and multiplied by V.
+void run_reference(const FlashProblem& p, float scale, int threads) {
+  using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  constexpr std::int64_t kRows = 128;
+  struct Job {
+    std::int64_t seq, head, q0;
+  };
+  std::vector<Job> jobs;
+  for (std::int64_t seq = 0; seq < p.batch; ++seq) {
+    const std::int64_t q_len = sequence_shape(p, seq).q_len;
+    for (std::int64_t head = 0; head < p.heads; ++head) {
+      for (std::int64_t q0 = 0; q0 < q_len; q0 += kRows) jobs.push_back({seq, head, q0});
+    }
+  }
+  const std::int64_t group = p.heads / p.kv_heads;
+  core::parallel_tasks(static_cast<std::int64_t>(jobs.size()), threads, [&](std::int64_t j, int) {
+    const Job job = jobs[j];
+    const SequenceShape s = sequence_shape(p, job.seq);
+    const std::int64_t rows = std::min(kRows, s.q_len - job.q0);
+    const std::int64_t kv_head = job.head / group;
+    Matrix q(rows, p.dk), k(s.kv_len, p.dk), v(s.kv_len, p.dv);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t base = job.seq * p.q_strides.batch +
+                                (s.q_row0 + job.q0 + r) * p.q_strides.seq +
+                                job.head * p.q_strides.head;
+      for (std::int64_t d = 0; d < p.dk; ++d) q(r, d) = load_element(p.dtype, p.q, base + d);
+    }
+    for (std::int64_t key = 0; key < s.kv_len; ++key) {
+      const std::int64_t kb = job.seq * p.k_strides.batch + (s.k_row0 + key) * p.k_strides.seq +
+                              kv_head * p.k_strides.head;
+      const std::int64_t vb = job.seq * p.v_strides.batch + (s.k_row0 + key) * p.v_strides.seq +
+                              kv_head * p.v_strides.head;
+      for (std::int64_t d = 0; d < p.dk; ++d) k(key, d) = load_element(p.dtype, p.k, kb + d);
+      for (std::int64_t d = 0; d < p.dv; ++d) v(key, d) = load_element(p.dtype, p.v, vb + d);
+    }
+    Matrix scores = (q * k.transpose()) * scale;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t pos = job.q0 + r;
+      const std::int64_t visible =
+          p.causal ? std::clamp<std::int64_t>(pos + s.kv_len - s.q_len + 1, 0, s.kv_len) : s.kv_len;
+      const std::int64_t mask_row =
+          job.seq * p.mask_strides[0] + job.head * p.mask_strides[1] + pos * p.mask_strides[2];
+      float top = kMinusInf;
+      for (std::int64_t key = 0; key < s.kv_len; ++key) {
+        float& value = scores(r, key);
+        if (key >= visible) value = kMinusInf;
+        if (p.mask_kind == MaskKind::boolean &&
+            !static_cast<const std::uint8_t*>(p.mask)[mask_row + key]) {
+          value = kMinusInf;
+        } else if (p.mask_kind == MaskKind::additive) {
+          value += static_cast<const float*>(p.mask)[mask_row + key];
+        }
+        top = std::max(top, value);
+      }
+      float sum = 0.f;
+      for (std::int64_t key = 0; key < s.kv_len; ++key) {
+        float& value = scores(r, key);
+        value = top > kMinusInf ? std::exp(value - top) : 0.f;
+        sum += value;
+      }
+      if (sum > 0.f) scores.row(r) /= sum;
+      const RowOffsets offsets = row_offsets(p, job.seq, job.head, pos);
+      if (p.lse) p.lse[offsets.lse] = sum > 0.f ? top + std::log(sum) : kMinusInf;
+    }
+    const Matrix out = scores * v;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const RowOffsets offsets = row_offsets(p, job.seq, job.head, job.q0 + r);
+      for (std::int64_t d = 0; d < p.dv; ++d)
+        store_element(p.dtype, p.out, offsets.out + d, out(r, d));
+    }
+  });
+}
+
+// ---- backend choice ---------------------------------------------------------------------------
+
+/// Applies `config` to the problem (the flash backends) or runs the reference.
+void run_config(const Call& call, const Config& config, int threads) {
+  if (config.backend == AttentionBackend::reference) {
+    return run_reference(call.problem, call.scale, threads);
+  }
+  FlashProblem p = call.problem;
+  p.k_layout = config.k_packed ? KLayout::packed : KLayout::direct;
+  p.row_group = config.row_group;
+  p.bf16_dot =
+      config.backend == AttentionBackend::flash_bf16 && config.k_packed && bf16_dot_available();
+  run_flash(p, threads);
+}
+
+/// Rows that share one K/V head: with few, packing K costs as much as the attention.
+std::int64_t rows_per_kv_head(const FlashProblem& p) {
+  const std::int64_t q_rows =
+      p.cu_q ? p.cu_q[p.batch] / std::max<std::int64_t>(p.batch, 1) : p.q_len;
+  return q_rows * (p.heads / p.kv_heads);
+}
+
+Config default_config(const FlashProblem& p, AttentionBackend backend) {
+  Config config;
+  config.backend = backend;
+  config.k_packed = rows_per_kv_head(p) >= 16;
+  config.row_group = config.k_packed ? 4 : 1;
+  return config;
+}
+
+/// Candidates the tuner times: never a backend less exact than the inputs (flash_bf16 only for
+/// bf16/f16 inputs). The reference is the oracle, not a speed candidate.
+std::vector<Config> candidates(const FlashProblem& p) {
+  std::vector<Config> list;
+  std::vector<AttentionBackend> backends = {AttentionBackend::flash};
+  if (p.dtype != DType::f32 && bf16_dot_available()) {
+    backends.push_back(AttentionBackend::flash_bf16);
+  }
+  for (AttentionBackend backend : backends) {
+    if (rows_per_kv_head(p) >= 16) {
+      for (int group : {2, 4}) list.push_back(Config{backend, true, group});
+    } else {
+      list.push_back(Config{backend, false, 1});
+      if (backend == AttentionBackend::flash) list.push_back(Config{backend, true, 1});
+    }
+  }
+  return list;
+}
+
+std::optional<AttentionBackend> parse_backend(const char* text) {
+  for (AttentionBackend b :
+       {AttentionBackend::reference, AttentionBackend::flash, AttentionBackend::flash_bf16,
+        AttentionBackend::int8, AttentionBackend::sparse, AttentionBackend::automatic}) {
+    if (std::strcmp(text, backend_name(b)) == 0) return b;
+  }
+  return std::nullopt;
+}
+
+struct Choice {
+  Config config;
+  bool from_cache = false;
+  bool forced = false;
+};
+
+/// The forced backend (options, then DITOPS_ATTN_BACKEND) when it can serve the call.
+std::optional<Config> forced_config(const Call& call) {
+  AttentionBackend backend = call.requested;
+  const char* source = "options.backend";
+  if (backend == AttentionBackend::automatic) {
+    const char* env = std::getenv("DITOPS_ATTN_BACKEND");
+    if (env == nullptr || *env == '\0') return std::nullopt;
+    const auto parsed = parse_backend(env);
+    if (!parsed) {
+      warn_once(std::string("ditops: DITOPS_ATTN_BACKEND=") + env +
+                " is not a backend (reference|flash|flash_bf16|int8|sparse); tuning instead");
+      return std::nullopt;
+    }
+    backend = *parsed;
+    source = "DITOPS_ATTN_BACKEND";
+    if (backend == AttentionBackend::automatic) return std::nullopt;
+  }
+  if (backend == AttentionBackend::int8 || backend == AttentionBackend::sparse) {
+    warn_once(std::string("ditops: ") + source + "=" + backend_name(backend) +
+              " cannot serve attention_forward in this build; using the tuned choice");
+    return std::nullopt;
+  }
+  return default_config(call.problem, backend);
+}
+
+Choice choose(const Call& call, int threads, bool run_winner) {
+  if (auto forced = forced_config(call)) {
+    if (run_winner) run_config(call, *forced, threads);
+    return {*forced, false, true};
+  }
+  const std::string key = call.key + " t" + std::to_string(threads);
+  if (auto cached = cached_config(key)) {
+    if (run_winner) run_config(call, *cached, threads);
+    return {*cached, true, false};
+  }
+  // MindIE-SD's runtime mode: 2 warm-ups and 5 timed runs per candidate, fastest wins. The
+  // runs write `out`; the winner's final run below leaves its result there.
+  const std::vector<Config> list = candidates(call.problem);
+  Config best = list.front();
+  double best_seconds = std::numeric_limits<double>::infinity();
+  if (list.size() > 1) {
+    for (const Config& config : list) {
+      for (int i = 0; i < 2; ++i) run_config(call, config, threads);
+      double fastest = std::numeric_limits<double>::infinity();
+      for (int i = 0; i < 5; ++i) {
+        const auto start = std::chrono::steady_clock::now();
+        run_config(call, config, threads);
+        fastest = std::min(
+            fastest,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      }
+      if (fastest < best_seconds) {
+        best_seconds = fastest;
+        best = config;
+      }
+    }
+  }
+  store_config(key, best);
+  if (run_winner) run_config(call, best, threads);
+  return {best, false, false};
+}
+
+/// The tuner needs an output to time into: select_attention without one borrows scratch.
+void run_call(const Call& call) { choose(call, core::thread_count(), true); }
+
+}  // namespace
+}  // namespace attention
+
+void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& out, const AttentionOptions& options) {
+  const attention::Call call =
+      attention::validate_dense("attention_forward", q, k, v, &out, options);
+  attention::run_call(call);
+}
+
+void attention_forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                              std::span<const std::int32_t> cu_seqlens_q,
+                              std::span<const std::int32_t> cu_seqlens_k, const TensorView& out,
+                              const VarlenOptions& options) {
+  const attention::Call call =
+      attention::validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, out, options);
+  attention::run_call(call);
+}
+
+AttentionChoice select_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const AttentionOptions& options) {
+  attention::Call call = attention::validate_dense("select_attention", q, k, v, nullptr, options);
+  // Tuning runs the call: give it an output (and LSE) of its own so no user memory is written.
+  attention::FlashProblem& p = call.problem;
+  const std::int64_t rows = p.batch * p.q_len * p.heads;
+  std::vector<float> out(static_cast<std::size_t>(std::max<std::int64_t>(rows * p.dv * 2, 1)));
+  std::vector<float> lse(static_cast<std::size_t>(std::max<std::int64_t>(rows, 1)));
+  p.out = out.data();
+  p.out_strides = attention::Strides{p.q_len * p.heads * p.dv, p.heads * p.dv, p.dv};
+  if (p.lse) {
+    p.lse = lse.data();
+    p.lse_strides = attention::Strides{p.heads * p.q_len, 1, p.q_len};
+  }
+  const auto choice = attention::choose(call, core::thread_count(), false);
+  std::string detail = choice.config.describe() +
+                       " kv_block=" + std::to_string(attention::kKvBlock) +
+                       " isa=" + core::isa_name(core::active_isa());
+  if (choice.forced) detail += " (forced)";
+  if (choice.config.backend == AttentionBackend::flash_bf16 && !attention::bf16_dot_available()) {
+    detail += " (no AVX512-BF16 here: fp32 dot products)";
+  }
+  return AttentionChoice{choice.config.backend, detail, choice.from_cache};
+}
+
+}  // namespace ditops

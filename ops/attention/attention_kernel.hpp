@@ -1,0 +1,94 @@
+#pragma once
+// Flash attention kernels: the problem the public entries validated (dense or varlen), the unit
+// of work one thread runs, and the per-ISA kernel that runs it.
+
+#include <cstdint>
+#include <ditops/tensor.hpp>
+
+namespace ditops::attention {
+
+/// Keys per KV block: the unit of the online-softmax update. 64 keys give a 6 x 64 fp32 score
+/// tile (24 zmm: the register file holds it) and a packed K^T block of 64 x Dk floats (32 KiB at
+/// Dk = 128) that stays in a 48 KiB L1d next to the P tile while a row group reuses it.
+inline constexpr std::int64_t kKvBlock = 64;
+/// Query rows per micro-tile, at most (AVX-512 uses 6; narrower ISAs fewer).
+inline constexpr std::int64_t kMaxTileRows = 6;
+/// Micro-tiles a row group may hold (they share each K/V block while it is in L1).
+inline constexpr int kMaxRowGroup = 8;
+
+enum class MaskKind : std::uint8_t { none, boolean, additive };
+
+/// Element strides of a [sequence-or-batch, position, head] addressed tensor.
+struct Strides {
+  std::int64_t batch = 0, seq = 0, head = 0;
+};
+
+/// How the kernel reads K: transposed into blocks of kKvBlock keys once per call ("packed",
+/// for prefill, where many query rows reuse each block) or row by row from the tensor
+/// ("direct", for decode-like calls where packing would cost as much as the attention).
+enum class KLayout : std::uint8_t { packed, direct };
+
+struct FlashProblem {
+  DType dtype = DType::f32;  ///< of q, k, v and out
+  std::int64_t dk = 0, dv = 0;
+  std::int64_t heads = 0, kv_heads = 0;
+  std::int64_t batch = 0;              ///< batch size, or number of sequences (varlen)
+  std::int64_t q_len = 0, kv_len = 0;  ///< dense only; varlen lengths come from cu_seqlens
+  const std::int32_t* cu_q = nullptr;  ///< varlen: batch + 1 offsets (null for dense)
+  const std::int32_t* cu_k = nullptr;
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  Strides q_strides, k_strides, v_strides, out_strides;
+  MaskKind mask_kind = MaskKind::none;
+  const void* mask = nullptr;
+  std::int64_t mask_strides[4] = {0, 0, 0, 0};  ///< [b, h, q, k]; 0 broadcasts
+  float* lse = nullptr;
+  Strides lse_strides;   ///< batch, seq (= query position), head
+  float scale_log2 = 0;  ///< softmax scale times log2(e): scores live in the log2 domain
+  bool causal = false;
+  // Tiles (chosen by the tuner or the defaults).
+  KLayout k_layout = KLayout::packed;
+  int row_group = 4;      ///< micro-tiles per row group (1..kMaxRowGroup)
+  bool bf16_dot = false;  ///< flash_bf16: Q·K^T with bf16 dot products
+  // Per-call packed operands (KLayout::packed): K^T blocks of [dk][kKvBlock] floats (zero
+  // padded past the sequence end) starting at k_packed + k_packed_offset[seq * kv_heads + h];
+  // V as fp32 rows of dv_padded floats when v_packed is set (narrow dtypes).
+  const float* k_packed = nullptr;
+  const std::uint16_t* k_packed_bf16 = nullptr;  ///< bf16_dot: pairs along d, see pack_k_bf16
+  const std::int64_t* k_packed_offset = nullptr;
+  const float* v_packed = nullptr;
+  const std::int64_t* v_packed_offset = nullptr;
+  std::int64_t dv_padded = 0;  ///< dv rounded up to 16
+};
+
+/// Query rows [q_begin, q_end) of sequence `seq` for every query head of KV head `kv_head`,
+/// against keys [kv_begin, kv_end). partial: fp32 [group * (q_end - q_begin)][dv_padded]
+/// normalized outputs and their log2-domain LSE (split-KV, merged by the caller), or null to
+/// write out/lse directly.
+struct FlashTask {
+  std::int64_t seq = 0, kv_head = 0;
+  std::int64_t q_begin = 0, q_end = 0;
+  std::int64_t kv_begin = 0, kv_end = 0;
+  float* partial_out = nullptr;
+  float* partial_lse = nullptr;
+};
+
+/// Floats of per-thread scratch a task needs (for any ISA).
+inline std::int64_t flash_scratch_floats(const FlashProblem& p) noexcept {
+  const std::int64_t rows = kMaxRowGroup * kMaxTileRows;
+  const std::int64_t dk_padded = (p.dk + 31) / 32 * 32;
+  // Q (fp32 and its bf16 copy), O, the P tile, running max and sum.
+  return rows * dk_padded * 3 / 2 + rows * p.dv_padded + kMaxTileRows * kKvBlock + rows * 2 + 64;
+}
+
+/// Runs one task; scratch: flash_scratch_floats() floats, 64-byte aligned, private to the
+/// calling thread. Defined per ISA in flash_kernel.cpp.
+template <class Arch>
+void flash_task(const FlashProblem& problem, const FlashTask& task, float* scratch) noexcept;
+
+/// The flash_bf16 Q·K^T path (vdpbf16ps) exists in this build and CPU.
+bool bf16_dot_available() noexcept;
+
+}  // namespace ditops::attention

@@ -1,0 +1,519 @@
+// Flash attention task kernel, compiled once per ISA level (cmake/DitopsKernels.cmake).
+//
+// One task = query rows of one sequence for all query heads of one KV head (GQA heads share
+// every K/V block they load). Its rows (head, position) are cut into micro-tiles of kRows rows;
+// a row group of `row_group` micro-tiles walks the KV blocks together, so a K^T block (32 KiB
+// at Dk = 128) and the V rows are read from L2 once per group and reused from L1.
+// Per micro-tile and KV block: S = Q·K^T in registers (scale·log2 e folded into Q, so scores
+// are in the log2 domain), mask only when the block is partial (causal diagonal, sequence end,
+// explicit mask), running max with a lazy rescale of O (only when the max rises), P = 2^(S-m)
+// by a polynomial, one horizontal sum per row, then O += P·V with O in L1 scratch.
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "ops/attention/attention_kernel.hpp"
+#include "ops/attention/bf16_dot.hpp"
+#include "ops/core/arch.hpp"
+#include "ops/core/simd.hpp"
+
+namespace ditops::attention {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+
+template <class Arch>
+struct Tiles {
+  using B = simd::F32<Arch>;
+  static constexpr int kLanes = static_cast<int>(B::size);
+  // AVX-512: 6 rows x 4 vectors = 24 of 32 zmm accumulate S (and O chunks); the rest hold the
+  // K^T vectors and a broadcast. Narrower ISAs have 16 registers: 2 rows x 4 vectors.
+  static constexpr int kRows = simd::kIsAvx512<Arch> ? 6 : 2;
+  static constexpr int kBlockVecs = static_cast<int>(kKvBlock) / kLanes;
+  static constexpr int kColVecs = 4;  ///< S vectors per row computed per K^T pass
+  static constexpr int kDvVecs = 4;   ///< O vectors per row per P·V pass
+  static_assert(kRows <= kMaxTileRows && kBlockVecs % kColVecs == 0);
+};
+
+/// One query row of a task.
+struct RowRef {
+  std::int64_t visible_end = 0;  ///< keys [kv_begin, visible_end) may be attended
+  const void* q = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;
+  const void* mask = nullptr;  ///< mask row (element 0 = key 0), or null
+  float* partial_out = nullptr;
+  float* partial_lse = nullptr;
+};
+
+/// Sequence geometry of a task: lengths and the row offsets of its first position.
+struct Sequence {
+  std::int64_t q_len, kv_len, q_row0, k_row0;
+};
+
+Sequence sequence_of(const FlashProblem& p, std::int64_t seq) noexcept {
+  if (p.cu_q) {
+    return {p.cu_q[seq + 1] - p.cu_q[seq], p.cu_k[seq + 1] - p.cu_k[seq], p.cu_q[seq], p.cu_k[seq]};
+  }
+  return {p.q_len, p.kv_len, 0, 0};
+}
+
+template <class Arch>
+using B = simd::F32<Arch>;
+
+/// S tile [kRows][kBlockVecs] = Q tile · K^T block, K^T packed [dk][kKvBlock].
+template <class Arch>
+inline void qk_packed(const float* q_tile, std::int64_t q_stride, const float* kt, std::int64_t dk,
+                      B<Arch>* scores) noexcept {
+  using T = Tiles<Arch>;
+  constexpr int R = T::kRows, C = T::kColVecs, L = T::kLanes;
+  for (int col = 0; col < T::kBlockVecs; col += C) {
+    B<Arch> acc[R][C];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) acc[r][c] = B<Arch>(0.f);
+    }
+    const float* k_col = kt + col * L;
+    for (std::int64_t d = 0; d < dk; ++d) {
+      B<Arch> kv[C];
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) kv[c] = B<Arch>::load_aligned(k_col + d * kKvBlock + c * L);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const B<Arch> qb(q_tile[r * q_stride + d]);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) acc[r][c] = simd::fmadd<Arch>(qb, kv[c], acc[r][c]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) scores[r * T::kBlockVecs + col + c] = acc[r][c];
+    }
+  }
+}
+
+/// S tile from K rows read in place (decode-like calls): per row and per group of `lanes`
+/// keys, one accumulator per key along d, then a transposing horizontal sum.
+template <class Arch, class KT>
+inline void qk_direct(const float* q_tile, std::int64_t q_stride, int rows, const KT* k_base,
+                      std::int64_t k_stride, std::int64_t key0, std::int64_t key_end,
+                      std::int64_t dk, B<Arch>* scores) noexcept {
+  using T = Tiles<Arch>;
+  constexpr int L = T::kLanes;
+  for (int r = 0; r < T::kRows; ++r) {
+    for (int g = 0; g < T::kBlockVecs; ++g) {
+      const std::int64_t first = key0 + g * L;
+      const std::int64_t count = std::min<std::int64_t>(L, key_end - first);
+      if (r >= rows || count <= 0) {
+        scores[r * T::kBlockVecs + g] = B<Arch>(0.f);
+        continue;
+      }
+      B<Arch> acc[L];
+#pragma GCC unroll 16
+      for (int j = 0; j < L; ++j) acc[j] = B<Arch>(0.f);
+      const KT* k_row = k_base + first * k_stride;
+      for (std::int64_t d = 0; d < dk; d += L) {
+        const std::int64_t width = std::min<std::int64_t>(L, dk - d);
+        const B<Arch> qv = B<Arch>::load_aligned(q_tile + r * q_stride + d);
+#pragma GCC unroll 16
+        for (int j = 0; j < L; ++j) {
+          if (j < count) {
+            const B<Arch> kv = simd::load_chunk<Arch>(k_row + j * k_stride, d, width);
+            acc[j] = simd::fmadd<Arch>(qv, kv, acc[j]);
+          }
+        }
+      }
+      scores[r * T::kBlockVecs + g] = simd::transpose_sum<Arch>(acc);
+    }
+  }
+}
+
+/// `lanes` mask bytes (true = attend) as a lane mask; reads only `count` bytes.
+template <class Arch>
+inline xsimd::batch_bool<float, Arch> load_bool_mask(const std::uint8_t* src,
+                                                     std::int64_t count) noexcept {
+  using T = Tiles<Arch>;
+  if constexpr (simd::kIsAvx512<Arch>) {
+    const auto lanes = static_cast<__mmask16>(count >= 16 ? 0xffff : (1u << count) - 1);
+    const __m128i bytes = _mm_maskz_loadu_epi8(lanes, src);
+    return _mm512_cmpneq_epi32_mask(_mm512_cvtepu8_epi32(bytes), _mm512_setzero_si512());
+  } else {
+    alignas(64) float flags[T::kLanes];
+    for (int i = 0; i < T::kLanes; ++i) flags[i] = i < count && src[i] ? 1.f : 0.f;
+    return B<Arch>::load_aligned(flags) != B<Arch>(0.f);
+  }
+}
+
+/// 0: every byte false (skip the block), 1: every byte true (no masking), 2: mixed.
+inline int classify_bool_mask(const std::uint8_t* row, std::int64_t count) noexcept {
+  bool any = false, all = true;
+  std::int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    std::uint64_t word;
+    std::memcpy(&word, row + i, 8);
+    any |= word != 0;
+    // bool storage is 0 or 1 per byte: all true iff every byte is 1.
+    all &= word == 0x0101010101010101ull;
+  }
+  for (; i < count; ++i) {
+    any |= row[i] != 0;
+    all &= row[i] != 0;
+  }
+  return !any ? 0 : all ? 1 : 2;
+}
+
+template <class Arch, class T>
+class TaskRunner {
+  using Tl = Tiles<Arch>;
+  static constexpr int R = Tl::kRows, L = Tl::kLanes, BV = Tl::kBlockVecs;
+
+ public:
+  TaskRunner(const FlashProblem& p, const FlashTask& task, float* scratch) noexcept
+      : p_(p), task_(task), seq_(sequence_of(p, task.seq)) {
+    dk_padded_ = (p.dk + 31) / 32 * 32;
+    const std::int64_t rows = kMaxRowGroup * kMaxTileRows;
+    q_tile_ = scratch;
+    o_tile_ = q_tile_ + rows * dk_padded_;
+    p_tile_ = o_tile_ + rows * p.dv_padded;
+    row_max_ = p_tile_ + kMaxTileRows * kKvBlock;
+    row_sum_ = row_max_ + rows;
+    q_bf16_ = reinterpret_cast<std::uint16_t*>(row_sum_ + rows);
+    group_ = p.heads / p.kv_heads;
+    rows_per_head_ = task.q_end - task.q_begin;
+    kv_end_ = std::min(task.kv_end, seq_.kv_len);
+    const std::int64_t kh = task.kv_head;
+    k_base_ = static_cast<const T*>(p.k) + task.seq * p.k_strides.batch +
+              seq_.k_row0 * p.k_strides.seq + kh * p.k_strides.head;
+    if (p.v_packed) {
+      v_packed_ = p.v_packed + p.v_packed_offset[task.seq * p.kv_heads + kh];
+    } else {
+      v_base_ = static_cast<const T*>(p.v) + task.seq * p.v_strides.batch +
+                seq_.k_row0 * p.v_strides.seq + kh * p.v_strides.head;
+    }
+    if (p.k_layout == KLayout::packed) {
+      const std::int64_t offset = p.k_packed_offset[task.seq * p.kv_heads + kh];
+      if (p.bf16_dot) {
+        kt_bf16_ = p.k_packed_bf16 + offset;
+      } else {
+        kt_ = p.k_packed + offset;
+      }
+    }
+  }
+
+  void run() noexcept {
+    const std::int64_t total = group_ * rows_per_head_;
+    const std::int64_t rows_per_group = static_cast<std::int64_t>(p_.row_group) * R;
+    for (std::int64_t first = 0; first < total; first += rows_per_group) {
+      run_group(first, std::min(total, first + rows_per_group));
+    }
+  }
+
+ private:
+  void set_up_row(std::int64_t index, RowRef& row) noexcept {
+    const std::int64_t head = task_.kv_head * group_ + index / rows_per_head_;
+    const std::int64_t local = index % rows_per_head_;
+    const std::int64_t pos = task_.q_begin + local;
+    std::int64_t visible = seq_.kv_len;
+    if (p_.causal) {
+      visible = std::clamp<std::int64_t>(pos + seq_.kv_len - seq_.q_len + 1, 0, seq_.kv_len);
+    }
+    row.visible_end = std::min(visible, kv_end_);
+    row.q = static_cast<const T*>(p_.q) + task_.seq * p_.q_strides.batch +
+            (seq_.q_row0 + pos) * p_.q_strides.seq + head * p_.q_strides.head;
+    row.out = static_cast<T*>(p_.out) + task_.seq * p_.out_strides.batch +
+              (seq_.q_row0 + pos) * p_.out_strides.seq + head * p_.out_strides.head;
+    row.lse = p_.lse ? p_.lse + task_.seq * p_.lse_strides.batch +
+                           (seq_.q_row0 + pos) * p_.lse_strides.seq + head * p_.lse_strides.head
+                     : nullptr;
+    if (p_.mask_kind != MaskKind::none) {
+      const std::int64_t offset =
+          task_.seq * p_.mask_strides[0] + head * p_.mask_strides[1] + pos * p_.mask_strides[2];
+      row.mask = p_.mask_kind == MaskKind::boolean
+                     ? static_cast<const void*>(static_cast<const std::uint8_t*>(p_.mask) + offset)
+                     : static_cast<const void*>(static_cast<const float*>(p_.mask) + offset);
+    }
+    if (task_.partial_out) {
+      row.partial_out = task_.partial_out + index * p_.dv_padded;
+      row.partial_lse = task_.partial_lse + index;
+    }
+  }
+
+  void run_group(std::int64_t first, std::int64_t end) noexcept {
+    RowRef rows[kMaxRowGroup * kMaxTileRows];
+    const int row_count = static_cast<int>(end - first);
+    const int tiles = (row_count + R - 1) / R;
+    std::int64_t tile_min[kMaxRowGroup], tile_max[kMaxRowGroup];
+    std::int64_t group_end = task_.kv_begin;
+    for (int t = 0; t < tiles; ++t) {
+      tile_min[t] = std::numeric_limits<std::int64_t>::max();
+      tile_max[t] = task_.kv_begin;
+      for (int i = 0; i < R; ++i) {
+        const int index = t * R + i;
+        float* q_row = q_tile_ + index * dk_padded_;
+        std::fill(o_tile_ + index * p_.dv_padded, o_tile_ + (index + 1) * p_.dv_padded, 0.f);
+        row_max_[index] = kMinusInf;
+        row_sum_[index] = 0.f;
+        if (index >= row_count) {  // padding row of the last tile: attends nothing
+          rows[index] = RowRef{};
+          rows[index].visible_end = task_.kv_begin;
+          std::fill(q_row, q_row + dk_padded_, 0.f);
+          tile_min[t] = task_.kv_begin;
+          continue;
+        }
+        set_up_row(first + index, rows[index]);
+        const T* q = static_cast<const T*>(rows[index].q);
+        for (std::int64_t d = 0; d < p_.dk; ++d)
+          q_row[d] = simd::scalar_to_float(q[d]) * p_.scale_log2;
+        std::fill(q_row + p_.dk, q_row + dk_padded_, 0.f);
+        tile_min[t] = std::min(tile_min[t], rows[index].visible_end);
+        tile_max[t] = std::max(tile_max[t], rows[index].visible_end);
+      }
+      group_end = std::max(group_end, tile_max[t]);
+    }
+    if (p_.bf16_dot) convert_q_to_bf16(tiles);
+    for (std::int64_t block = task_.kv_begin; block < group_end; block += kKvBlock) {
+      const std::int64_t keys = std::min(kKvBlock, kv_end_ - block);
+      for (int t = 0; t < tiles; ++t) {
+        if (block >= tile_max[t]) continue;  // above the causal diagonal for every row
+        run_tile(rows + t * R, t * R, block, keys, block + kKvBlock > tile_min[t]);
+      }
+    }
+    for (int index = 0; index < row_count; ++index) finish_row(rows[index], index);
+  }
+
+  /// bf16 copy of the scaled Q rows (pairs along d feed vdpbf16ps).
+  void convert_q_to_bf16(int tiles) noexcept {
+    for (int index = 0; index < tiles * R; ++index) {
+      const float* q_row = q_tile_ + index * dk_padded_;
+      for (std::int64_t d = 0; d < dk_padded_; ++d) {
+        q_bf16_[index * dk_padded_ + d] = bf16::from_float(q_row[d]).bits;
+      }
+    }
+  }
+
+  void run_tile(const RowRef* rows, int first_index, std::int64_t block, std::int64_t keys,
+                bool diagonal) noexcept {
+    bool partial = diagonal || keys < kKvBlock;
+    if (p_.mask_kind == MaskKind::boolean) {
+      int all_false = 1, all_true = 1;
+      for (int i = 0; i < R; ++i) {
+        if (rows[i].mask == nullptr) continue;
+        const int kind =
+            classify_bool_mask(static_cast<const std::uint8_t*>(rows[i].mask) + block, keys);
+        all_false &= kind == 0;
+        all_true &= kind == 1;
+      }
+      if (all_false) return;
+      partial |= !all_true;
+    } else if (p_.mask_kind == MaskKind::additive) {
+      partial = true;
+    }
+    B<Arch> scores[R * BV];
+    const float* q_tile = q_tile_ + first_index * dk_padded_;
+    if (p_.k_layout == KLayout::packed) {
+      if (p_.bf16_dot) {
+        if constexpr (simd::kIsAvx512<Arch>) {
+          alignas(64) float raw[kMaxTileRows * kKvBlock];
+          const std::uint16_t* q_words = q_bf16_ + first_index * dk_padded_;
+          qk_tile_bf16(q_words, dk_padded_, kt_bf16_ + (block / kKvBlock) * dk_padded_ * kKvBlock,
+                       p_.dk, R, raw);
+          for (int i = 0; i < R * BV; ++i) scores[i] = B<Arch>::load_aligned(raw + i * L);
+        }
+      } else {
+        qk_packed<Arch>(q_tile, dk_padded_, kt_ + (block / kKvBlock) * p_.dk * kKvBlock, p_.dk,
+                        scores);
+      }
+    } else {
+      int valid_rows = 0;
+      for (int i = 0; i < R; ++i) valid_rows += rows[i].q != nullptr;
+      qk_direct<Arch>(q_tile, dk_padded_, valid_rows, k_base_, p_.k_strides.seq, block, kv_end_,
+                      p_.dk, scores);
+    }
+    if (!softmax_update(rows, first_index, block, partial, scores)) return;
+    if (v_packed_) {
+      pv(first_index, v_packed_ + block * p_.dv_padded, p_.dv_padded, keys);
+    } else {
+      pv(first_index, v_base_ + block * p_.v_strides.seq, p_.v_strides.seq, keys);
+    }
+  }
+
+  /// Masks (partial blocks), updates the running max/sum, rescales O when the max rises and
+  /// writes P. Returns false when no row attends any key of the block.
+  bool softmax_update(const RowRef* rows, int first_index, std::int64_t block, bool partial,
+                      B<Arch>* scores) noexcept {
+    bool any = false;
+    alignas(64) float iota[L];
+    for (int i = 0; i < L; ++i) iota[i] = static_cast<float>(i);
+    for (int r = 0; r < R; ++r) {
+      B<Arch>* s = scores + r * BV;
+      float* p_row = p_tile_ + r * kKvBlock;
+      const RowRef& row = rows[r];
+      if (partial) {
+        const B<Arch> visible(static_cast<float>(row.visible_end - block));
+        for (int c = 0; c < BV; ++c) {
+          auto valid = B<Arch>::load_aligned(iota) + B<Arch>(static_cast<float>(c * L)) < visible;
+          const std::int64_t key = block + c * L;
+          const std::int64_t count = std::min<std::int64_t>(L, seq_.kv_len - key);
+          if (row.mask != nullptr && count > 0) {
+            if (p_.mask_kind == MaskKind::boolean) {
+              valid = valid &
+                      load_bool_mask<Arch>(static_cast<const std::uint8_t*>(row.mask) + key, count);
+            } else {
+              const float* m = static_cast<const float*>(row.mask) + key;
+              const B<Arch> bias =
+                  count < L ? simd::load_partial<Arch>(m, count, 0.f) : B<Arch>::load_unaligned(m);
+              s[c] = simd::fmadd<Arch>(bias, B<Arch>(kLog2e), s[c]);
+            }
+          }
+          s[c] = xsimd::select(valid, s[c], B<Arch>(kMinusInf));
+        }
+      }
+      B<Arch> top = s[0];
+      for (int c = 1; c < BV; ++c) top = xsimd::max(top, s[c]);
+      const float block_max = simd::reduce_max<Arch>(top);
+      if (!(block_max > kMinusInf)) {  // nothing attended in this row (or NaN scores)
+        std::fill(p_row, p_row + kKvBlock, 0.f);
+        if (block_max != block_max) row_max_[first_index + r] = block_max;  // propagate NaN
+        continue;
+      }
+      any = true;
+      float& m = row_max_[first_index + r];
+      float& l = row_sum_[first_index + r];
+      if (block_max > m) {
+        if (l != 0.f) {
+          const float alpha = std::exp2(m - block_max);
+          float* o = o_tile_ + (first_index + r) * p_.dv_padded;
+          for (std::int64_t i = 0; i < p_.dv_padded; i += L) {
+            (B<Arch>::load_aligned(o + i) * B<Arch>(alpha)).store_aligned(o + i);
+          }
+          l *= alpha;
+        }
+        m = block_max;
+      }
+      const B<Arch> shift(m);
+      B<Arch> sum(0.f);
+      for (int c = 0; c < BV; ++c) {
+        const B<Arch> prob = simd::exp2_nonpositive<Arch>(s[c] - shift);
+        prob.store_aligned(p_row + c * L);
+        sum += prob;
+      }
+      l += simd::reduce_add<Arch>(sum);
+    }
+    return any;
+  }
+
+  template <int V, class VT>
+  void pv_chunk(int first_index, const VT* v, std::int64_t v_stride, std::int64_t keys,
+                std::int64_t col, std::int64_t last_count) noexcept {
+    B<Arch> acc[R][V];
+    float* o = o_tile_ + first_index * p_.dv_padded + col;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int c = 0; c < V; ++c) acc[r][c] = B<Arch>::load_aligned(o + r * p_.dv_padded + c * L);
+    }
+    for (std::int64_t j = 0; j < keys; ++j) {
+      const VT* v_row = v + j * v_stride + col;
+      B<Arch> vv[V];
+#pragma GCC unroll 4
+      for (int c = 0; c < V; ++c) {
+        vv[c] = (c == V - 1 && last_count < L)
+                    ? simd::load_partial<Arch>(v_row + c * L, last_count, 0.f)
+                    : simd::load<Arch>(v_row + c * L);
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const B<Arch> pb(p_tile_[r * kKvBlock + j]);
+#pragma GCC unroll 4
+        for (int c = 0; c < V; ++c) acc[r][c] = simd::fmadd<Arch>(pb, vv[c], acc[r][c]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int c = 0; c < V; ++c) acc[r][c].store_aligned(o + r * p_.dv_padded + c * L);
+    }
+  }
+
+  /// O[tile rows] += P · V[block rows].
+  template <class VT>
+  void pv(int first_index, const VT* v, std::int64_t v_stride, std::int64_t keys) noexcept {
+    constexpr int DV = Tl::kDvVecs;
+    // Packed V rows are padded to dv_padded (no partial vector); rows read in place end at dv.
+    const std::int64_t width = v_packed_ ? p_.dv_padded : p_.dv;
+    const std::int64_t vectors = (width + L - 1) / L;
+    const std::int64_t tail = width - (vectors - 1) * L;
+    std::int64_t vec = 0;
+    for (; vec + DV < vectors; vec += DV) pv_chunk<DV>(first_index, v, v_stride, keys, vec * L, L);
+    const std::int64_t left = vectors - vec;
+    switch (left) {
+      case 1:
+        return pv_chunk<1>(first_index, v, v_stride, keys, vec * L, tail);
+      case 2:
+        return pv_chunk<2>(first_index, v, v_stride, keys, vec * L, tail);
+      case 3:
+        return pv_chunk<3>(first_index, v, v_stride, keys, vec * L, tail);
+      default:
+        return pv_chunk<DV>(first_index, v, v_stride, keys, vec * L, tail);
+    }
+  }
+
+  void finish_row(const RowRef& row, int index) noexcept {
+    const float l = row_sum_[index];
+    const float m = row_max_[index];
+    const float* o = o_tile_ + index * p_.dv_padded;
+    const bool empty = !(l > 0.f);
+    const float inverse = empty ? 0.f : 1.f / l;
+    const float lse_log2 = empty ? (m != m ? m : kMinusInf) : m + std::log2(l);
+    if (row.partial_out) {
+      for (std::int64_t i = 0; i < p_.dv_padded; i += L) {
+        (B<Arch>::load_aligned(o + i) * B<Arch>(inverse)).store_aligned(row.partial_out + i);
+      }
+      *row.partial_lse = lse_log2;
+      return;
+    }
+    T* out = static_cast<T*>(row.out);
+    for (std::int64_t i = 0; i < p_.dv; i += L) {
+      const std::int64_t count = std::min<std::int64_t>(L, p_.dv - i);
+      simd::store_chunk<Arch>(out, i, count, B<Arch>::load_aligned(o + i) * B<Arch>(inverse),
+                              false);
+    }
+    if (row.lse) *row.lse = lse_log2 * kLn2;
+  }
+
+  const FlashProblem& p_;
+  const FlashTask& task_;
+  Sequence seq_;
+  std::int64_t dk_padded_ = 0, group_ = 1, rows_per_head_ = 0, kv_end_ = 0;
+  float *q_tile_, *o_tile_, *p_tile_, *row_max_, *row_sum_;
+  std::uint16_t* q_bf16_;
+  const T* k_base_ = nullptr;
+  const T* v_base_ = nullptr;
+  const float* v_packed_ = nullptr;
+  const float* kt_ = nullptr;
+  const std::uint16_t* kt_bf16_ = nullptr;
+};
+
+}  // namespace
+
+template <class Arch>
+void flash_task(const FlashProblem& problem, const FlashTask& task, float* scratch) noexcept {
+  switch (problem.dtype) {
+    case DType::bf16:
+      return TaskRunner<Arch, bf16>(problem, task, scratch).run();
+    case DType::f16:
+      return TaskRunner<Arch, f16>(problem, task, scratch).run();
+    default:
+      return TaskRunner<Arch, float>(problem, task, scratch).run();
+  }
+}
+
+template void flash_task<KernelArch>(const FlashProblem&, const FlashTask&, float*) noexcept;
+
+}  // namespace ditops::attention

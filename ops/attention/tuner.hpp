@@ -1,0 +1,33 @@
+#pragma once
+// Auto-tuning cache for attention (SPEC.md item 3): an in-process LRU of 512 entries keyed by
+// the problem description, optionally persisted as JSON (DITOPS_TUNE_CACHE), thread-safe.
+
+#include <cstdint>
+#include <ditops/attention.hpp>
+#include <optional>
+#include <string>
+
+namespace ditops::attention {
+
+/// One runnable configuration: a backend plus its internal layout and tile choice.
+struct Config {
+  AttentionBackend backend = AttentionBackend::flash;
+  bool k_packed = true;  ///< KLayout::packed or direct
+  int row_group = 4;     ///< micro-tiles sharing a K/V block
+  std::string describe() const;
+  /// Parses describe()'s output; nullopt for anything else.
+  static std::optional<Config> parse(const std::string& text);
+};
+
+/// Cached choice for `key`, refreshing its LRU position.
+std::optional<Config> cached_config(const std::string& key);
+/// Stores (and, with DITOPS_TUNE_CACHE, persists) the choice for `key`.
+void store_config(const std::string& key, const Config& config);
+/// Entries currently cached (tests).
+std::size_t cache_size();
+inline constexpr std::size_t kTuneCacheCapacity = 512;
+
+/// Prints `message` to stderr once per process per distinct message.
+void warn_once(const std::string& message);
+
+}  // namespace ditops::attention

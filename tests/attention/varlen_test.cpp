@@ -1,0 +1,127 @@
+// attention_forward_varlen: packed sequences (including empty ones) against the fp64
+// reference of each sequence, causal and not, GQA, LSE; and cu_seqlens validation.
+
+#include <ditops/attention.hpp>
+#include <ditops/runtime.hpp>
+#include <limits>
+
+#include "tests/reference/attention_ref.hpp"
+#include "tests/support/tolerance.hpp"
+
+namespace ditops::test {
+namespace {
+
+// Same computation as dense flash (see attention_test.cpp for the error budget).
+constexpr Tolerance kVarlenF32{1e-4, 2e-5};
+constexpr Tolerance kVarlenBf16{1.0 / 256, 5e-5};
+constexpr double kLseTolerance = 2e-4;
+
+template <class T>
+void check_varlen(const std::vector<std::int32_t>& q_lens, const std::vector<std::int32_t>& k_lens,
+                  std::int64_t n, std::int64_t nkv, std::int64_t dk, std::int64_t dv, bool causal,
+                  int threads, Tolerance tol, std::mt19937& rng) {
+  set_num_threads(threads);
+  std::vector<std::int32_t> cu_q{0}, cu_k{0};
+  for (std::size_t i = 0; i < q_lens.size(); ++i) {
+    cu_q.push_back(cu_q.back() + q_lens[i]);
+    cu_k.push_back(cu_k.back() + k_lens[i]);
+  }
+  const std::int64_t tq = cu_q.back(), tk = cu_k.back();
+  TestTensor<T> q({tq, n, dk}, 1), k({tk, nkv, dk}), v({tk, nkv, dv}, 2), out({tq, n, dv}, 1);
+  TestTensor<float> lse({n, tq});
+  q.fill_normal(rng);
+  k.fill_normal(rng);
+  v.fill_normal(rng);
+  VarlenOptions options;
+  options.causal = causal;
+  options.lse = lse.view();
+  options.backend = AttentionBackend::flash;
+  attention_forward_varlen(q.view(), k.view(), v.view(), cu_q, cu_k, out.view(), options);
+
+  std::vector<double> expected(out.size()), expected_lse(lse.size());
+  for (std::size_t s = 0; s < q_lens.size(); ++s) {
+    const std::int64_t q0 = cu_q[s], k0 = cu_k[s];
+    AttentionRefProblem p{
+        1,      q_lens[s], k_lens[s], n,  nkv, dk, dv, 1.0 / std::sqrt(double(dk)),
+        causal, {},        {},        {}, {},  {}};
+    p.q = [&](auto, auto i, auto h, auto d) { return q.value(((q0 + i) * n + h) * dk + d); };
+    p.k = [&](auto, auto j, auto h, auto d) { return k.value(((k0 + j) * nkv + h) * dk + d); };
+    p.v = [&](auto, auto j, auto h, auto d) { return v.value(((k0 + j) * nkv + h) * dv + d); };
+    const AttentionRefResult ref = attention_reference(p);
+    for (std::int64_t i = 0; i < q_lens[s]; ++i) {
+      for (std::int64_t h = 0; h < n; ++h) {
+        for (std::int64_t d = 0; d < dv; ++d) {
+          expected[((q0 + i) * n + h) * dv + d] = ref.at(p, 0, i, h, d);
+        }
+        expected_lse[h * tq + q0 + i] = ref.lse[h * q_lens[s] + i];
+      }
+    }
+  }
+  const std::string context = std::string("varlen ") + dtype_name(detail::dtype_of<T>()) +
+                              (causal ? " causal" : "") + " threads " + std::to_string(threads) +
+                              " isa " + active_isa_name();
+  expect_close(out, expected, tol, context);
+  for (std::int64_t i = 0; i < lse.size(); ++i) {
+    const double want = expected_lse[i], got = lse.value(i);
+    if (std::isinf(want)) {
+      EXPECT_EQ(got, want) << context << " lse " << i;
+    } else {
+      EXPECT_NEAR(got, want, kLseTolerance) << context << " lse " << i;
+    }
+  }
+}
+
+TEST(AttentionVarlen, MatchesPerSequenceReference) {
+  std::mt19937 rng(41);
+  // Mixed lengths with empty sequences (q empty, k empty, both), one long sequence that
+  // becomes several tasks, and Sq != Sk per sequence.
+  const std::vector<std::int32_t> q_lens = {5, 0, 300, 1, 64, 0, 130, 7};
+  const std::vector<std::int32_t> k_lens = {9, 4, 300, 70, 64, 0, 100, 0};
+  for (bool causal : {false, true}) {
+    for (int threads : {1, 2}) {
+      check_varlen<float>(q_lens, k_lens, 4, 2, 64, 64, causal, threads, kVarlenF32, rng);
+    }
+  }
+  check_varlen<float>({1, 1, 1}, {900, 3, 700}, 8, 1, 72, 40, false, 2, kVarlenF32, rng);
+  check_varlen<bf16>(q_lens, k_lens, 8, 8, 80, 80, true, 2, kVarlenBf16, rng);
+}
+
+template <class Call>
+void expect_rejected(Call&& call, const std::string& needle, const TestTensor<float>& out) {
+  const auto before = out.snapshot();
+  try {
+    call();
+    ADD_FAILURE() << "no ditops::Error for: " << needle;
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find(needle), std::string::npos)
+        << "message '" << error.what() << "' does not name " << needle;
+  }
+  EXPECT_TRUE(out.unchanged_since(before)) << needle << ": output touched before the error";
+}
+
+TEST(AttentionVarlen, BadCuSeqlensThrowBeforeWriting) {
+  TestTensor<float> q({10, 4, 64}), k({12, 2, 64}), v({12, 2, 64}), out({10, 4, 64}),
+      lse_bad({10, 4});
+  const auto run = [&](std::vector<std::int32_t> cu_q, std::vector<std::int32_t> cu_k,
+                       VarlenOptions options = {}) {
+    return [&, cu_q, cu_k, options] {
+      attention_forward_varlen(q.view(), k.view(), v.view(), cu_q, cu_k, out.view(), options);
+    };
+  };
+  expect_rejected(run({1, 4, 10}, {0, 6, 12}), "cu_seqlens_q[0] (1) must be 0", out);
+  expect_rejected(run({0, 6, 4, 10}, {0, 2, 6, 12}), "cu_seqlens_q[2] (4) is less than", out);
+  expect_rejected(run({0, 4, 10}, {0, 6, 13}), "cu_seqlens_k ends at 13 but k.shape[0] is 12", out);
+  expect_rejected(run({0, 4, 11}, {0, 6, 12}), "cu_seqlens_q ends at 11", out);
+  expect_rejected(run({0, 4, 10}, {0, 12}), "cu_seqlens_q has 3 entries but cu_seqlens_k has 2",
+                  out);
+  expect_rejected(run({}, {}), "cu_seqlens_q is empty", out);
+  VarlenOptions options;
+  options.lse = lse_bad.view();
+  expect_rejected(run({0, 4, 10}, {0, 6, 12}, options), "lse [10, 4] must be [N, Tq]", out);
+  options = {};
+  options.scale = -2.f;
+  expect_rejected(run({0, 4, 10}, {0, 6, 12}, options), "scale", out);
+}
+
+}  // namespace
+}  // namespace ditops::test

@@ -1,0 +1,81 @@
+#pragma once
+// fp64 oracle for attention: materialized scores, exact softmax, any layout via accessors.
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <vector>
+
+namespace ditops::test {
+
+struct AttentionRefProblem {
+  std::int64_t batch = 1, q_len = 1, kv_len = 1, heads = 1, kv_heads = 1, dk = 1, dv = 1;
+  double scale = 1;
+  bool causal = false;  ///< bottom-right aligned
+  // Element readers, indexed (b, position, head, d).
+  std::function<double(std::int64_t, std::int64_t, std::int64_t, std::int64_t)> q, k, v;
+  /// Mask (b, head, query, key): false = excluded; bias is added to the scaled score.
+  std::function<bool(std::int64_t, std::int64_t, std::int64_t, std::int64_t)> allowed;
+  std::function<double(std::int64_t, std::int64_t, std::int64_t, std::int64_t)> bias;
+};
+
+struct AttentionRefResult {
+  std::vector<double> out;  ///< [B, Sq, N, Dv]
+  std::vector<double> lse;  ///< [B, N, Sq]; -inf for rows with no attended key
+  double at(const AttentionRefProblem& p, std::int64_t b, std::int64_t s, std::int64_t n,
+            std::int64_t d) const {
+    return out[((b * p.q_len + s) * p.heads + n) * p.dv + d];
+  }
+};
+
+inline AttentionRefResult attention_reference(const AttentionRefProblem& p) {
+  const double minus_inf = -std::numeric_limits<double>::infinity();
+  AttentionRefResult result;
+  result.out.assign(p.batch * p.q_len * p.heads * p.dv, 0.0);
+  result.lse.assign(p.batch * p.heads * p.q_len, minus_inf);
+  const std::int64_t group = p.heads / p.kv_heads;
+  std::vector<double> keys(p.kv_len * p.dk), values(p.kv_len * p.dv), query(p.dk), scores(p.kv_len);
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    for (std::int64_t h = 0; h < p.heads; ++h) {
+      const std::int64_t kvh = h / group;
+      for (std::int64_t j = 0; j < p.kv_len; ++j) {
+        for (std::int64_t d = 0; d < p.dk; ++d) keys[j * p.dk + d] = p.k(b, j, kvh, d);
+        for (std::int64_t d = 0; d < p.dv; ++d) values[j * p.dv + d] = p.v(b, j, kvh, d);
+      }
+      for (std::int64_t i = 0; i < p.q_len; ++i) {
+        for (std::int64_t d = 0; d < p.dk; ++d) query[d] = p.q(b, i, h, d);
+        double top = minus_inf;
+        for (std::int64_t j = 0; j < p.kv_len; ++j) {
+          bool ok = !p.causal || j <= i + p.kv_len - p.q_len;
+          if (p.allowed && !p.allowed(b, h, i, j)) ok = false;
+          double s = minus_inf;
+          if (ok) {
+            s = 0;
+            for (std::int64_t d = 0; d < p.dk; ++d) s += query[d] * keys[j * p.dk + d];
+            s *= p.scale;
+            if (p.bias) s += p.bias(b, h, i, j);
+          }
+          scores[j] = s;
+          top = std::max(top, s);
+        }
+        if (top == minus_inf) continue;
+        double sum = 0;
+        for (std::int64_t j = 0; j < p.kv_len; ++j) {
+          scores[j] = scores[j] == minus_inf ? 0.0 : std::exp(scores[j] - top);
+          sum += scores[j];
+        }
+        result.lse[(b * p.heads + h) * p.q_len + i] = top + std::log(sum);
+        double* out = &result.out[((b * p.q_len + i) * p.heads + h) * p.dv];
+        for (std::int64_t j = 0; j < p.kv_len; ++j) {
+          if (scores[j] == 0) continue;
+          const double weight = scores[j] / sum;
+          for (std::int64_t d = 0; d < p.dv; ++d) out[d] += weight * values[j * p.dv + d];
+        }
+      }
+    }
+  }
+  return result;
+}
+
+}  // namespace ditops::test
