@@ -1,0 +1,150 @@
+// Attention: flash (fp32) and flash_bf16 beside the reference backend (Eigen GEMMs with
+// materialized scores) in the same process. Shapes: FLUX-like self-attention (B=1, N=24,
+// D=128, S=2048 and 4608, non-causal and causal), a Wan-like long sequence (S=16384, N=4),
+// GQA decode-like calls (Sq 1 and 16 against Sk=8192, 32/8 heads) and a varlen batch of 8
+// mixed lengths beside the sum of its per-sequence dense runs.
+// FLOPs: 4·B·N·Sq·Sk·D (Q·K^T and P·V), halved for causal.
+
+#include <ditops/attention.hpp>
+#include <ditops/runtime.hpp>
+
+#include "bench/support.hpp"
+
+namespace ditops::bench {
+namespace {
+
+struct Shape {
+  const char* name;
+  std::int64_t batch, q_len, kv_len, heads, kv_heads, dim;
+  bool causal;
+};
+const Shape kShapes[] = {
+    {"flux_s2048", 1, 2048, 2048, 24, 24, 128, false},
+    {"flux_s2048_causal", 1, 2048, 2048, 24, 24, 128, true},
+    {"flux_s4608", 1, 4608, 4608, 24, 24, 128, false},
+    {"flux_s4608_causal", 1, 4608, 4608, 24, 24, 128, true},
+    {"wan_s16384_n4", 1, 16384, 16384, 4, 4, 128, false},
+    {"gqa_decode_sq1_sk8192", 1, 1, 8192, 32, 8, 128, false},
+    {"gqa_decode_sq16_sk8192", 1, 16, 8192, 32, 8, 128, false},
+};
+
+double attention_flops(const Shape& s) {
+  const double flops = 4.0 * s.batch * s.heads * s.q_len * s.kv_len * s.dim;
+  return s.causal ? flops / 2 : flops;
+}
+
+template <class T>
+std::vector<T> normal_buffer(std::int64_t elements, unsigned seed) {
+  std::vector<T> data(static_cast<std::size_t>(elements));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist;
+  for (auto& x : data) x = from_float<T>(dist(rng));
+  return data;
+}
+
+/// range(0): shape; range(1): threads; range(2): eigen = 1 runs the reference backend (the
+/// same-process baseline bench-summary pairs with eigen:0).
+template <class T, AttentionBackend kBackend>
+void BM_attention(benchmark::State& state) {
+  const Shape s = kShapes[state.range(0)];
+  const int threads = static_cast<int>(state.range(1));
+  const bool reference = state.range(2) != 0;
+  set_num_threads(threads);
+  auto q = normal_buffer<T>(s.batch * s.q_len * s.heads * s.dim, 1);
+  auto k = normal_buffer<T>(s.batch * s.kv_len * s.kv_heads * s.dim, 2);
+  auto v = normal_buffer<T>(s.batch * s.kv_len * s.kv_heads * s.dim, 3);
+  std::vector<T> out(q.size());
+  AttentionOptions options;
+  options.causal = s.causal;
+  options.backend = reference ? AttentionBackend::reference : kBackend;
+  const TensorView qv = view(q.data(), {s.batch, s.q_len, s.heads, s.dim});
+  const TensorView kv = view(k.data(), {s.batch, s.kv_len, s.kv_heads, s.dim});
+  const TensorView vv = view(v.data(), {s.batch, s.kv_len, s.kv_heads, s.dim});
+  const TensorView ov = view(out.data(), {s.batch, s.q_len, s.heads, s.dim});
+  for (auto _ : state) {
+    attention_forward(qv, kv, vv, ov, options);
+    benchmark::ClobberMemory();
+  }
+  const Limits& limits = measured_limits(threads);
+  const bool bf16_peak = kBackend == AttentionBackend::flash_bf16 && !reference;
+  state.SetLabel(std::string(s.name) + " " + backend_name(options.backend) + " " +
+                 dtype_name(detail::dtype_of<T>()));
+  report_flops(state, attention_flops(s),
+               bf16_peak && limits.bf16_flops > 0 ? limits.bf16_flops : limits.fma_flops, threads);
+}
+
+/// Varlen: 8 sequences of mixed lengths (sum 8192) in one packed call (dense = 0), or the
+/// same sequences as 8 dense calls (dense = 1). N=24, D=128, non-causal.
+void BM_attention_varlen(benchmark::State& state) {
+  const bool dense = state.range(0) != 0;
+  const int threads = static_cast<int>(state.range(1));
+  set_num_threads(threads);
+  const std::vector<std::int32_t> lengths = {2048, 256, 1024, 77, 1536, 512, 2300, 439};
+  constexpr std::int64_t kHeads = 24, kDim = 128;
+  std::vector<std::int32_t> cu{0};
+  for (auto len : lengths) cu.push_back(cu.back() + len);
+  const std::int64_t total = cu.back();
+  auto q = normal_buffer<float>(total * kHeads * kDim, 1);
+  auto k = normal_buffer<float>(total * kHeads * kDim, 2);
+  auto v = normal_buffer<float>(total * kHeads * kDim, 3);
+  std::vector<float> out(q.size());
+  double flops = 0;
+  for (auto len : lengths) flops += 4.0 * kHeads * double(len) * len * kDim;
+  for (auto _ : state) {
+    if (dense) {
+      for (std::size_t i = 0; i < lengths.size(); ++i) {
+        const std::int64_t offset = cu[i] * kHeads * kDim, len = lengths[i];
+        AttentionOptions options;
+        options.backend = AttentionBackend::flash;
+        attention_forward(view(q.data() + offset, {1, len, kHeads, kDim}),
+                          view(k.data() + offset, {1, len, kHeads, kDim}),
+                          view(v.data() + offset, {1, len, kHeads, kDim}),
+                          view(out.data() + offset, {1, len, kHeads, kDim}), options);
+      }
+    } else {
+      VarlenOptions options;
+      options.backend = AttentionBackend::flash;
+      attention_forward_varlen(view(q.data(), {total, kHeads, kDim}),
+                               view(k.data(), {total, kHeads, kDim}),
+                               view(v.data(), {total, kHeads, kDim}), cu, cu,
+                               view(out.data(), {total, kHeads, kDim}), options);
+    }
+    benchmark::ClobberMemory();
+  }
+  state.SetLabel(dense ? "varlen8 as 8 dense calls" : "varlen8 packed");
+  report_flops(state, flops, measured_limits(threads).fma_flops, threads);
+}
+
+void flash_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"shape", "threads", "eigen"})->Unit(benchmark::kMillisecond)->UseRealTime();
+  for (int shape = 0; shape < 7; ++shape) {
+    for (int threads : {1, 2}) b->Args({shape, threads, 0});
+  }
+  // Reference baselines (slow: materialized scores) on the quick FLUX shapes and decode.
+  for (int shape : {0, 1, 5, 6}) b->Args({shape, 2, 1});
+}
+
+void bf16_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"shape", "threads", "eigen"})->Unit(benchmark::kMillisecond)->UseRealTime();
+  for (int shape : {0, 1, 2, 5}) {
+    for (int threads : {1, 2}) b->Args({shape, threads, 0});
+  }
+}
+
+BENCHMARK_TEMPLATE(BM_attention, float, AttentionBackend::flash)
+    ->Name("attention_flash_f32")
+    ->Apply(flash_args);
+BENCHMARK_TEMPLATE(BM_attention, bf16, AttentionBackend::flash_bf16)
+    ->Name("attention_flash_bf16")
+    ->Apply(bf16_args);
+BENCHMARK(BM_attention_varlen)
+    ->ArgNames({"dense", "threads"})
+    ->Args({0, 1})
+    ->Args({1, 1})
+    ->Args({0, 2})
+    ->Args({1, 2})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+}  // namespace
+}  // namespace ditops::bench
