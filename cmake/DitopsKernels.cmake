@@ -1,19 +1,21 @@
 # Kernels are written once as templates over the xsimd architecture and compiled once per ISA
-# level: each kernel source is built in four OBJECT libraries, each with its own -m flags and
-# DITOPS_ISA_LEVEL (ops/core/arch.hpp maps the level to the xsimd architecture). Nothing else in
+# level (plus the avx512 variant with BF16/VNNI): each kernel source is built in five OBJECT
+# libraries, each with its own -m flags and DITOPS_ISA_LEVEL (ops/core/arch.hpp maps the level to the xsimd architecture). Nothing else in
 # the library is compiled above the x86-64 baseline, so a CPU without AVX-512 never runs an
 # AVX-512 instruction unless dispatch chose that level.
 #
 # Flags stay a subset of what ops/core/cpu.cpp checks before it enables a level.
-set(DITOPS_ISA_LEVELS scalar sse4_2 avx2 avx512)
+set(DITOPS_ISA_LEVELS scalar sse4_2 avx2 avx512 avx512bf16)
 set(DITOPS_ISA_scalar_LEVEL 0)
 set(DITOPS_ISA_sse4_2_LEVEL 1)
 set(DITOPS_ISA_avx2_LEVEL 2)
 set(DITOPS_ISA_avx512_LEVEL 3)
+set(DITOPS_ISA_avx512bf16_LEVEL 4)  # avx512 + AVX512-BF16 + AVX512-VNNI (ops/core/isa.hpp)
 set(DITOPS_ISA_scalar_FLAGS "")
 set(DITOPS_ISA_sse4_2_FLAGS -msse4.2 -mpopcnt)
 set(DITOPS_ISA_avx2_FLAGS -mavx2 -mfma -mf16c)
 set(DITOPS_ISA_avx512_FLAGS -mavx512f -mavx512cd -mavx512dq -mavx512bw -mavx512vl -mfma -mf16c)
+set(DITOPS_ISA_avx512bf16_FLAGS ${DITOPS_ISA_avx512_FLAGS} -mavx512bf16 -mavx512vnni)
 
 function(ditops_add_kernels target)
   foreach(isa IN LISTS DITOPS_ISA_LEVELS)   # lowest level first (see DESIGN.md, ODR hazard)
@@ -24,7 +26,7 @@ function(ditops_add_kernels target)
       # helpers (xsimd register conversions, std::sqrt) that the linker could share across ISAs.
       target_compile_options(${objects} PRIVATE ${DITOPS_ISA_${isa}_FLAGS} -O2)
       target_compile_definitions(${objects} PRIVATE DITOPS_ISA_LEVEL=${DITOPS_ISA_${isa}_LEVEL})
-      if(isa STREQUAL "avx512" AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU"
+      if(isa MATCHES "^avx512" AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU"
          AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 13)
         # GCC PR 105593: false (maybe-)uninitialized warnings inside GCC's own avx512fintrin.h
         # (the plain form appears under the sanitizers).

@@ -14,6 +14,7 @@ int main() {
               info.isa != ditops::core::isa_name(ditops::core::supported_isa())
                   ? "  (capped by DITOPS_ISA)"
                   : "");
+  std::printf("  kernel variant      %s\n", ditops::core::kernel_variant_name());
   std::printf("  best supported      %s\n", ditops::core::isa_name(ditops::core::supported_isa()));
   std::printf("  avx512 %d  avx512_vnni %d  avx512_bf16 %d  avx2 %d  f16c %d\n", info.avx512,
               info.avx512_vnni, info.avx512_bf16, info.avx2, info.f16c);

@@ -4,6 +4,8 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include "ops/core/isa.hpp"
+
 #ifndef DITOPS_ISA_LEVEL
 #error "kernel sources are compiled per ISA level by ditops_add_kernels()"
 #endif
@@ -17,8 +19,24 @@ using KernelArch = xsimd::sse4_2;
 using KernelArch = xsimd::fma3<xsimd::avx2>;
 #elif DITOPS_ISA_LEVEL == 3
 using KernelArch = xsimd::avx512bw;
+#elif DITOPS_ISA_LEVEL == 4
+using KernelArch = avx512_bf16;
 #else
 #error "unknown DITOPS_ISA_LEVEL"
 #endif
 static_assert(KernelArch::supported(), "compile flags do not enable this ISA level");
 }  // namespace ditops
+
+#if DITOPS_ISA_LEVEL == 4
+#if !defined(__AVX512BF16__) || !defined(__AVX512VNNI__)
+#error "the avx512_bf16 variant is compiled with -mavx512bf16 -mavx512vnni"
+#endif
+// batch<T, avx512_bf16> uses the AVX-512 registers (xsimd's own recipe for a derived arch).
+namespace xsimd::types {
+template <class T>
+struct get_bool_simd_register<T, ditops::avx512_bf16> {
+  using type = simd_avx512_bool_register<T>;
+};
+XSIMD_DECLARE_SIMD_REGISTER_ALIAS(ditops::avx512_bf16, xsimd::avx512bw);
+}  // namespace xsimd::types
+#endif

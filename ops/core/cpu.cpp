@@ -34,10 +34,16 @@ Isa detect_supported() {
   return Isa::scalar;
 }
 
+bool plain_avx512_requested() {
+  const char* cap = std::getenv("DITOPS_ISA");
+  return cap != nullptr && std::strcmp(cap, "avx512bw") == 0;
+}
+
 Isa detect_active() {
   const Isa supported = supported_isa();
   const char* cap = std::getenv("DITOPS_ISA");
   if (cap == nullptr || *cap == '\0') return supported;
+  if (plain_avx512_requested()) return std::min(Isa::avx512, supported);
   for (int level = 0; level < kIsaCount; ++level) {
     if (std::strcmp(cap, isa_name(static_cast<Isa>(level))) == 0) {
       return static_cast<Isa>(std::min(level, static_cast<int>(supported)));
@@ -58,6 +64,20 @@ Isa supported_isa() noexcept {
 Isa active_isa() noexcept {
   static const Isa level = detect_active();
   return level;
+}
+
+int kernel_variant() noexcept {
+  static const int variant = [] {
+    const bool extensions = __builtin_cpu_supports("avx512bf16") &&
+                            __builtin_cpu_supports("avx512vnni") && !plain_avx512_requested();
+    return active_isa() == Isa::avx512 && extensions ? kAvx512Bf16Variant
+                                                     : static_cast<int>(active_isa());
+  }();
+  return variant;
+}
+
+const char* kernel_variant_name() noexcept {
+  return kernel_variant() == kAvx512Bf16Variant ? "avx512+bf16+vnni" : isa_name(active_isa());
 }
 
 const char* isa_name(Isa isa) noexcept {

@@ -20,21 +20,41 @@ Isa supported_isa() noexcept;
 /// "scalar", "sse4.2", "avx2", "avx512".
 const char* isa_name(Isa isa) noexcept;
 
-/// One entry per level, in Isa order: the instantiations of a kernel template.
+/// Kernels are compiled in one more variant than there are levels: the avx512 level with
+/// AVX512-BF16 and AVX512-VNNI (single-instruction bf16 rounding and dot products, int8 dot
+/// products). It runs when the level is avx512 and the CPU has both extensions, unless
+/// DITOPS_ISA=avx512bw asks for plain AVX-512 (so tests can cover both on one machine).
+inline constexpr int kKernelVariants = kIsaCount + 1;
+inline constexpr int kAvx512Bf16Variant = kIsaCount;
+/// Index of the kernel variant this process runs (the Isa level, or kAvx512Bf16Variant).
+int kernel_variant() noexcept;
+/// "avx512+bf16+vnni" for the extension variant, else isa_name of the level.
+const char* kernel_variant_name() noexcept;
+
+/// One entry per kernel variant: the instantiations of a kernel template.
 /// Usage: static const IsaTable<Fn> table = DITOPS_ISA_TABLE(kernel_template);
 template <class Fn>
 struct IsaTable {
-  std::array<Fn, kIsaCount> by_level;
-  Fn get() const noexcept { return by_level[static_cast<int>(active_isa())]; }
+  std::array<Fn, kKernelVariants> by_variant;
+  Fn get() const noexcept { return by_variant[kernel_variant()]; }
 };
 
 }  // namespace ditops::core
 
-// The xsimd architecture each level instantiates (must match ops/core/arch.hpp).
+namespace ditops {
+/// The xsimd architecture of the extension variant: AVX-512 (F/CD/DQ/BW/VL) plus AVX512-BF16
+/// and AVX512-VNNI, which xsimd 8.1 has no tag for. A tag only here; kernel sources get its
+/// registers from ops/core/arch.hpp.
+struct avx512_bf16 : xsimd::avx512bw {
+  static constexpr char const* name() noexcept { return "avx512_bf16"; }
+};
+}  // namespace ditops
+
+// The xsimd architecture each variant instantiates (must match ops/core/arch.hpp).
 #define DITOPS_ISA_TABLE(kernel)                                                       \
   {                                                                                    \
     {                                                                                  \
       &kernel<xsimd::sse2>, &kernel<xsimd::sse4_2>, &kernel<xsimd::fma3<xsimd::avx2>>, \
-          &kernel<xsimd::avx512bw>                                                     \
+          &kernel<xsimd::avx512bw>, &kernel<ditops::avx512_bf16>                       \
     }                                                                                  \
   }

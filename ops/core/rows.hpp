@@ -31,17 +31,39 @@ inline RowLayout row_layout_of(const TensorView& view) noexcept {
   return layout;
 }
 
-/// Element offsets of row `row` for the first `Count` operands.
+// Internal linkage: kernel objects of every ISA level include this, and an inline function
+// shared between them is the ODR hazard that tools/check_isa_objects.sh guards against.
+namespace {
+
+/// Walks rows in order, keeping the element offsets of the first `Count` operands; next() is
+/// an add per operand in the common case (no division per row, which costs as much as a
+/// short row's arithmetic).
 template <int Count>
-inline std::array<std::int64_t, Count> row_offsets(const RowLayout& layout,
-                                                   std::int64_t row) noexcept {
-  std::array<std::int64_t, Count> offsets{};
-  for (int d = layout.dims - 1; d >= 0; --d) {
-    const std::int64_t index = row % layout.shape[d];
-    row /= layout.shape[d];
-    for (int k = 0; k < Count; ++k) offsets[k] += index * layout.strides[k][d];
+class RowWalker {
+ public:
+  RowWalker(const RowLayout& layout, std::int64_t row) noexcept : layout_(&layout) {
+    for (int d = layout.dims - 1; d >= 0; --d) {
+      index_[d] = row % layout.shape[d];
+      row /= layout.shape[d];
+      for (int k = 0; k < Count; ++k) offsets_[k] += index_[d] * layout.strides[k][d];
+    }
   }
-  return offsets;
-}
+  std::int64_t offset(int operand) const noexcept { return offsets_[operand]; }
+  void next() noexcept {
+    for (int d = layout_->dims - 1; d >= 0; --d) {
+      for (int k = 0; k < Count; ++k) offsets_[k] += layout_->strides[k][d];
+      if (++index_[d] < layout_->shape[d]) return;
+      for (int k = 0; k < Count; ++k) offsets_[k] -= index_[d] * layout_->strides[k][d];
+      index_[d] = 0;
+    }
+  }
+
+ private:
+  const RowLayout* layout_;
+  std::array<std::int64_t, kMaxRank> index_{};
+  std::array<std::int64_t, Count> offsets_{};
+};
+
+}  // namespace
 
 }  // namespace ditops::core

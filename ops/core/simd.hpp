@@ -14,6 +14,8 @@
 #include <type_traits>
 #include <xsimd/xsimd.hpp>
 
+#include "ops/core/arch.hpp"
+
 namespace ditops::simd {
 
 template <class Arch>
@@ -25,6 +27,9 @@ template <class Arch>
 inline constexpr bool kIsAvx512 = std::is_base_of_v<xsimd::avx512f, Arch>;
 template <class Arch>
 inline constexpr bool kIsAvx2 = std::is_base_of_v<xsimd::avx2, Arch>;
+/// The avx512 kernel variant with AVX512-BF16 and AVX512-VNNI (ops/core/isa.hpp).
+template <class Arch>
+inline constexpr bool kHasBf16Vnni = std::is_base_of_v<avx512_bf16, Arch>;
 
 /// a*b + c with one rounding where the ISA has FMA (xsimd 8.1 lowers AVX-512 fma to mul+add
 /// under -ffp-contract=off); two roundings on SSE levels, which have no FMA.
@@ -43,11 +48,6 @@ inline float reduce_add(F32<Arch> v) noexcept {
   return xsimd::hadd(v);
 }
 
-// ---- f32 <-> storage type conversions ---------------------------------------------------------
-
-/// Loads F32<Arch>::size elements of T (float, bf16 or f16) as floats.
-template <class Arch, class T>
-inline F32<Arch> load(const T* src) noexcept {
 /// Largest lane (xsimd 8.1 has no reduce_max).
 template <class Arch>
 inline float reduce_max(F32<Arch> v) noexcept {
@@ -98,6 +98,11 @@ inline F32<Arch> exp2_nonpositive(F32<Arch> x) noexcept {
   return xsimd::select(underflow, B(0.f), scaled);
 }
 
+// ---- f32 <-> storage type conversions ---------------------------------------------------------
+
+/// Loads F32<Arch>::size elements of T (float, bf16 or f16) as floats.
+template <class Arch, class T>
+inline F32<Arch> load(const T* src) noexcept {
   if constexpr (std::is_same_v<T, float>) {
     return F32<Arch>::load_unaligned(src);
   } else if constexpr (std::is_same_v<T, bf16>) {
@@ -140,21 +145,33 @@ inline U32<Arch> bf16_bits(F32<Arch> v) noexcept {
   return xsimd::bitwise_cast<U32<Arch>>(chosen);
 }
 
+/// The 16 bf16 (rounded to nearest even) of an AVX-512 vector, packed into 256 bits: one
+/// vcvtneps2bf16 where the CPU has AVX512-BF16, else the integer rounding of bf16_bits.
+template <class Arch>
+inline __m256i avx512_bf16_pack(F32<Arch> v) noexcept {
+  if constexpr (kHasBf16Vnni<Arch>) {
+    return (__m256i)_mm512_cvtneps_pbh(v);
+  } else {
+    return _mm512_cvtepi32_epi16(simd::bf16_bits<Arch>(v));
+  }
+}
+
 /// Stores F32<Arch>::size floats as T (float, bf16 rounded to nearest even, or f16).
 template <class Arch, class T>
 inline void store(T* dst, F32<Arch> v) noexcept {
   if constexpr (std::is_same_v<T, float>) {
     v.store_unaligned(dst);
   } else if constexpr (std::is_same_v<T, bf16>) {
-    const auto bits = bf16_bits<Arch>(v);
     if constexpr (kIsAvx512<Arch>) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(bits));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), simd::avx512_bf16_pack<Arch>(v));
     } else if constexpr (kIsAvx2<Arch>) {
+      const __m256i bits = simd::bf16_bits<Arch>(v);
       // packus works within 128-bit lanes; gather the two useful quarters into the low half.
       const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bits, bits), 0x08);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_castsi256_si128(packed));
     } else {
       // SSE2 has only the signed 32 -> 16 pack: bias into signed range and back.
+      const __m128i bits = simd::bf16_bits<Arch>(v);
       const __m128i bias = _mm_set1_epi32(0x8000);
       const __m128i packed = _mm_packs_epi32(_mm_sub_epi32(bits, bias), _mm_setzero_si128());
       _mm_storel_epi64(reinterpret_cast<__m128i*>(dst),
@@ -209,7 +226,7 @@ inline void store_stream(T* dst, F32<Arch> v) noexcept {
     }
   } else if constexpr (kIsAvx512<Arch>) {
     const __m256i half = std::is_same_v<T, bf16>
-                             ? _mm512_cvtepi32_epi16(simd::bf16_bits<Arch>(v))
+                             ? simd::avx512_bf16_pack<Arch>(v)
                              : _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), half);
   } else if constexpr (kIsAvx2<Arch> && std::is_same_v<T, f16>) {
@@ -289,7 +306,7 @@ inline void store_partial(T* dst, F32<Arch> v, std::size_t count) noexcept {
       _mm512_mask_storeu_ps(dst, mask, v);
     } else {
       const __m256i half = std::is_same_v<T, bf16>
-                               ? _mm512_cvtepi32_epi16(simd::bf16_bits<Arch>(v))
+                               ? simd::avx512_bf16_pack<Arch>(v)
                                : _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       _mm256_mask_storeu_epi16(dst, mask, half);
     }

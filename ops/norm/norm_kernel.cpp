@@ -23,17 +23,17 @@ void norm_rows(const NormProblem& p, std::int64_t begin, std::int64_t end, float
   const auto dim = static_cast<std::size_t>(p.dim);
   const std::size_t unrolled_end = dim - dim % (4 * kLanes);
 
-  for (std::int64_t row = begin; row < end; ++row) {
-    const auto offset = core::row_offsets<4>(p.rows, row);
-    const T* x = static_cast<const T*>(p.x) + offset[kX];
-    T* out = static_cast<T*>(p.out) + offset[kOut];
+  core::RowWalker<4> walker(p.rows, begin);
+  for (std::int64_t row = begin; row < end; ++row, walker.next()) {
+    const T* x = static_cast<const T*>(p.x) + walker.offset(kX);
+    T* out = static_cast<T*>(p.out) + walker.offset(kOut);
 
     // Pass 1: sum of squares (of h = x + residual when fused, storing h on the way).
     B acc0(0.f), acc1(0.f), acc2(0.f), acc3(0.f);
     const float* h_f32 = nullptr;  // fused: h in fp32, which pass 2 normalizes
     if (p.residual) {
-      const T* residual = static_cast<const T*>(p.residual) + offset[kResidual];
-      T* sum_out = static_cast<T*>(p.sum_out) + offset[kSumOut];
+      const T* residual = static_cast<const T*>(p.residual) + walker.offset(kResidual);
+      T* sum_out = static_cast<T*>(p.sum_out) + walker.offset(kSumOut);
       // An f32 sum_out that stays in cache is h itself; otherwise keep h in scratch (narrow
       // types round h in sum_out; streamed stores leave it in memory).
       float* h =
@@ -76,9 +76,10 @@ void norm_rows(const NormProblem& p, std::int64_t begin, std::int64_t end, float
     const T* next_x = nullptr;
     const T* next_residual = nullptr;
     if (row + 1 < end && dim * sizeof(T) >= 1024) {
-      const auto next = core::row_offsets<4>(p.rows, row + 1);
-      next_x = static_cast<const T*>(p.x) + next[kX];
-      if (p.residual) next_residual = static_cast<const T*>(p.residual) + next[kResidual];
+      core::RowWalker<4> next = walker;
+      next.next();
+      next_x = static_cast<const T*>(p.x) + next.offset(kX);
+      if (p.residual) next_residual = static_cast<const T*>(p.residual) + next.offset(kResidual);
     }
     simd::for_each_chunk<Arch>(out, dim, p.stream,
                                [&](std::size_t i, std::size_t count, bool stream) {

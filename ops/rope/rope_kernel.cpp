@@ -62,12 +62,12 @@ void rotate_interleaved(const T* x, const C* cos, const C* sin, T* out, std::siz
 template <class Arch, class T, class C>
 void rope_rows_typed(const RopeProblem& p, std::int64_t begin, std::int64_t end) {
   const auto dim = static_cast<std::size_t>(p.dim);
-  for (std::int64_t row = begin; row < end; ++row) {
-    const auto offset = core::row_offsets<4>(p.rows, row);
-    const T* x = static_cast<const T*>(p.x) + offset[kX];
-    T* out = static_cast<T*>(p.out) + offset[kOut];
-    const C* cos = static_cast<const C*>(p.cos) + offset[kCos];
-    const C* sin = static_cast<const C*>(p.sin) + offset[kSin];
+  core::RowWalker<4> walker(p.rows, begin);
+  for (std::int64_t row = begin; row < end; ++row, walker.next()) {
+    const T* x = static_cast<const T*>(p.x) + walker.offset(kX);
+    T* out = static_cast<T*>(p.out) + walker.offset(kOut);
+    const C* cos = static_cast<const C*>(p.cos) + walker.offset(kCos);
+    const C* sin = static_cast<const C*>(p.sin) + walker.offset(kSin);
     if (p.mode == RotatedMode::rotated_half) {
       rotate_half<Arch>(x, cos, sin, out, dim, p.stream);
     } else {

@@ -7,6 +7,7 @@
 #include <ditops/runtime.hpp>
 #include <string>
 
+#include "ops/core/isa.hpp"
 #include "tests/support/test_tensor.hpp"
 
 namespace ditops::test {
@@ -25,15 +26,25 @@ int level_of(const std::string& name) {
 class IsaEnvironment : public ::testing::Environment {
  public:
   void SetUp() override {
-    const char* requested = std::getenv("DITOPS_ISA");
+    const char* env = std::getenv("DITOPS_ISA");
     const std::string active = cpu_info().isa;
-    std::printf("[ ditops ] dispatch isa: %s, threads: %d\n", active.c_str(), num_threads());
-    if (requested == nullptr) return;
-    if (level_of(requested) < 0) FAIL() << "unknown DITOPS_ISA=" << requested;
+    std::printf("[ ditops ] dispatch isa: %s, kernel variant: %s, threads: %d\n", active.c_str(),
+                core::kernel_variant_name(), num_threads());
+    if (env == nullptr) return;
+    // avx512bw is the avx512 level without its BF16/VNNI kernel variant.
+    const bool plain_avx512 = std::string(env) == "avx512bw";
+    const std::string requested = plain_avx512 ? "avx512" : env;
+    if (level_of(requested) < 0) FAIL() << "unknown DITOPS_ISA=" << env;
     if (level_of(requested) > level_of(active)) {
       GTEST_SKIP() << "this CPU lacks ISA level " << requested << " (best: " << active << ")";
     }
     ASSERT_EQ(active, requested) << "DITOPS_ISA did not cap dispatch";
+    const CpuInfo info = cpu_info();
+    if (requested == "avx512") {
+      const bool extension = info.avx512_bf16 && info.avx512_vnni && !plain_avx512;
+      ASSERT_EQ(core::kernel_variant() == core::kAvx512Bf16Variant, extension)
+          << "wrong AVX-512 kernel variant for DITOPS_ISA=" << env;
+    }
   }
 };
 }  // namespace
