@@ -1,8 +1,9 @@
 # Kernels are written once as templates over the xsimd architecture and compiled once per ISA
 # level (plus the avx512 variant with BF16/VNNI): each kernel source is built in five OBJECT
-# libraries, each with its own -m flags and DITOPS_ISA_LEVEL (ops/core/arch.hpp maps the level to the xsimd architecture). Nothing else in
-# the library is compiled above the x86-64 baseline, so a CPU without AVX-512 never runs an
-# AVX-512 instruction unless dispatch chose that level.
+# libraries, each with its own -m flags and DITOPS_ISA_LEVEL (ops/core/arch.hpp maps the level
+# to the xsimd architecture). Nothing else in the library is compiled above the x86-64
+# baseline, so a CPU without AVX-512 never runs an AVX-512 instruction unless dispatch chose
+# that level.
 #
 # Flags stay a subset of what ops/core/cpu.cpp checks before it enables a level.
 set(DITOPS_ISA_LEVELS scalar sse4_2 avx2 avx512 avx512bf16)
