@@ -14,8 +14,11 @@ mkdir -p out
 
 "$build/tools/ditops-info" | tee out/machine.txt
 
-echo "== benchmarks (roofline, RMSNorm, RoPE) =="
-"$build/bench/ditops_bench" --benchmark_filter='peak|triad|rms_norm|rope' \
+echo "== benchmarks (roofline, RMSNorm, RoPE, attention) =="
+# Attention: the quick FLUX shapes only (S=2048, 24 heads, D=128, causal and not, 2 threads;
+# flash fp32, flash_bf16 and the reference baseline): about 10 s on 2 cores.
+attention='attention_flash_(f32|bf16)/shape:[01]/threads:2/'
+"$build/bench/ditops_bench" --benchmark_filter="peak|triad|rms_norm|rope|$attention" \
   --benchmark_min_time=0.2 --benchmark_out=out/bench.json --benchmark_out_format=json \
   | tee out/bench.txt
 
@@ -39,6 +42,10 @@ fi
   echo "## Kernels (fraction of this machine's measured limits; ratio to the same-run baseline)"
   echo
   "$build/tools/bench-summary" out/bench.json
+  echo
+  echo "## Attention (GFLOP/s; fraction of the FP32 FMA peak, BF16 peak for flash_bf16)"
+  echo
+  "$build/tools/bench-summary" out/bench.json | grep -E '^\|( *-| *[Kk]ernel| *[Bb]enchmark| *[Nn]ame)|attention' || true
   if [ -f out/sim_sweep.txt ]; then
     echo
     echo "## Simulator: int8 MLA decode, batch 1, kv 2048"
