@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "tests/reference/attention_ref.hpp"
+#include "tests/support/expect_rejected.hpp"
 #include "tests/support/tolerance.hpp"
 
 namespace ditops::test {
@@ -352,19 +353,6 @@ TEST(AttentionProperties, ThreadCountOnlyReassociates) {
 }
 
 // ---- bad input -----------------------------------------------------------------------------
-
-template <class Call>
-void expect_rejected(Call&& call, const std::string& needle, const TestTensor<float>& out) {
-  const auto before = out.snapshot();
-  try {
-    call();
-    ADD_FAILURE() << "no ditops::Error for: " << needle;
-  } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find(needle), std::string::npos)
-        << "message '" << error.what() << "' does not name " << needle;
-  }
-  EXPECT_TRUE(out.unchanged_since(before)) << needle << ": output touched before the error";
-}
 
 TEST(AttentionBadInput, EveryInvalidArgumentThrowsBeforeWriting) {
   TestTensor<float> q({2, 8, 4, 64}), k({2, 10, 2, 64}), v({2, 10, 2, 32}), out({2, 8, 4, 32});

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "tests/reference/attention_ref.hpp"
+#include "tests/support/expect_rejected.hpp"
 #include "tests/support/tolerance.hpp"
 
 namespace ditops::test {
@@ -84,19 +85,6 @@ TEST(AttentionVarlen, MatchesPerSequenceReference) {
   }
   check_varlen<float>({1, 1, 1}, {900, 3, 700}, 8, 1, 72, 40, false, 2, kVarlenF32, rng);
   check_varlen<bf16>(q_lens, k_lens, 8, 8, 80, 80, true, 2, kVarlenBf16, rng);
-}
-
-template <class Call>
-void expect_rejected(Call&& call, const std::string& needle, const TestTensor<float>& out) {
-  const auto before = out.snapshot();
-  try {
-    call();
-    ADD_FAILURE() << "no ditops::Error for: " << needle;
-  } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find(needle), std::string::npos)
-        << "message '" << error.what() << "' does not name " << needle;
-  }
-  EXPECT_TRUE(out.unchanged_since(before)) << needle << ": output touched before the error";
 }
 
 TEST(AttentionVarlen, BadCuSeqlensThrowBeforeWriting) {

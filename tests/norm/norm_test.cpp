@@ -5,6 +5,7 @@
 #include <ditops/runtime.hpp>
 
 #include "tests/reference/norm_ref.hpp"
+#include "tests/support/expect_rejected.hpp"
 #include "tests/support/tolerance.hpp"
 
 namespace ditops::test {
@@ -175,20 +176,6 @@ TEST(NormProperties, ScaleInvariant) {  // rms_norm(c·x) = rms_norm(x) for c > 
 }
 
 // ---- bad input -----------------------------------------------------------------------------
-
-/// Expects `call` to throw ditops::Error whose message names `needle`, with `out` unchanged.
-template <class Call>
-void expect_rejected(Call&& call, const std::string& needle, const TestTensor<float>& out) {
-  const auto before = out.snapshot();
-  try {
-    call();
-    ADD_FAILURE() << "no ditops::Error for: " << needle;
-  } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find(needle), std::string::npos)
-        << "message '" << error.what() << "' does not name " << needle;
-  }
-  EXPECT_TRUE(out.unchanged_since(before)) << needle << ": output touched before the error";
-}
 
 TEST(NormBadInput, EveryInvalidArgumentThrowsBeforeWriting) {
   TestTensor<float> x({4, 64}), residual({4, 64}), out({4, 64}), sum({4, 64}), weight({64});

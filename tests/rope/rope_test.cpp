@@ -7,6 +7,7 @@
 #include <ditops/runtime.hpp>
 
 #include "tests/reference/rope_ref.hpp"
+#include "tests/support/expect_rejected.hpp"
 #include "tests/support/tolerance.hpp"
 
 namespace ditops::test {
@@ -182,19 +183,6 @@ TEST(RopeProperties, PreservesPairNormsAndIdentityAtZeroAngle) {
 }
 
 // ---- bad input -----------------------------------------------------------------------------
-
-template <class Call>
-void expect_rejected(Call&& call, const std::string& needle, const TestTensor<float>& out) {
-  const auto before = out.snapshot();
-  try {
-    call();
-    ADD_FAILURE() << "no ditops::Error for: " << needle;
-  } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find(needle), std::string::npos)
-        << "message '" << error.what() << "' does not name " << needle;
-  }
-  EXPECT_TRUE(out.unchanged_since(before)) << needle << ": output touched before the error";
-}
 
 TEST(RopeBadInput, EveryInvalidArgumentThrowsBeforeWriting) {
   TestTensor<float> x({1, 4, 2, 8}), out({1, 4, 2, 8}), cos_t({4, 8}), sin_t({4, 8});
