@@ -253,8 +253,9 @@ TEST(RopeBadInput, EveryInvalidArgumentThrowsBeforeWriting) {
 namespace ditops::test {
 namespace {
 
-// Outputs above 32 MiB are written with streaming stores; padded rows (pad 1 and 3) put row
-// starts at odd and even misalignments, which the interleaved mode must handle pair-safely.
+// Outputs above 32 MiB are written with streaming stores; one padding element per row moves
+// each row start one element further, so the rows meet every misalignment, odd ones included
+// (which the interleaved mode must handle pair-safely).
 TYPED_TEST(RopeTest, LargeOutputsUseStreamingStoresCorrectly) {
   using T = typename TypeParam::X;
   using C = typename TypeParam::Table;
