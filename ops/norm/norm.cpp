@@ -23,26 +23,28 @@ void check_eps(const char* call, float eps) {
   }
 }
 
-/// Validates weight against x and returns it as D floats (converted when stored narrower), or
-/// an empty vector when it is already f32 or absent.
-std::vector<float> weight_as_f32(const Arg& weight, const Arg& x) {
-  if (weight.view.empty()) return {};
+void check_weight(const Arg& weight, const Arg& x) {
+  if (weight.view.empty()) return;
   core::check_view(weight, 1, 1);
   core::check_dtype(weight, {DType::f32, x.view.dtype});
   core::check_dim(weight, 0, x, x.view.rank - 1);
-  if (weight.view.dtype == DType::f32) return {};
-  std::vector<float> converted(static_cast<std::size_t>(weight.view.shape[0]));
+}
+
+/// The (validated) weight as D floats when it is stored narrower; empty when f32 or absent.
+std::vector<float> narrow_weight_as_f32(const TensorView& weight) {
+  if (weight.empty() || weight.dtype == DType::f32) return {};
+  std::vector<float> converted(static_cast<std::size_t>(weight.shape[0]));
   for (std::size_t i = 0; i < converted.size(); ++i) {
-    converted[i] = weight.view.dtype == DType::bf16
-                       ? static_cast<const bf16*>(weight.view.data)[i].to_float()
-                       : static_cast<const f16*>(weight.view.data)[i].to_float();
+    converted[i] = weight.dtype == DType::bf16 ? static_cast<const bf16*>(weight.data)[i].to_float()
+                                               : static_cast<const f16*>(weight.data)[i].to_float();
   }
   return converted;
 }
 
-void run(norm::NormProblem& problem, const TensorView& weight,
-         const std::vector<float>& converted) {
+/// Runs a validated problem; reads the weight only now, after every check passed.
+void run(norm::NormProblem& problem, const TensorView& weight) {
   if (problem.rows.rows == 0 || problem.dim == 0) return;
+  const std::vector<float> converted = narrow_weight_as_f32(weight);
   problem.weight = weight.empty()      ? nullptr
                    : converted.empty() ? static_cast<const float*>(weight.data)
                                        : converted.data();
@@ -73,7 +75,7 @@ void rms_norm(const TensorView& x, const TensorView& weight, float eps, const Te
   core::check_same_dtype(out_arg, x_arg);
   core::check_same_shape(out_arg, x_arg);
   check_eps(kCall, eps);
-  const std::vector<float> converted = weight_as_f32(weight_arg, x_arg);
+  check_weight(weight_arg, x_arg);
   core::check_writable(out_arg);
   core::check_no_overlap(out_arg, x_arg, /*identical_ok=*/true);
   if (!weight.empty()) core::check_no_overlap(out_arg, weight_arg, false);
@@ -86,7 +88,7 @@ void rms_norm(const TensorView& x, const TensorView& weight, float eps, const Te
   problem.x = x.data;
   problem.eps = eps;
   problem.out = out.data;
-  run(problem, weight, converted);
+  run(problem, weight);
 }
 
 void add_rms_norm(const TensorView& x, const TensorView& residual, const TensorView& weight,
@@ -103,7 +105,7 @@ void add_rms_norm(const TensorView& x, const TensorView& residual, const TensorV
     core::check_same_shape(*arg, x_arg);
   }
   check_eps(kCall, eps);
-  const std::vector<float> converted = weight_as_f32(weight_arg, x_arg);
+  check_weight(weight_arg, x_arg);
   for (const Arg* output : {&out_arg, &sum_arg}) {
     core::check_writable(*output);
     core::check_no_overlap(*output, x_arg, /*identical_ok=*/true);
@@ -124,7 +126,7 @@ void add_rms_norm(const TensorView& x, const TensorView& residual, const TensorV
   problem.eps = eps;
   problem.out = out.data;
   problem.sum_out = sum_out.data;
-  run(problem, weight, converted);
+  run(problem, weight);
 }
 
 }  // namespace ditops
