@@ -375,7 +375,9 @@ struct Packed {
 
 void pack_operands(FlashProblem& p, Packed& packed, int threads) {
   const bool pack_k = p.k_layout == KLayout::packed;
-  const bool pack_v = p.dtype != DType::f32;
+  // Narrow V is widened once per call for prefill (every row group re-reads it); decode-like
+  // calls (K read in place) convert V rows as they stream, which costs less than a copy.
+  const bool pack_v = pack_k && p.dtype != DType::f32;
   if (!pack_k && !pack_v) return;
   const std::int64_t dk_padded = round_up(p.dk, 32);
   const std::int64_t heads_total = p.batch * p.kv_heads;
