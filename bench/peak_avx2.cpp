@@ -6,17 +6,27 @@
 
 namespace ditops::bench {
 
+// Named accumulators in registers, as in bench/peak_avx512.cpp (an array lands on the stack).
+#define DITOPS_TWELVE(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+
 double fma_loop_avx2(std::int64_t iterations) {
   constexpr int kChains = 12;
-  __m256 acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(0.001f * c);
+#define DECLARE(i) __m256 acc##i = _mm256_set1_ps(0.001f * i);
+  DITOPS_TWELVE(DECLARE)
+#undef DECLARE
   const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(0.0001f);
-  for (std::int64_t i = 0; i < iterations; ++i) {
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
-    __asm__ volatile("" : "+x"(acc[0]), "+x"(acc[5]), "+x"(acc[11]));
+  for (std::int64_t n = 0; n < iterations; ++n) {
+#define STEP(i) acc##i = _mm256_fmadd_ps(acc##i, a, b);
+    DITOPS_TWELVE(STEP)
+#undef STEP
+    __asm__ volatile(""
+                     : "+x"(acc0), "+x"(acc1), "+x"(acc2), "+x"(acc3), "+x"(acc4), "+x"(acc5),
+                       "+x"(acc6), "+x"(acc7), "+x"(acc8), "+x"(acc9), "+x"(acc10), "+x"(acc11));
   }
-  __m256 sum = acc[0];
-  for (int c = 1; c < kChains; ++c) sum = _mm256_add_ps(sum, acc[c]);
+  __m256 sum = _mm256_setzero_ps();
+#define SUM(i) sum = _mm256_add_ps(sum, acc##i);
+  DITOPS_TWELVE(SUM)
+#undef SUM
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, sum);
   volatile float sink = lanes[0];

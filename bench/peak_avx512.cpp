@@ -1,9 +1,20 @@
 // Peak probes compiled with AVX-512 (+BF16, VNNI) flags; called only when the CPU has them.
-// Twelve independent accumulators cover the 4-cycle latency of two FMA pipes with room to spare.
+// Twelve independent accumulators, each a named variable kept in a register (an array of
+// accumulators ends up on the stack, and the store-to-load latency then caps the probe at one
+// instruction per cycle), cover the 4-5 cycle latency of two vector pipes with room to spare.
+// The empty asm marks every accumulator as read and written each iteration so the compiler
+// can neither drop nor merge the chains.
 
 #include <immintrin.h>
 
 #include "bench/limits.hpp"
+
+#define DITOPS_TWELVE(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define DITOPS_KEEP(acc)                                                                   \
+  __asm__ volatile(""                                                                      \
+                   : "+v"(acc##0), "+v"(acc##1), "+v"(acc##2), "+v"(acc##3), "+v"(acc##4), \
+                     "+v"(acc##5), "+v"(acc##6), "+v"(acc##7), "+v"(acc##8), "+v"(acc##9), \
+                     "+v"(acc##10), "+v"(acc##11))
 
 namespace ditops::bench {
 namespace {
@@ -11,46 +22,61 @@ constexpr int kChains = 12;
 }
 
 double fma_loop_avx512(std::int64_t iterations) {
-  __m512 acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(0.001f * c);
+#define DECLARE(i) __m512 acc##i = _mm512_set1_ps(0.001f * i);
+  DITOPS_TWELVE(DECLARE)
+#undef DECLARE
   const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.0001f);
-  for (std::int64_t i = 0; i < iterations; ++i) {
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
-    __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[5]), "+v"(acc[11]));  // keep the loop
+  for (std::int64_t n = 0; n < iterations; ++n) {
+#define STEP(i) acc##i = _mm512_fmadd_ps(acc##i, a, b);
+    DITOPS_TWELVE(STEP)
+#undef STEP
+    DITOPS_KEEP(acc);
   }
-  __m512 sum = acc[0];
-  for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
+  __m512 sum = _mm512_setzero_ps();
+#define SUM(i) sum = _mm512_add_ps(sum, acc##i);
+  DITOPS_TWELVE(SUM)
+#undef SUM
   volatile float sink = _mm512_reduce_add_ps(sum);
   (void)sink;
   return static_cast<double>(iterations) * kChains * 16 * 2;
 }
 
 double bf16_loop_avx512(std::int64_t iterations) {
-  __m512 acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_setzero_ps();
+#define DECLARE(i) __m512 acc##i = _mm512_setzero_ps();
+  DITOPS_TWELVE(DECLARE)
+#undef DECLARE
   const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80);  // 1.0
   const __m512bh b = (__m512bh)_mm512_set1_epi16(0x3a83);  // ~0.001
-  for (std::int64_t i = 0; i < iterations; ++i) {
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
-    __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[5]), "+v"(acc[11]));
+  for (std::int64_t n = 0; n < iterations; ++n) {
+#define STEP(i) acc##i = _mm512_dpbf16_ps(acc##i, a, b);
+    DITOPS_TWELVE(STEP)
+#undef STEP
+    DITOPS_KEEP(acc);
   }
-  __m512 sum = acc[0];
-  for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
+  __m512 sum = _mm512_setzero_ps();
+#define SUM(i) sum = _mm512_add_ps(sum, acc##i);
+  DITOPS_TWELVE(SUM)
+#undef SUM
   volatile float sink = _mm512_reduce_add_ps(sum);
   (void)sink;
   return static_cast<double>(iterations) * kChains * 32 * 2;  // 32 MACs per instruction
 }
 
 double vnni_loop_avx512(std::int64_t iterations) {
-  __m512i acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_setzero_si512();
+#define DECLARE(i) __m512i acc##i = _mm512_setzero_si512();
+  DITOPS_TWELVE(DECLARE)
+#undef DECLARE
   const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
-  for (std::int64_t i = 0; i < iterations; ++i) {
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbusd_epi32(acc[c], a, b);
-    __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[5]), "+v"(acc[11]));
+  for (std::int64_t n = 0; n < iterations; ++n) {
+#define STEP(i) acc##i = _mm512_dpbusd_epi32(acc##i, a, b);
+    DITOPS_TWELVE(STEP)
+#undef STEP
+    DITOPS_KEEP(acc);
   }
-  __m512i sum = acc[0];
-  for (int c = 1; c < kChains; ++c) sum = _mm512_add_epi32(sum, acc[c]);
+  __m512i sum = _mm512_setzero_si512();
+#define SUM(i) sum = _mm512_add_epi32(sum, acc##i);
+  DITOPS_TWELVE(SUM)
+#undef SUM
   volatile int sink = _mm512_reduce_add_epi32(sum);
   (void)sink;
   return static_cast<double>(iterations) * kChains * 64 * 2;  // 64 u8*s8 MACs per instruction

