@@ -1,0 +1,442 @@
+// Public entries mla_decode_paged and mla_fill_cache: validate everything, prepare the queries,
+// build the (sequence, KV split) task list, run it, merge the splits.
+
+#include <algorithm>
+#include <cmath>
+#include <ditops/mla.hpp>
+#include <map>
+#include <numbers>
+#include <string>
+#include <vector>
+
+#include "ops/core/check.hpp"
+#include "ops/core/isa.hpp"
+#include "ops/core/scratch.hpp"
+#include "ops/core/threads.hpp"
+#include "ops/mla/mla_kernel.hpp"
+
+namespace ditops {
+namespace {
+
+using core::Arg;
+using mla::kNopeDim;
+using mla::kRopeDim;
+using mla::kScaleGroups;
+
+constexpr int kLatentDim = kNopeDim + kRopeDim;
+/// Automatic split-KV over-decomposes into about this many tasks per thread, so that tasks of
+/// unequal length (ragged seq_lens) still balance under dynamic hand-out (ggml's 4x).
+constexpr std::int64_t kTasksPerThread = 4;
+
+/// Symmetric int8 of n values: scale = max|x| / 127, q = clamp(rne(x / scale), -127, 127).
+/// The one definition of the cache format (mla.hpp), used for the cache and for q_nope.
+float quantize_symmetric(const float* x, int n, std::int8_t* q) noexcept {
+  float max_abs = 0.f;
+  for (int i = 0; i < n; ++i) max_abs = std::max(max_abs, std::fabs(x[i]));
+  const float scale = max_abs / 127.f;
+  if (!(scale > 0.f)) {  // all zero (or subnormal enough that the scale underflows)
+    std::fill(q, q + n, std::int8_t{0});
+    return 0.f;
+  }
+  for (int i = 0; i < n; ++i) {
+    const float rounded = std::nearbyint(x[i] / scale);  // default mode: nearest even
+    q[i] = static_cast<std::int8_t>(std::clamp(rounded, -127.f, 127.f));
+  }
+  return scale;
+}
+
+float element(const TensorView& v, std::int64_t offset) {
+  return v.dtype == DType::bf16 ? static_cast<const bf16*>(v.data)[offset].to_float()
+                                : static_cast<const float*>(v.data)[offset];
+}
+
+void check_extent(const Arg& arg, int dim, std::int64_t expected) {
+  if (arg.view.shape[dim] != expected) {
+    core::fail(arg.call, std::string(arg.name) + ".shape[" + std::to_string(dim) + "] (" +
+                             std::to_string(arg.view.shape[dim]) + ") must be " +
+                             std::to_string(expected));
+  }
+}
+
+/// The cache's three views against each other; returns {num_blocks, block_size, G}.
+struct CacheGeometry {
+  std::int64_t num_blocks, block_size, groups;
+};
+CacheGeometry check_cache(const char* call, const MlaPagedCache& cache) {
+  const Arg nope{call, "cache.nope", cache.nope}, scale{call, "cache.nope_scale", cache.nope_scale},
+      rope{call, "cache.rope", cache.rope};
+  core::check_view(nope, 3, 3);
+  core::check_dtype(nope, {DType::i8});
+  check_extent(nope, 2, kNopeDim);
+  const std::int64_t block_size = cache.nope.shape[1];
+  if (block_size != 64 && block_size != 128) {
+    core::fail(call, "cache.nope.shape[1] (block_size " + std::to_string(block_size) +
+                         ") must be 64 or 128");
+  }
+  core::check_view(scale, 3, 3);
+  core::check_dtype(scale, {DType::f32});
+  core::check_dim(scale, 0, nope, 0);
+  core::check_dim(scale, 1, nope, 1);
+  const std::int64_t groups = cache.nope_scale.shape[2];
+  if (groups != 1 && groups != 4) {
+    core::fail(call, "cache.nope_scale.shape[2] (G " + std::to_string(groups) + ") must be 1 or 4");
+  }
+  core::check_view(rope, 3, 3);
+  core::check_dtype(rope, {DType::f32, DType::bf16});
+  core::check_dim(rope, 0, nope, 0);
+  core::check_dim(rope, 1, nope, 1);
+  check_extent(rope, 2, kRopeDim);
+  return {cache.nope.shape[0], block_size, groups};
+}
+
+using TaskKernel = decltype(&mla::mla_decode_task<xsimd::sse2>);
+using MergeKernel = decltype(&mla::mla_merge_splits<xsimd::sse2>);
+
+/// Floats of one thread's workspace and where each part starts (64-byte aligned parts).
+struct WorkspaceLayout {
+  std::size_t out_acc, scores, alpha, row_max, row_sum, key_pack, scale_pack, rope_pack, value_tile,
+      total;
+  WorkspaceLayout(std::size_t heads, std::size_t block_size, std::size_t chunk) {
+    std::size_t next = 0;
+    auto part = [&](std::size_t floats) {
+      const std::size_t start = next;
+      next += core::per_thread_stride<float>(floats);
+      return start;
+    };
+    out_acc = part(heads * kNopeDim);
+    scores = part(2 * chunk * heads * block_size);
+    alpha = part(2 * chunk * heads);
+    row_max = part(heads);
+    row_sum = part(heads);
+    key_pack = part(kNopeDim / 2 * block_size);  // int16 pairs: the larger of the two packs
+    scale_pack = part(kScaleGroups * block_size);
+    rope_pack = part(kRopeDim * block_size);
+    value_tile = part(block_size * 64);  // 4 vectors of 16 columns (the widest ISA)
+    total = next;
+  }
+  mla::MlaWorkspace at(float* base) const {
+    return {base + out_acc,    base + scores,    base + alpha,
+            base + row_max,    base + row_sum,   reinterpret_cast<std::uint32_t*>(base + key_pack),
+            base + scale_pack, base + rope_pack, base + value_tile};
+  }
+};
+
+}  // namespace
+
+void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
+                      const MlaPagedCache& cache, const TensorView& block_table,
+                      std::span<const std::int32_t> seq_lens, const TensorView& out,
+                      const MlaDecodeOptions& options) {
+  constexpr const char* kCall = "mla_decode_paged";
+  const Arg q_nope_arg{kCall, "q_nope", q_nope}, q_rope_arg{kCall, "q_rope", q_rope},
+      table_arg{kCall, "block_table", block_table}, out_arg{kCall, "out", out};
+  // ---- shapes and dtypes ------------------------------------------------------------------
+  core::check_view(q_nope_arg, 3, 3);
+  core::check_dtype(q_nope_arg, {DType::f32, DType::bf16});
+  check_extent(q_nope_arg, 2, kNopeDim);
+  const std::int64_t batch = q_nope.shape[0], heads = q_nope.shape[1];
+  core::check_view(q_rope_arg, 3, 3);
+  core::check_dtype(q_rope_arg, {DType::f32, DType::bf16});
+  core::check_dim(q_rope_arg, 0, q_nope_arg, 0);
+  core::check_dim(q_rope_arg, 1, q_nope_arg, 1);
+  check_extent(q_rope_arg, 2, kRopeDim);
+  const CacheGeometry geometry = check_cache(kCall, cache);
+  core::check_view(table_arg, 2, 2);
+  core::check_dtype(table_arg, {DType::i32});
+  core::check_dim(table_arg, 0, q_nope_arg, 0);
+  if (static_cast<std::int64_t>(seq_lens.size()) != batch) {
+    core::fail(kCall, "seq_lens has " + std::to_string(seq_lens.size()) +
+                          " entries, expected batch " + std::to_string(batch));
+  }
+  if (!seq_lens.empty() && seq_lens.data() == nullptr) core::fail(kCall, "seq_lens.data is null");
+  core::check_view(out_arg, 3, 3);
+  core::check_dtype(out_arg, {DType::f32, DType::bf16});
+  core::check_same_shape(out_arg, q_nope_arg);
+  // ---- options ----------------------------------------------------------------------------
+  const float scale = options.scale.value_or(1.f / std::sqrt(static_cast<float>(kLatentDim)));
+  if (!std::isfinite(scale) || scale <= 0.f) {
+    core::fail(kCall, "options.scale (" + std::to_string(scale) + ") must be finite and > 0");
+  }
+  if (!schedule::valid_chunk(options.chunk)) {
+    core::fail(kCall, "options.chunk (" + std::to_string(options.chunk) + ") must be 1, 2 or 4");
+  }
+  if (options.num_splits < 0) {
+    core::fail(kCall, "options.num_splits (" + std::to_string(options.num_splits) +
+                          ") must be >= 0 (0 = automatic)");
+  }
+  // ---- lengths and every block id a sequence will read ------------------------------------
+  const std::int64_t block_size = geometry.block_size;
+  const std::int64_t max_blocks = block_table.shape[1];
+  const auto* table = static_cast<const std::int32_t*>(block_table.data);
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t length = seq_lens[b];
+    if (length < 0) {
+      core::fail(kCall, "seq_lens[" + std::to_string(b) + "] (" + std::to_string(length) +
+                            ") is negative");
+    }
+    if (length > max_blocks * block_size) {
+      core::fail(kCall, "seq_lens[" + std::to_string(b) + "] (" + std::to_string(length) +
+                            ") exceeds its block_table row (" + std::to_string(max_blocks) +
+                            " blocks of " + std::to_string(block_size) + ")");
+    }
+    const std::int64_t used = (length + block_size - 1) / block_size;
+    for (std::int64_t i = 0; i < used; ++i) {
+      const std::int64_t id = table[b * block_table.strides[0] + i];
+      if (id < 0 || id >= geometry.num_blocks) {
+        core::fail(kCall, "block_table[" + std::to_string(b) + "][" + std::to_string(i) + "] (" +
+                              std::to_string(id) + ") is out of range [0, " +
+                              std::to_string(geometry.num_blocks) + ")");
+      }
+    }
+  }
+  // ---- aliasing -----------------------------------------------------------------------------
+  core::check_writable(out_arg);
+  const TensorView lengths_view = view(seq_lens.data(), {batch});
+  const Arg inputs[] = {q_nope_arg,
+                        q_rope_arg,
+                        {kCall, "cache.nope", cache.nope},
+                        {kCall, "cache.nope_scale", cache.nope_scale},
+                        {kCall, "cache.rope", cache.rope},
+                        table_arg,
+                        {kCall, "seq_lens", lengths_view}};
+  for (const Arg& input : inputs) core::check_no_overlap(out_arg, input, false);
+
+  if (batch == 0 || heads == 0) return;
+  const bool out_bf16 = out.dtype == DType::bf16;
+  auto zero_output = [&](std::int64_t b) {
+    for (std::int64_t h = 0; h < heads; ++h) {
+      char* row = static_cast<char*>(out.data) +
+                  (b * out.strides[0] + h * out.strides[1]) * dtype_size(out.dtype);
+      std::memset(row, 0, kNopeDim * dtype_size(out.dtype));  // 0.0f and bf16 0 are all-zero bits
+    }
+  };
+
+  // ---- queries: int8 per (sequence, head), scales with scale * log2(e) folded in ----------
+  const std::size_t rows = static_cast<std::size_t>(batch * heads);
+  std::vector<std::int8_t> q_int8(rows * kNopeDim);
+  std::vector<std::int16_t> q_int16(rows * kNopeDim);
+  std::vector<std::int32_t> offset_sums(rows * kScaleGroups);
+  std::vector<float> nope_factor(rows), rope_scaled(rows * kRopeDim);
+  const float log2_scale = scale * std::numbers::log2e_v<float>;
+  const int threads = core::thread_count();
+  core::parallel_ranges(
+      static_cast<std::int64_t>(rows), threads, [&](std::int64_t begin, std::int64_t end, int) {
+        float values[kNopeDim];
+        for (std::int64_t row = begin; row < end; ++row) {
+          const std::int64_t b = row / heads, h = row % heads;
+          const std::int64_t nope_at = b * q_nope.strides[0] + h * q_nope.strides[1];
+          for (int d = 0; d < kNopeDim; ++d) values[d] = element(q_nope, nope_at + d);
+          std::int8_t* quantized = q_int8.data() + row * kNopeDim;
+          nope_factor[row] = quantize_symmetric(values, kNopeDim, quantized) * log2_scale;
+          for (int g = 0; g < kScaleGroups; ++g) {
+            std::int32_t sum = 0;
+            for (int d = g * mla::kGroupDim; d < (g + 1) * mla::kGroupDim; ++d) sum += quantized[d];
+            offset_sums[row * kScaleGroups + g] = 128 * sum;
+          }
+          for (int d = 0; d < kNopeDim; ++d) q_int16[row * kNopeDim + d] = quantized[d];
+          const std::int64_t rope_at = b * q_rope.strides[0] + h * q_rope.strides[1];
+          for (int d = 0; d < kRopeDim; ++d) {
+            rope_scaled[row * kRopeDim + d] = element(q_rope, rope_at + d) * log2_scale;
+          }
+        }
+      });
+
+  mla::MlaProblem problem;
+  problem.heads = static_cast<int>(heads);
+  problem.block_size = static_cast<int>(block_size);
+  problem.scale_groups = static_cast<int>(geometry.groups);
+  problem.chunk = options.chunk;
+  problem.nope = static_cast<const std::int8_t*>(cache.nope.data);
+  problem.nope_strides[0] = cache.nope.strides[0];
+  problem.nope_strides[1] = cache.nope.strides[1];
+  problem.nope_scale = static_cast<const float*>(cache.nope_scale.data);
+  problem.scale_strides[0] = cache.nope_scale.strides[0];
+  problem.scale_strides[1] = cache.nope_scale.strides[1];
+  problem.rope = cache.rope.data;
+  problem.rope_bf16 = cache.rope.dtype == DType::bf16;
+  problem.rope_strides[0] = cache.rope.strides[0];
+  problem.rope_strides[1] = cache.rope.strides[1];
+  problem.queries = {q_int8.data(), q_int16.data(), offset_sums.data(), nope_factor.data(),
+                     rope_scaled.data()};
+  problem.out = out.data;
+  problem.out_bf16 = out_bf16;
+  problem.out_strides[0] = out.strides[0];
+  problem.out_strides[1] = out.strides[1];
+
+  // ---- tasks: whole blocks per split; automatic splits sized by cost ----------------------
+  std::int64_t total_tokens = 0;
+  for (std::int64_t b = 0; b < batch; ++b) total_tokens += seq_lens[b];
+  const std::int64_t split_tokens = std::max<std::int64_t>(
+      block_size, (total_tokens + threads * kTasksPerThread - 1) / (threads * kTasksPerThread));
+  std::vector<int> splits_of(batch, 0);
+  std::int64_t partial_splits = 0;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t blocks = (seq_lens[b] + block_size - 1) / block_size;
+    if (blocks == 0) continue;
+    std::int64_t splits = 1;
+    if (options.num_splits > 0) {
+      splits = std::min<std::int64_t>(options.num_splits, blocks);
+    } else if (threads > 1) {
+      splits = std::clamp<std::int64_t>((seq_lens[b] + split_tokens - 1) / split_tokens, 1, blocks);
+    }
+    splits_of[b] = static_cast<int>(splits);
+    if (splits > 1) partial_splits += splits;
+  }
+  core::AlignedBuffer<float> partial_out(
+      static_cast<std::size_t>(partial_splits * heads * kNopeDim));
+  core::AlignedBuffer<float> partial_lse(static_cast<std::size_t>(partial_splits * heads));
+  std::vector<mla::MlaTask> tasks;
+  std::vector<std::int64_t> partial_base(batch, 0);  // first partial split of each sequence
+  std::map<int, schedule::Schedule> schedules;       // by block count
+  std::int64_t next_partial = 0;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const int splits = splits_of[b];
+    if (splits == 0) {
+      zero_output(b);
+      continue;
+    }
+    partial_base[b] = next_partial;
+    const std::int64_t blocks = (seq_lens[b] + block_size - 1) / block_size;
+    for (int s = 0; s < splits; ++s) {
+      const std::int64_t first_block = blocks * s / splits, end_block = blocks * (s + 1) / splits;
+      const int count = static_cast<int>(end_block - first_block);
+      auto found = schedules.find(count);
+      if (found == schedules.end()) {
+        found = schedules.emplace(count, schedule::make_schedule(count, options.chunk)).first;
+      }
+      mla::MlaTask task;
+      task.sequence = static_cast<int>(b);
+      task.split = s;
+      task.splits = splits;
+      task.first_token = first_block * block_size;
+      task.end_token = std::min<std::int64_t>(end_block * block_size, seq_lens[b]);
+      task.block_ids = table + b * block_table.strides[0] + first_block;
+      task.order = found->second.cube.data();
+      task.order_size = static_cast<int>(found->second.cube.size());
+      if (splits > 1) {
+        task.partial_out = partial_out.data() + (next_partial + s) * heads * kNopeDim;
+        task.partial_lse = partial_lse.data() + (next_partial + s) * heads;
+      }
+      tasks.push_back(task);
+    }
+    if (splits > 1) next_partial += splits;
+  }
+  // Longest first, for the dynamic hand-out.
+  std::stable_sort(tasks.begin(), tasks.end(), [](const mla::MlaTask& a, const mla::MlaTask& b) {
+    return a.end_token - a.first_token > b.end_token - b.first_token;
+  });
+
+  static const core::IsaTable<TaskKernel> kTaskKernels = DITOPS_ISA_TABLE(mla::mla_decode_task);
+  static const core::IsaTable<MergeKernel> kMergeKernels = DITOPS_ISA_TABLE(mla::mla_merge_splits);
+  const TaskKernel task_kernel = kTaskKernels.get();
+  const MergeKernel merge_kernel = kMergeKernels.get();
+  const int workers = static_cast<int>(std::min<std::int64_t>(threads, tasks.size()));
+  const WorkspaceLayout layout(static_cast<std::size_t>(heads),
+                               static_cast<std::size_t>(block_size),
+                               static_cast<std::size_t>(options.chunk));
+  core::AlignedBuffer<float> workspace(layout.total * std::max(workers, 1));
+  core::parallel_tasks(
+      static_cast<std::int64_t>(tasks.size()), workers, [&](std::int64_t index, int thread) {
+        task_kernel(problem, tasks[index], layout.at(workspace.data() + thread * layout.total));
+      });
+  std::vector<int> merged;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    if (splits_of[b] > 1) merged.push_back(static_cast<int>(b));
+  }
+  core::parallel_ranges(static_cast<std::int64_t>(merged.size()), threads,
+                        [&](std::int64_t begin, std::int64_t end, int) {
+                          for (std::int64_t i = begin; i < end; ++i) {
+                            const int b = merged[i];
+                            merge_kernel(problem, b, splits_of[b],
+                                         partial_out.data() + partial_base[b] * heads * kNopeDim,
+                                         partial_lse.data() + partial_base[b] * heads);
+                          }
+                        });
+}
+
+void mla_fill_cache(const TensorView& latent, const TensorView& slots, const MlaPagedCache& cache) {
+  constexpr const char* kCall = "mla_fill_cache";
+  const Arg latent_arg{kCall, "latent", latent}, slots_arg{kCall, "slots", slots};
+  core::check_view(latent_arg, 2, 2);
+  core::check_dtype(latent_arg, {DType::f32, DType::bf16});
+  check_extent(latent_arg, 1, kLatentDim);
+  core::check_view(slots_arg, 1, 1);
+  core::check_dtype(slots_arg, {DType::i32});
+  core::check_dim(slots_arg, 0, latent_arg, 0);
+  const CacheGeometry geometry = check_cache(kCall, cache);
+  const std::int64_t tokens = latent.shape[0];
+  const std::int64_t capacity = geometry.num_blocks * geometry.block_size;
+  const auto* slot = static_cast<const std::int32_t*>(slots.data);
+  std::vector<std::pair<std::int32_t, std::int64_t>> seen;  // (slot, index), for duplicates
+  seen.reserve(static_cast<std::size_t>(tokens));
+  for (std::int64_t i = 0; i < tokens; ++i) {
+    const std::int64_t s = slot[i * slots.strides[0]];
+    if (s < 0 || s >= capacity) {
+      core::fail(kCall, "slots[" + std::to_string(i) + "] (" + std::to_string(s) +
+                            ") is out of range [0, " + std::to_string(capacity) + ")");
+    }
+    seen.emplace_back(static_cast<std::int32_t>(s), i);
+  }
+  std::sort(seen.begin(), seen.end());
+  for (std::size_t i = 1; i < seen.size(); ++i) {
+    if (seen[i].first == seen[i - 1].first) {
+      core::fail(kCall, "slots[" + std::to_string(seen[i].second) + "] (" +
+                            std::to_string(seen[i].first) + ") repeats slots[" +
+                            std::to_string(seen[i - 1].second) + "]");
+    }
+  }
+  for (std::int64_t i = 0; i < tokens; ++i) {
+    for (int d = 0; d < kLatentDim; ++d) {
+      const float value = element(latent, i * latent.strides[0] + d);
+      if (!std::isfinite(value)) {
+        core::fail(kCall, "latent[" + std::to_string(i) + "][" + std::to_string(d) + "] (" +
+                              std::to_string(value) + ") is not finite");
+      }
+    }
+  }
+  const Arg outputs[] = {{kCall, "cache.nope", cache.nope},
+                         {kCall, "cache.nope_scale", cache.nope_scale},
+                         {kCall, "cache.rope", cache.rope}};
+  for (const Arg& output : outputs) {
+    core::check_writable(output);
+    core::check_no_overlap(output, latent_arg, false);
+    core::check_no_overlap(output, slots_arg, false);
+  }
+  core::check_no_overlap(outputs[0], outputs[1], false);
+  core::check_no_overlap(outputs[0], outputs[2], false);
+  core::check_no_overlap(outputs[1], outputs[2], false);
+
+  const std::int64_t groups = geometry.groups, group_dim = kNopeDim / groups;
+  core::parallel_ranges(
+      tokens, core::threads_for_bytes(tokens * kLatentDim * 4),
+      [&](std::int64_t begin, std::int64_t end, int) {
+        float values[kLatentDim];
+        for (std::int64_t i = begin; i < end; ++i) {
+          for (int d = 0; d < kLatentDim; ++d)
+            values[d] = element(latent, i * latent.strides[0] + d);
+          const std::int64_t s = slot[i * slots.strides[0]];
+          const std::int64_t block = s / geometry.block_size, position = s % geometry.block_size;
+          auto* nope = static_cast<std::int8_t*>(cache.nope.data) + block * cache.nope.strides[0] +
+                       position * cache.nope.strides[1];
+          auto* scales = static_cast<float*>(cache.nope_scale.data) +
+                         block * cache.nope_scale.strides[0] +
+                         position * cache.nope_scale.strides[1];
+          for (std::int64_t g = 0; g < groups; ++g) {
+            scales[g] = quantize_symmetric(values + g * group_dim, static_cast<int>(group_dim),
+                                           nope + g * group_dim);
+          }
+          const std::int64_t rope_at =
+              block * cache.rope.strides[0] + position * cache.rope.strides[1];
+          for (int d = 0; d < kRopeDim; ++d) {
+            if (cache.rope.dtype == DType::bf16) {
+              static_cast<bf16*>(cache.rope.data)[rope_at + d] =
+                  bf16::from_float(values[kNopeDim + d]);
+            } else {
+              static_cast<float*>(cache.rope.data)[rope_at + d] = values[kNopeDim + d];
+            }
+          }
+        }
+      });
+}
+
+}  // namespace ditops

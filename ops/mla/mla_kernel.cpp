@@ -1,0 +1,443 @@
+// MLA paged decode kernel, compiled once per ISA level (cmake/DitopsKernels.cmake).
+//
+// One task = one sequence's range of paged blocks; all H query heads go through each block
+// together, so every latent row is read from memory once per step (lesson 9, IPEX/FlashMLA).
+// Stages per block follow the shared QK-SM-PV-UP schedule (ops/schedule): the cube order is
+// walked and every run of cube stages is followed by its vector mirror, so with chunk = 2 the
+// kernel computes S for blocks b, b+1 (QK), softmaxes both (SM), then PV+UP of b and of b+1.
+// S/P live in 2 * chunk per-thread slots (the schedule's ping-pong slot and sub-position).
+//
+// QK: keys are packed once per block lane-per-token (lesson 3: no horizontal sums) and each
+// key vector is reused by 8 heads. S_nope is exact integer arithmetic: with AVX512-VNNI one
+// vpdpbusd multiplies 4 key bytes by 4 query bytes; keys go in as unsigned (k + 128, a flip of
+// the sign bit) and 128 * sum(q) per group is subtracted (oneDNN's s8s8 compensation, here
+// per head instead of per key so no key row sums are needed). Without VNNI, pairs of int16
+// through pmaddwd give the same int32. S_rope is fp32 on the packed rope.
+// PV: fp32 FMAs on value columns dequantized once per block (shared by all heads), 4 heads x
+// 4 vectors of output in registers; UP (rescale the running output by alpha, add) is the
+// epilogue of the same register tile, as PV(b) and UP(b) are adjacent in the merged order.
+
+#include "ops/mla/mla_kernel.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "ops/core/arch.hpp"
+#include "ops/core/simd.hpp"
+
+namespace ditops::mla {
+namespace {
+
+template <class Arch>
+using F32 = simd::F32<Arch>;
+template <class Arch>
+using I32 = xsimd::batch<std::int32_t, Arch>;
+
+constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+/// Key bytes as unsigned for vpdpbusd: x ^ 0x80 == x + 128 in two's complement.
+constexpr std::uint32_t kSignFlip = 0x80808080u;
+
+/// Heads per score tile: 8 accumulators + 8 totals + key + broadcast fit the 32 zmm
+/// registers; the 16 ymm/xmm registers of AVX2/SSE hold a tile of 4.
+template <class Arch>
+constexpr int kScoreTileHeads = simd::kIsAvx512<Arch> ? 8 : 4;
+/// PV register tile: 4 heads x 4 vectors of output columns (16 accumulators).
+constexpr int kValueTileHeads = 4;
+constexpr int kValueTileVectors = 4;
+
+/// Per-lane sum of the two int16 products of a and b (pmaddwd), exact in int32.
+template <class Arch>
+inline I32<Arch> madd_int16(I32<Arch> a, I32<Arch> b) noexcept {
+  if constexpr (simd::kIsAvx512<Arch>) {
+    return _mm512_madd_epi16(a, b);
+  } else if constexpr (simd::kIsAvx2<Arch>) {
+    return _mm256_madd_epi16(a, b);
+  } else {
+    return _mm_madd_epi16(a, b);
+  }
+}
+
+/// F32<Arch>::size int8 values as floats.
+template <class Arch>
+inline F32<Arch> load_int8(const std::int8_t* src) noexcept {
+  if constexpr (simd::kIsAvx512<Arch>) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+  } else if constexpr (simd::kIsAvx2<Arch>) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src));
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+  } else {
+    std::int32_t word;
+    std::memcpy(&word, src, sizeof word);
+    // SSE2 has no sign-extending byte load: place each byte in the top of a 32-bit lane and
+    // shift it back down arithmetically.
+    __m128i lanes = _mm_cvtsi32_si128(word);
+    lanes = _mm_unpacklo_epi8(lanes, lanes);
+    lanes = _mm_unpacklo_epi16(lanes, lanes);
+    return _mm_cvtepi32_ps(_mm_srai_epi32(lanes, 24));
+  }
+}
+
+/// The 4 bytes at `src` as one int32 (a broadcastable pair of int16 or quad of int8).
+template <class T>
+inline std::int32_t load_word(const T* src) noexcept {
+  std::int32_t word;
+  std::memcpy(&word, src, sizeof word);
+  return word;
+}
+
+template <class Rope>
+inline float rope_value(const Rope* row, int d) noexcept {
+  return simd::scalar_to_float(row[d]);
+}
+
+/// Everything one block's QK needs about where its rows live.
+struct BlockRows {
+  const std::int8_t* nope;
+  const float* scale;
+  const void* rope;
+  int tokens;  ///< valid rows (<= block_size)
+};
+
+inline BlockRows block_rows(const MlaProblem& p, std::int32_t block_id, int tokens) noexcept {
+  const std::int64_t block = block_id;
+  const void* rope =
+      p.rope_bf16
+          ? static_cast<const void*>(static_cast<const bf16*>(p.rope) + block * p.rope_strides[0])
+          : static_cast<const void*>(static_cast<const float*>(p.rope) + block * p.rope_strides[0]);
+  return {p.nope + block * p.nope_strides[0], p.nope_scale + block * p.scale_strides[0], rope,
+          tokens};
+}
+
+/// Lays one block out lane-per-token for QK: key words [word][block_size] (4 bytes + 128
+/// each for VNNI, 2 int16 otherwise), scales [group][block_size], rope [dim][block_size].
+/// Tokens past `tokens` up to the next full vector are padded with values that score 0.
+template <class Arch, class Rope>
+void pack_block(const MlaProblem& p, const BlockRows& rows, const MlaWorkspace& ws) noexcept {
+  constexpr int kLanes = static_cast<int>(F32<Arch>::size);
+  const int bs = p.block_size;
+  const int padded = (rows.tokens + kLanes - 1) / kLanes * kLanes;
+  const auto* rope = static_cast<const Rope*>(rows.rope);
+  for (int t = 0; t < padded; ++t) {
+    const bool valid = t < rows.tokens;
+    const std::int8_t* key = rows.nope + t * p.nope_strides[1];
+    if constexpr (simd::kHasBf16Vnni<Arch>) {
+      for (int word = 0; word < kNopeDim / 4; ++word) {
+        std::uint32_t bytes = 0;
+        if (valid) std::memcpy(&bytes, key + 4 * word, 4);
+        ws.key_pack[word * bs + t] = bytes ^ kSignFlip;
+      }
+    } else {
+      for (int word = 0; word < kNopeDim / 2; ++word) {
+        const std::uint32_t low = valid ? static_cast<std::uint16_t>(key[2 * word]) : 0;
+        const std::uint32_t high = valid ? static_cast<std::uint16_t>(key[2 * word + 1]) : 0;
+        ws.key_pack[word * bs + t] = low | high << 16;
+      }
+    }
+    const float* scale = rows.scale + t * p.scale_strides[1];
+    for (int g = 0; g < kScaleGroups; ++g) {
+      ws.scale_pack[g * bs + t] = valid ? scale[p.scale_groups == 1 ? 0 : g] : 0.f;
+    }
+    const Rope* rope_row = rope + t * p.rope_strides[1];
+    for (int d = 0; d < kRopeDim; ++d) {
+      ws.rope_pack[d * bs + t] = valid ? rope_value(rope_row, d) : 0.f;
+    }
+  }
+}
+
+/// Base-2 scores of kHeads heads x one vector of tokens, into scores[h][token0 ...].
+template <class Arch, int kHeads>
+inline void score_tile(const MlaProblem& p, const PreparedQueries& q, int head0, int token0,
+                       const MlaWorkspace& ws, float* scores) noexcept {
+  using B = F32<Arch>;
+  using I = I32<Arch>;
+  const int bs = p.block_size;
+  B total[kHeads];
+  for (int h = 0; h < kHeads; ++h) total[h] = B(0.f);
+  for (int g = 0; g < kScaleGroups; ++g) {
+    I acc[kHeads];
+    for (int h = 0; h < kHeads; ++h) acc[h] = I(0);
+    if constexpr (simd::kHasBf16Vnni<Arch>) {
+      constexpr int kWords = kGroupDim / 4;
+      const std::uint32_t* keys = ws.key_pack + g * kWords * bs + token0;
+      const std::int8_t* query[kHeads];
+      for (int h = 0; h < kHeads; ++h)
+        query[h] = q.nope_int8 + (head0 + h) * kNopeDim + g * kGroupDim;
+      for (int word = 0; word < kWords; ++word) {
+        const __m512i key = _mm512_loadu_si512(keys + word * bs);
+        for (int h = 0; h < kHeads; ++h) {
+          acc[h] =
+              _mm512_dpbusd_epi32(acc[h], key, _mm512_set1_epi32(load_word(query[h] + 4 * word)));
+        }
+      }
+      for (int h = 0; h < kHeads; ++h) acc[h] -= I(q.offset_sums[(head0 + h) * kScaleGroups + g]);
+    } else {
+      constexpr int kWords = kGroupDim / 2;
+      const std::uint32_t* keys = ws.key_pack + g * kWords * bs + token0;
+      const std::int16_t* query[kHeads];
+      for (int h = 0; h < kHeads; ++h)
+        query[h] = q.nope_int16 + (head0 + h) * kNopeDim + g * kGroupDim;
+      for (int word = 0; word < kWords; ++word) {
+        const I key = I::load_unaligned(reinterpret_cast<const std::int32_t*>(keys + word * bs));
+        for (int h = 0; h < kHeads; ++h) {
+          acc[h] += madd_int16<Arch>(key, I(load_word(query[h] + 2 * word)));
+        }
+      }
+    }
+    const B key_scale = B::load_unaligned(ws.scale_pack + g * bs + token0);
+    for (int h = 0; h < kHeads; ++h) {
+      total[h] = simd::fmadd<Arch>(xsimd::to_float(acc[h]), key_scale, total[h]);
+    }
+  }
+  B rope[kHeads];
+  for (int h = 0; h < kHeads; ++h) rope[h] = B(0.f);
+  for (int d = 0; d < kRopeDim; ++d) {
+    const B key = B::load_unaligned(ws.rope_pack + d * bs + token0);
+    for (int h = 0; h < kHeads; ++h) {
+      rope[h] = simd::fmadd<Arch>(B(q.rope[(head0 + h) * kRopeDim + d]), key, rope[h]);
+    }
+  }
+  for (int h = 0; h < kHeads; ++h) {
+    const B s = simd::fmadd<Arch>(total[h], B(q.nope_factor[head0 + h]), rope[h]);
+    s.store_unaligned(scores + (head0 + h) * bs + token0);
+  }
+}
+
+/// QK(b): S of every head for one block into `scores` ([H][block_size]).
+template <class Arch>
+void qk_stage(const MlaProblem& p, const PreparedQueries& q, const BlockRows& rows,
+              const MlaWorkspace& ws, float* scores) noexcept {
+  constexpr int kLanes = static_cast<int>(F32<Arch>::size);
+  constexpr int kTile = kScoreTileHeads<Arch>;
+  if (p.rope_bf16) {
+    pack_block<Arch, bf16>(p, rows, ws);
+  } else {
+    pack_block<Arch, float>(p, rows, ws);
+  }
+  for (int token0 = 0; token0 < rows.tokens; token0 += kLanes) {
+    int head = 0;
+    for (; head + kTile <= p.heads; head += kTile) {
+      score_tile<Arch, kTile>(p, q, head, token0, ws, scores);
+    }
+    for (; head < p.heads; ++head) score_tile<Arch, 1>(p, q, head, token0, ws, scores);
+  }
+}
+
+/// SM(b): online softmax of each head's row of `scores`, P = exp2(S - m_new) in place.
+template <class Arch>
+void sm_stage(const MlaProblem& p, int tokens, const MlaWorkspace& ws, float* scores,
+              float* alpha) noexcept {
+  using B = F32<Arch>;
+  constexpr int kLanes = static_cast<int>(B::size);
+  const int full = tokens / kLanes * kLanes;
+  for (int h = 0; h < p.heads; ++h) {
+    float* row = scores + h * p.block_size;
+    B max_vector(kMinusInf);
+    for (int i = 0; i < full; i += kLanes)
+      max_vector = xsimd::max(max_vector, B::load_unaligned(row + i));
+    if (full < tokens) {
+      max_vector =
+          xsimd::max(max_vector, simd::load_partial<Arch>(row + full, tokens - full, kMinusInf));
+    }
+    const float old_max = ws.row_max[h];
+    const float new_max = std::max(old_max, simd::reduce_max<Arch>(max_vector));
+    const B shift(new_max);
+    B sum_vector(0.f);
+    for (int i = 0; i < full; i += kLanes) {
+      const B prob = simd::exp2_nonpositive<Arch>(B::load_unaligned(row + i) - shift);
+      prob.store_unaligned(row + i);
+      sum_vector += prob;
+    }
+    if (full < tokens) {
+      const B prob = simd::exp2_nonpositive<Arch>(
+          simd::load_partial<Arch>(row + full, tokens - full, kMinusInf) - shift);
+      simd::store_partial<Arch>(row + full, prob, tokens - full);
+      sum_vector += prob;
+    }
+    const float rescale = std::exp2(old_max - new_max);  // 0 on the first block (old = -inf)
+    alpha[h] = rescale;
+    ws.row_sum[h] = ws.row_sum[h] * rescale + simd::reduce_add<Arch>(sum_vector);
+    ws.row_max[h] = new_max;
+  }
+}
+
+/// kHeads heads x kValueTileVectors vectors of columns: O = alpha * O + P · V over the block.
+template <class Arch, int kHeads>
+inline void value_tile(const MlaProblem& p, int head0, int column0, int tokens, const float* probs,
+                       const float* alpha, const MlaWorkspace& ws) noexcept {
+  using B = F32<Arch>;
+  constexpr int kLanes = static_cast<int>(B::size);
+  constexpr int kWidth = kValueTileVectors * kLanes;
+  B acc[kHeads][kValueTileVectors];
+  for (int h = 0; h < kHeads; ++h) {
+    for (int j = 0; j < kValueTileVectors; ++j) acc[h][j] = B(0.f);
+  }
+  for (int t = 0; t < tokens; ++t) {
+    B value[kValueTileVectors];
+    for (int j = 0; j < kValueTileVectors; ++j) {
+      value[j] = B::load_aligned(ws.value_tile + t * kWidth + j * kLanes);
+    }
+    for (int h = 0; h < kHeads; ++h) {
+      const B prob(probs[(head0 + h) * p.block_size + t]);
+      for (int j = 0; j < kValueTileVectors; ++j) {
+        acc[h][j] = simd::fmadd<Arch>(prob, value[j], acc[h][j]);
+      }
+    }
+  }
+  for (int h = 0; h < kHeads; ++h) {
+    float* out = ws.out_acc + (head0 + h) * kNopeDim + column0;
+    const B rescale(alpha[head0 + h]);
+    for (int j = 0; j < kValueTileVectors; ++j) {
+      const B old = B::load_aligned(out + j * kLanes);
+      simd::fmadd<Arch>(old, rescale, acc[h][j]).store_aligned(out + j * kLanes);
+    }
+  }
+}
+
+/// PV(b) then UP(b): the block's value columns, dequantized once for all heads.
+template <class Arch>
+void pv_up_stage(const MlaProblem& p, const BlockRows& rows, const float* probs, const float* alpha,
+                 const MlaWorkspace& ws) noexcept {
+  using B = F32<Arch>;
+  constexpr int kLanes = static_cast<int>(B::size);
+  constexpr int kWidth = kValueTileVectors * kLanes;
+  const int group_width = kNopeDim / p.scale_groups;
+  for (int column0 = 0; column0 < kNopeDim; column0 += kWidth) {
+    const int group = column0 / group_width;  // a tile never straddles groups (128 % kWidth == 0)
+    for (int t = 0; t < rows.tokens; ++t) {
+      const std::int8_t* key = rows.nope + t * p.nope_strides[1] + column0;
+      const B scale(rows.scale[t * p.scale_strides[1] + group]);
+      for (int j = 0; j < kValueTileVectors; ++j) {
+        (load_int8<Arch>(key + j * kLanes) * scale)
+            .store_aligned(ws.value_tile + t * kWidth + j * kLanes);
+      }
+    }
+    int head = 0;
+    for (; head + kValueTileHeads <= p.heads; head += kValueTileHeads) {
+      value_tile<Arch, kValueTileHeads>(p, head, column0, rows.tokens, probs, alpha, ws);
+    }
+    for (; head < p.heads; ++head) {
+      value_tile<Arch, 1>(p, head, column0, rows.tokens, probs, alpha, ws);
+    }
+  }
+}
+
+template <class Arch, class Out>
+void write_output(const MlaProblem& p, int sequence, int head, const float* values,
+                  float factor) noexcept {
+  using B = F32<Arch>;
+  constexpr int kLanes = static_cast<int>(B::size);
+  Out* out = static_cast<Out*>(p.out) + sequence * p.out_strides[0] + head * p.out_strides[1];
+  const B scale(factor);
+  for (int i = 0; i < kNopeDim; i += kLanes) {
+    simd::store<Arch>(out + i, B::load_unaligned(values + i) * scale);
+  }
+}
+
+}  // namespace
+
+template <class Arch>
+void mla_decode_task(const MlaProblem& p, const MlaTask& task, const MlaWorkspace& ws) noexcept {
+  using B = F32<Arch>;
+  constexpr int kLanes = static_cast<int>(B::size);
+  const PreparedQueries& all = p.queries;
+  const std::int64_t sequence = task.sequence;
+  const PreparedQueries q{
+      all.nope_int8 + sequence * p.heads * kNopeDim, all.nope_int16 + sequence * p.heads * kNopeDim,
+      all.offset_sums + sequence * p.heads * kScaleGroups, all.nope_factor + sequence * p.heads,
+      all.rope + sequence * p.heads * kRopeDim};
+  for (int h = 0; h < p.heads; ++h) {
+    ws.row_max[h] = kMinusInf;
+    ws.row_sum[h] = 0.f;
+    for (int i = 0; i < kNopeDim; i += kLanes) B(0.f).store_aligned(ws.out_acc + h * kNopeDim + i);
+  }
+  const std::int64_t slot_floats = static_cast<std::int64_t>(p.heads) * p.block_size;
+  auto rows_of = [&](int block) {
+    const std::int64_t first = task.first_token + static_cast<std::int64_t>(block) * p.block_size;
+    const int tokens =
+        static_cast<int>(std::min<std::int64_t>(p.block_size, task.end_token - first));
+    return block_rows(p, task.block_ids[block], tokens);
+  };
+  // Walk the cube order; after each run of equal cube stages, run their vector mirrors.
+  const schedule::StageInstance* order = task.order;
+  int run_begin = 0;
+  while (run_begin < task.order_size) {
+    int run_end = run_begin + 1;
+    while (run_end < task.order_size && order[run_end].stage == order[run_begin].stage) ++run_end;
+    const bool is_qk = order[run_begin].stage == schedule::Stage::qk;
+    for (int i = run_begin; i < run_end; ++i) {  // cube: QK or PV (+ UP, fused)
+      const schedule::StageInstance& stage = order[i];
+      const int buffer = stage.slot * p.chunk + stage.sub;
+      float* scores = ws.scores + buffer * slot_floats;
+      float* alpha = ws.alpha + buffer * p.heads;
+      if (is_qk) {
+        qk_stage<Arch>(p, q, rows_of(stage.block), ws, scores);
+      } else {
+        pv_up_stage<Arch>(p, rows_of(stage.block), scores, alpha, ws);
+      }
+    }
+    if (is_qk) {
+      for (int i = run_begin; i < run_end; ++i) {  // vector: SM of the run's blocks
+        const schedule::StageInstance& stage = order[i];
+        const int buffer = stage.slot * p.chunk + stage.sub;
+        sm_stage<Arch>(p, rows_of(stage.block).tokens, ws, ws.scores + buffer * slot_floats,
+                       ws.alpha + buffer * p.heads);
+      }
+    }
+    run_begin = run_end;
+  }
+  for (int h = 0; h < p.heads; ++h) {
+    const float* values = ws.out_acc + h * kNopeDim;
+    const float inverse_sum = 1.f / ws.row_sum[h];
+    if (task.splits == 1) {
+      if (p.out_bf16) {
+        write_output<Arch, bf16>(p, task.sequence, h, values, inverse_sum);
+      } else {
+        write_output<Arch, float>(p, task.sequence, h, values, inverse_sum);
+      }
+    } else {
+      float* partial = task.partial_out + h * kNopeDim;
+      for (int i = 0; i < kNopeDim; i += kLanes) {
+        (B::load_aligned(values + i) * B(inverse_sum)).store_unaligned(partial + i);
+      }
+      task.partial_lse[h] = ws.row_max[h] + std::log2(ws.row_sum[h]);
+    }
+  }
+}
+
+template <class Arch>
+void mla_merge_splits(const MlaProblem& p, int sequence, int splits, const float* partial_out,
+                      const float* partial_lse) noexcept {
+  using B = F32<Arch>;
+  constexpr int kLanes = static_cast<int>(B::size);
+  alignas(64) float merged[kNopeDim];
+  for (int h = 0; h < p.heads; ++h) {
+    float max_lse = kMinusInf;
+    for (int s = 0; s < splits; ++s) max_lse = std::max(max_lse, partial_lse[s * p.heads + h]);
+    float total_weight = 0.f;
+    for (int i = 0; i < kNopeDim; i += kLanes) B(0.f).store_aligned(merged + i);
+    for (int s = 0; s < splits; ++s) {
+      const float weight = std::exp2(partial_lse[s * p.heads + h] - max_lse);
+      total_weight += weight;
+      const float* part = partial_out + (static_cast<std::int64_t>(s) * p.heads + h) * kNopeDim;
+      for (int i = 0; i < kNopeDim; i += kLanes) {
+        simd::fmadd<Arch>(B(weight), B::load_unaligned(part + i), B::load_aligned(merged + i))
+            .store_aligned(merged + i);
+      }
+    }
+    if (p.out_bf16) {
+      write_output<Arch, bf16>(p, sequence, h, merged, 1.f / total_weight);
+    } else {
+      write_output<Arch, float>(p, sequence, h, merged, 1.f / total_weight);
+    }
+  }
+}
+
+template void mla_decode_task<KernelArch>(const MlaProblem&, const MlaTask&,
+                                          const MlaWorkspace&) noexcept;
+template void mla_merge_splits<KernelArch>(const MlaProblem&, int, int, const float*,
+                                           const float*) noexcept;
+
+}  // namespace ditops::mla
