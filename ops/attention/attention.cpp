@@ -1,5 +1,5 @@
 // Public attention entries: validate, describe the problem once (FlashProblem), choose a
-// backend and tiles (forced, cached or tuned), pack K (and narrow V) once per call, then run
+// backend and tiles (forced, cached or tuned), pack K and V once per call, then run
 // a cost-ordered task list on the thread team; short-Sq calls split the KV range across
 // threads and merge the partial results by their log-sum-exp.
 
@@ -366,7 +366,7 @@ std::unique_ptr<T[], AlignedFree> aligned_array(std::int64_t count) {
   return std::unique_ptr<T[], AlignedFree>(static_cast<T*>(std::aligned_alloc(64, bytes)));
 }
 
-/// K^T blocks (and fp32 V rows for narrow dtypes), once per call, shared by every task.
+/// K^T blocks and contiguous fp32 V rows, once per call, shared by every task.
 struct Packed {
   std::unique_ptr<float[], AlignedFree> k, v;
   std::unique_ptr<std::uint16_t[], AlignedFree> k_bf16;
@@ -375,9 +375,11 @@ struct Packed {
 
 void pack_operands(FlashProblem& p, Packed& packed, int threads) {
   const bool pack_k = p.k_layout == KLayout::packed;
-  // Narrow V is widened once per call for prefill (every row group re-reads it); decode-like
-  // calls (K read in place) convert V rows as they stream, which costs less than a copy.
-  const bool pack_v = pack_k && p.dtype != DType::f32;
+  // V is copied to contiguous fp32 rows once per call for prefill (every row group re-reads
+  // it): rows read in place are a [B, S, N, D] stride apart, N·D·4 bytes (12 KiB at N=24,
+  // D=128), which maps every row of a KV block to the same L1 sets and thrashes it. Decode-like
+  // calls (K read in place) stream V rows once, which costs less than a copy.
+  const bool pack_v = pack_k;
   if (!pack_k && !pack_v) return;
   const std::int64_t dk_padded = round_up(p.dk, 32);
   const std::int64_t heads_total = p.batch * p.kv_heads;
@@ -447,8 +449,12 @@ void pack_operands(FlashProblem& p, Packed& packed, int threads) {
                                         (s.k_row0 + first_key) * p.v_strides.seq;
             for (std::int64_t key = 0; key < keys; ++key) {
               float* dst = vp + key * p.dv_padded;
-              for (std::int64_t d = 0; d < p.dv; ++d) {
-                dst[d] = load_element(p.dtype, p.v, v_row0 + key * p.v_strides.seq + d);
+              const std::int64_t row = v_row0 + key * p.v_strides.seq;
+              if (p.dtype == DType::f32) {
+                std::memcpy(dst, static_cast<const float*>(p.v) + row, p.dv * sizeof(float));
+              } else {
+                for (std::int64_t d = 0; d < p.dv; ++d)
+                  dst[d] = load_element(p.dtype, p.v, row + d);
               }
               std::fill(dst + p.dv, dst + p.dv_padded, 0.f);
             }

@@ -54,7 +54,7 @@ struct FlashProblem {
   bool bf16_dot = false;  ///< flash_bf16: Q·K^T with bf16 dot products
   // Per-call packed operands (KLayout::packed): K^T blocks of [dk][kKvBlock] floats (zero
   // padded past the sequence end) starting at k_packed + k_packed_offset[seq * kv_heads + h];
-  // V as fp32 rows of dv_padded floats when v_packed is set (narrow dtypes).
+  // V as fp32 rows of dv_padded floats when v_packed is set (prefill).
   const float* k_packed = nullptr;
   const std::uint16_t* k_packed_bf16 = nullptr;  ///< bf16_dot: pairs along d, see pack_k_bf16
   const std::int64_t* k_packed_offset = nullptr;
@@ -79,8 +79,8 @@ struct FlashTask {
 inline std::int64_t flash_scratch_floats(const FlashProblem& p) noexcept {
   const std::int64_t rows = kMaxRowGroup * kMaxTileRows;
   const std::int64_t dk_padded = (p.dk + 31) / 32 * 32;
-  // Q (fp32 and its bf16 copy), O, the P tile, running max and sum.
-  return rows * dk_padded * 3 / 2 + rows * p.dv_padded + kMaxTileRows * kKvBlock + rows * 2 + 64;
+  // Q (fp32 and its bf16 copy), O, the P tiles of a row group, running max and sum.
+  return rows * dk_padded * 3 / 2 + rows * p.dv_padded + rows * kKvBlock + rows * 2 + 64;
 }
 
 /// Runs one task; scratch: flash_scratch_floats() floats, 64-byte aligned, private to the

@@ -181,7 +181,7 @@ class TaskRunner {
     q_tile_ = scratch;
     o_tile_ = q_tile_ + rows * dk_padded_;
     p_tile_ = o_tile_ + rows * p.dv_padded;
-    row_max_ = p_tile_ + kMaxTileRows * kKvBlock;
+    row_max_ = p_tile_ + rows * kKvBlock;
     row_sum_ = row_max_ + rows;
     q_bf16_ = reinterpret_cast<std::uint16_t*>(row_sum_ + rows);
     group_ = p.heads / p.kv_heads;
@@ -277,11 +277,24 @@ class TaskRunner {
       group_end = std::max(group_end, tile_max[t]);
     }
     if (p_.bf16_dot) convert_q_to_bf16(tiles);
+    // Per KV block, Q·K^T and the softmax for every micro-tile first, then P·V for every
+    // micro-tile: the K^T block (32 KiB at Dk = 128) and then the V block stay in L1 across the
+    // micro-tiles, where interleaving them per tile (64 KiB > 48 KiB L1d) re-read both from L2.
     for (std::int64_t block = task_.kv_begin; block < group_end; block += kKvBlock) {
       const std::int64_t keys = std::min(kKvBlock, kv_end_ - block);
+      bool attends[kMaxRowGroup];
       for (int t = 0; t < tiles; ++t) {
-        if (block >= tile_max[t]) continue;  // above the causal diagonal for every row
-        run_tile(rows + t * R, t * R, block, keys, block + kKvBlock > tile_min[t]);
+        // Blocks above the causal diagonal for every row of the tile are skipped.
+        attends[t] = block < tile_max[t] &&
+                     scores_tile(rows + t * R, t * R, block, keys, block + kKvBlock > tile_min[t]);
+      }
+      for (int t = 0; t < tiles; ++t) {
+        if (!attends[t]) continue;
+        if (v_packed_) {
+          pv(t * R, v_packed_ + block * p_.dv_padded, p_.dv_padded, keys);
+        } else {
+          pv(t * R, v_base_ + block * p_.v_strides.seq, p_.v_strides.seq, keys);
+        }
       }
     }
     for (int index = 0; index < row_count; ++index) finish_row(rows[index], index);
@@ -297,8 +310,10 @@ class TaskRunner {
     }
   }
 
-  void run_tile(const RowRef* rows, int first_index, std::int64_t block, std::int64_t keys,
-                bool diagonal) noexcept {
+  /// P tile of one micro-tile for one KV block (and the running max/sum). Returns false when
+  /// no row of the tile attends any key of the block.
+  bool scores_tile(const RowRef* rows, int first_index, std::int64_t block, std::int64_t keys,
+                   bool diagonal) noexcept {
     bool partial = diagonal || keys < kKvBlock;
     if (p_.mask_kind == MaskKind::boolean) {
       int all_false = 1, all_true = 1;
@@ -309,7 +324,7 @@ class TaskRunner {
         all_false &= kind == 0;
         all_true &= kind == 1;
       }
-      if (all_false) return;
+      if (all_false) return false;
       partial |= !all_true;
     } else if (p_.mask_kind == MaskKind::additive) {
       partial = true;
@@ -335,12 +350,7 @@ class TaskRunner {
       qk_direct<Arch>(q_tile, dk_padded_, valid_rows, k_base_, p_.k_strides.seq, block, kv_end_,
                       p_.dk, scores);
     }
-    if (!softmax_update(rows, first_index, block, partial, scores)) return;
-    if (v_packed_) {
-      pv(first_index, v_packed_ + block * p_.dv_padded, p_.dv_padded, keys);
-    } else {
-      pv(first_index, v_base_ + block * p_.v_strides.seq, p_.v_strides.seq, keys);
-    }
+    return softmax_update(rows, first_index, block, partial, scores);
   }
 
   /// Masks (partial blocks), updates the running max/sum, rescales O when the max rises and
@@ -352,7 +362,7 @@ class TaskRunner {
     for (int i = 0; i < L; ++i) iota[i] = static_cast<float>(i);
     for (int r = 0; r < R; ++r) {
       B<Arch>* s = scores + r * BV;
-      float* p_row = p_tile_ + r * kKvBlock;
+      float* p_row = p_tile_ + (first_index + r) * kKvBlock;
       const RowRef& row = rows[r];
       if (partial) {
         const B<Arch> visible(static_cast<float>(row.visible_end - block));
@@ -413,6 +423,7 @@ class TaskRunner {
                 std::int64_t col, std::int64_t last_count) noexcept {
     B<Arch> acc[R][V];
     float* o = o_tile_ + first_index * p_.dv_padded + col;
+    const float* p_tile = p_tile_ + first_index * kKvBlock;
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
@@ -429,7 +440,7 @@ class TaskRunner {
       }
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const B<Arch> pb(p_tile_[r * kKvBlock + j]);
+        const B<Arch> pb(p_tile[r * kKvBlock + j]);
 #pragma GCC unroll 4
         for (int c = 0; c < V; ++c) acc[r][c] = simd::fmadd<Arch>(pb, vv[c], acc[r][c]);
       }
