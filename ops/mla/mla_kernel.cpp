@@ -155,50 +155,61 @@ inline void score_tile(const MlaProblem& p, const PreparedQueries& q, int head0,
   using I = I32<Arch>;
   const int bs = p.block_size;
   B total[kHeads];
+#pragma GCC unroll 16
   for (int h = 0; h < kHeads; ++h) total[h] = B(0.f);
   for (int g = 0; g < kScaleGroups; ++g) {
     I acc[kHeads];
+#pragma GCC unroll 16
     for (int h = 0; h < kHeads; ++h) acc[h] = I(0);
     if constexpr (simd::kHasBf16Vnni<Arch>) {
       constexpr int kWords = kGroupDim / 4;
       const std::uint32_t* keys = ws.key_pack + g * kWords * bs + token0;
       const std::int8_t* query[kHeads];
+#pragma GCC unroll 16
       for (int h = 0; h < kHeads; ++h)
         query[h] = q.nope_int8 + (head0 + h) * kNopeDim + g * kGroupDim;
       for (int word = 0; word < kWords; ++word) {
         const __m512i key = _mm512_loadu_si512(keys + word * bs);
+#pragma GCC unroll 16
         for (int h = 0; h < kHeads; ++h) {
           acc[h] =
               _mm512_dpbusd_epi32(acc[h], key, _mm512_set1_epi32(load_word(query[h] + 4 * word)));
         }
       }
+#pragma GCC unroll 16
       for (int h = 0; h < kHeads; ++h) acc[h] -= I(q.offset_sums[(head0 + h) * kScaleGroups + g]);
     } else {
       constexpr int kWords = kGroupDim / 2;
       const std::uint32_t* keys = ws.key_pack + g * kWords * bs + token0;
       const std::int16_t* query[kHeads];
+#pragma GCC unroll 16
       for (int h = 0; h < kHeads; ++h)
         query[h] = q.nope_int16 + (head0 + h) * kNopeDim + g * kGroupDim;
       for (int word = 0; word < kWords; ++word) {
         const I key = I::load_unaligned(reinterpret_cast<const std::int32_t*>(keys + word * bs));
+#pragma GCC unroll 16
         for (int h = 0; h < kHeads; ++h) {
           acc[h] += madd_int16<Arch>(key, I(load_word(query[h] + 2 * word)));
         }
       }
     }
     const B key_scale = B::load_unaligned(ws.scale_pack + g * bs + token0);
+#pragma GCC unroll 16
     for (int h = 0; h < kHeads; ++h) {
       total[h] = simd::fmadd<Arch>(xsimd::to_float(acc[h]), key_scale, total[h]);
     }
   }
   B rope[kHeads];
+#pragma GCC unroll 16
   for (int h = 0; h < kHeads; ++h) rope[h] = B(0.f);
   for (int d = 0; d < kRopeDim; ++d) {
     const B key = B::load_unaligned(ws.rope_pack + d * bs + token0);
+#pragma GCC unroll 16
     for (int h = 0; h < kHeads; ++h) {
       rope[h] = simd::fmadd<Arch>(B(q.rope[(head0 + h) * kRopeDim + d]), key, rope[h]);
     }
   }
+#pragma GCC unroll 16
   for (int h = 0; h < kHeads; ++h) {
     const B s = simd::fmadd<Arch>(total[h], B(q.nope_factor[head0 + h]), rope[h]);
     s.store_unaligned(scores + (head0 + h) * bs + token0);
@@ -271,24 +282,31 @@ inline void value_tile(const MlaProblem& p, int head0, int column0, int tokens, 
   constexpr int kLanes = static_cast<int>(B::size);
   constexpr int kWidth = kValueTileVectors * kLanes;
   B acc[kHeads][kValueTileVectors];
+#pragma GCC unroll 16
   for (int h = 0; h < kHeads; ++h) {
+#pragma GCC unroll 16
     for (int j = 0; j < kValueTileVectors; ++j) acc[h][j] = B(0.f);
   }
   for (int t = 0; t < tokens; ++t) {
     B value[kValueTileVectors];
+#pragma GCC unroll 16
     for (int j = 0; j < kValueTileVectors; ++j) {
       value[j] = B::load_aligned(ws.value_tile + t * kWidth + j * kLanes);
     }
+#pragma GCC unroll 16
     for (int h = 0; h < kHeads; ++h) {
       const B prob(probs[(head0 + h) * p.block_size + t]);
+#pragma GCC unroll 16
       for (int j = 0; j < kValueTileVectors; ++j) {
         acc[h][j] = simd::fmadd<Arch>(prob, value[j], acc[h][j]);
       }
     }
   }
+#pragma GCC unroll 16
   for (int h = 0; h < kHeads; ++h) {
     float* out = ws.out_acc + (head0 + h) * kNopeDim + column0;
     const B rescale(alpha[head0 + h]);
+#pragma GCC unroll 16
     for (int j = 0; j < kValueTileVectors; ++j) {
       const B old = B::load_aligned(out + j * kLanes);
       simd::fmadd<Arch>(old, rescale, acc[h][j]).store_aligned(out + j * kLanes);
@@ -309,6 +327,7 @@ void pv_up_stage(const MlaProblem& p, const BlockRows& rows, const float* probs,
     for (int t = 0; t < rows.tokens; ++t) {
       const std::int8_t* key = rows.nope + t * p.nope_strides[1] + column0;
       const B scale(rows.scale[t * p.scale_strides[1] + group]);
+#pragma GCC unroll 16
       for (int j = 0; j < kValueTileVectors; ++j) {
         (load_int8<Arch>(key + j * kLanes) * scale)
             .store_aligned(ws.value_tile + t * kWidth + j * kLanes);
