@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <ditops/mla.hpp>
 #include <map>
 #include <numbers>
@@ -94,9 +95,9 @@ using MergeKernel = decltype(&mla::mla_merge_splits<xsimd::sse2>);
 
 /// Floats of one thread's workspace and where each part starts (64-byte aligned parts).
 struct WorkspaceLayout {
-  std::size_t out_acc, scores, alpha, row_max, row_sum, key_pack, scale_pack, rope_pack, value_tile,
-      total;
-  WorkspaceLayout(std::size_t heads, std::size_t block_size, std::size_t chunk) {
+  std::size_t out_acc, scores, alpha, row_max, row_sum, key_pack, rope_pack, value_tile, total;
+  WorkspaceLayout(std::size_t heads, std::size_t padded_heads, std::size_t block_size,
+                  std::size_t chunk) {
     std::size_t next = 0;
     auto part = [&](std::size_t floats) {
       const std::size_t start = next;
@@ -104,20 +105,19 @@ struct WorkspaceLayout {
       return start;
     };
     out_acc = part(heads * kNopeDim);
-    scores = part(2 * chunk * heads * block_size);
-    alpha = part(2 * chunk * heads);
-    row_max = part(heads);
-    row_sum = part(heads);
-    key_pack = part(kNopeDim / 2 * block_size);  // int16 pairs: the larger of the two packs
-    scale_pack = part(kScaleGroups * block_size);
+    scores = part(2 * chunk * padded_heads * block_size);
+    alpha = part(2 * chunk * padded_heads);
+    row_max = part(padded_heads);
+    row_sum = part(padded_heads);
+    key_pack = part(kNopeDim / 2 * block_size);  // int16 pairs: the larger of the two forms
     rope_pack = part(kRopeDim * block_size);
     value_tile = part(block_size * 64);  // 4 vectors of 16 columns (the widest ISA)
     total = next;
   }
   mla::MlaWorkspace at(float* base) const {
-    return {base + out_acc,    base + scores,    base + alpha,
-            base + row_max,    base + row_sum,   reinterpret_cast<std::uint32_t*>(base + key_pack),
-            base + scale_pack, base + rope_pack, base + value_tile};
+    return {base + out_acc,   base + scores,    base + alpha,
+            base + row_max,   base + row_sum,   reinterpret_cast<std::uint32_t*>(base + key_pack),
+            base + rope_pack, base + value_tile};
   }
 };
 
@@ -211,38 +211,52 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
     }
   };
 
-  // ---- queries: int8 per (sequence, head), scales with scale * log2(e) folded in ----------
-  const std::size_t rows = static_cast<std::size_t>(batch * heads);
-  std::vector<std::int8_t> q_int8(rows * kNopeDim);
-  std::vector<std::int16_t> q_int16(rows * kNopeDim);
-  std::vector<std::int32_t> offset_sums(rows * kScaleGroups);
-  std::vector<float> nope_factor(rows), rope_scaled(rows * kRopeDim);
+  // ---- queries: int8 per (sequence, head), heads in lanes (padded with zeros to Hp), scales
+  // with scale * log2(e) folded in ---------------------------------------------------------
+  const std::int64_t padded_heads =
+      (heads + mla::kHeadPadding - 1) / mla::kHeadPadding * mla::kHeadPadding;
+  const auto padded_rows = static_cast<std::size_t>(batch * padded_heads);
+  std::vector<std::uint32_t> q_words(padded_rows * (kNopeDim / 4), 0);
+  std::vector<std::uint32_t> q_pairs(padded_rows * (kNopeDim / 2), 0);
+  std::vector<std::int32_t> offset_sums(padded_rows * kScaleGroups, 0);
+  std::vector<float> nope_factor(padded_rows, 0.f), rope_scaled(padded_rows * kRopeDim, 0.f);
   const float log2_scale = scale * std::numbers::log2e_v<float>;
   const int threads = core::thread_count();
-  core::parallel_ranges(
-      static_cast<std::int64_t>(rows), threads, [&](std::int64_t begin, std::int64_t end, int) {
-        float values[kNopeDim];
-        for (std::int64_t row = begin; row < end; ++row) {
-          const std::int64_t b = row / heads, h = row % heads;
-          const std::int64_t nope_at = b * q_nope.strides[0] + h * q_nope.strides[1];
-          for (int d = 0; d < kNopeDim; ++d) values[d] = element(q_nope, nope_at + d);
-          std::int8_t* quantized = q_int8.data() + row * kNopeDim;
-          nope_factor[row] = quantize_symmetric(values, kNopeDim, quantized) * log2_scale;
-          for (int g = 0; g < kScaleGroups; ++g) {
-            std::int32_t sum = 0;
-            for (int d = g * mla::kGroupDim; d < (g + 1) * mla::kGroupDim; ++d) sum += quantized[d];
-            offset_sums[row * kScaleGroups + g] = 128 * sum;
-          }
-          for (int d = 0; d < kNopeDim; ++d) q_int16[row * kNopeDim + d] = quantized[d];
-          const std::int64_t rope_at = b * q_rope.strides[0] + h * q_rope.strides[1];
-          for (int d = 0; d < kRopeDim; ++d) {
-            rope_scaled[row * kRopeDim + d] = element(q_rope, rope_at + d) * log2_scale;
-          }
-        }
-      });
+  core::parallel_ranges(batch * heads, threads, [&](std::int64_t begin, std::int64_t end, int) {
+    float values[kNopeDim];
+    std::int8_t quantized[kNopeDim];
+    for (std::int64_t row = begin; row < end; ++row) {
+      const std::int64_t b = row / heads, h = row % heads;
+      const std::int64_t nope_at = b * q_nope.strides[0] + h * q_nope.strides[1];
+      for (int d = 0; d < kNopeDim; ++d) values[d] = element(q_nope, nope_at + d);
+      nope_factor[b * padded_heads + h] =
+          quantize_symmetric(values, kNopeDim, quantized) * log2_scale;
+      for (int word = 0; word < kNopeDim / 4; ++word) {
+        std::uint32_t packed;
+        std::memcpy(&packed, quantized + 4 * word, 4);
+        q_words[(b * (kNopeDim / 4) + word) * padded_heads + h] = packed;
+      }
+      for (int word = 0; word < kNopeDim / 2; ++word) {
+        const std::uint32_t low = static_cast<std::uint16_t>(quantized[2 * word]);
+        const std::uint32_t high = static_cast<std::uint16_t>(quantized[2 * word + 1]);
+        q_pairs[(b * (kNopeDim / 2) + word) * padded_heads + h] = low | high << 16;
+      }
+      for (int g = 0; g < kScaleGroups; ++g) {
+        std::int32_t sum = 0;
+        for (int d = g * mla::kGroupDim; d < (g + 1) * mla::kGroupDim; ++d) sum += quantized[d];
+        offset_sums[(b * kScaleGroups + g) * padded_heads + h] = 128 * sum;
+      }
+      const std::int64_t rope_at = b * q_rope.strides[0] + h * q_rope.strides[1];
+      for (int d = 0; d < kRopeDim; ++d) {
+        rope_scaled[(b * kRopeDim + d) * padded_heads + h] =
+            element(q_rope, rope_at + d) * log2_scale;
+      }
+    }
+  });
 
   mla::MlaProblem problem;
   problem.heads = static_cast<int>(heads);
+  problem.padded_heads = static_cast<int>(padded_heads);
   problem.block_size = static_cast<int>(block_size);
   problem.scale_groups = static_cast<int>(geometry.groups);
   problem.chunk = options.chunk;
@@ -256,7 +270,7 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
   problem.rope_bf16 = cache.rope.dtype == DType::bf16;
   problem.rope_strides[0] = cache.rope.strides[0];
   problem.rope_strides[1] = cache.rope.strides[1];
-  problem.queries = {q_int8.data(), q_int16.data(), offset_sums.data(), nope_factor.data(),
+  problem.queries = {q_words.data(), q_pairs.data(), offset_sums.data(), nope_factor.data(),
                      rope_scaled.data()};
   problem.out = out.data;
   problem.out_bf16 = out_bf16;
@@ -331,9 +345,9 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
   const TaskKernel task_kernel = kTaskKernels.get();
   const MergeKernel merge_kernel = kMergeKernels.get();
   const int workers = static_cast<int>(std::min<std::int64_t>(threads, tasks.size()));
-  const WorkspaceLayout layout(static_cast<std::size_t>(heads),
-                               static_cast<std::size_t>(block_size),
-                               static_cast<std::size_t>(options.chunk));
+  const WorkspaceLayout layout(
+      static_cast<std::size_t>(heads), static_cast<std::size_t>(padded_heads),
+      static_cast<std::size_t>(block_size), static_cast<std::size_t>(options.chunk));
   core::AlignedBuffer<float> workspace(layout.total * std::max(workers, 1));
   core::parallel_tasks(
       static_cast<std::int64_t>(tasks.size()), workers, [&](std::int64_t index, int thread) {

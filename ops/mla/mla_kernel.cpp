@@ -39,10 +39,6 @@ constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 /// Key bytes as unsigned for vpdpbusd: x ^ 0x80 == x + 128 in two's complement.
 constexpr std::uint32_t kSignFlip = 0x80808080u;
 
-/// Heads per score tile: 8 accumulators + 8 totals + key + broadcast fit the 32 zmm
-/// registers; the 16 ymm/xmm registers of AVX2/SSE hold a tile of 4.
-template <class Arch>
-constexpr int kScoreTileHeads = simd::kIsAvx512<Arch> ? 8 : 4;
 /// PV register tile: 4 heads x 4 vectors of output columns (16 accumulators).
 constexpr int kValueTileHeads = 4;
 constexpr int kValueTileVectors = 4;
@@ -111,166 +107,202 @@ inline BlockRows block_rows(const MlaProblem& p, std::int32_t block_id, int toke
           tokens};
 }
 
-/// Lays one block out lane-per-token for QK: key words [word][block_size] (4 bytes + 128
-/// each for VNNI, 2 int16 otherwise), scales [group][block_size], rope [dim][block_size].
-/// Tokens past `tokens` up to the next full vector are padded with values that score 0.
+/// Converts one block's rows for QK, row by row (no transpose): key words [token][word] (4
+/// bytes + 128 each for VNNI, 2 int16 otherwise) and rope [token][64] in f32.
 template <class Arch, class Rope>
-void pack_block(const MlaProblem& p, const BlockRows& rows, const MlaWorkspace& ws) noexcept {
-  constexpr int kLanes = static_cast<int>(F32<Arch>::size);
-  const int bs = p.block_size;
-  const int padded = (rows.tokens + kLanes - 1) / kLanes * kLanes;
+void convert_block(const MlaProblem& p, const BlockRows& rows, const MlaWorkspace& ws) noexcept {
+  using B = F32<Arch>;
+  constexpr int kLanes = static_cast<int>(B::size);
   const auto* rope = static_cast<const Rope*>(rows.rope);
-  for (int t = 0; t < padded; ++t) {
-    const bool valid = t < rows.tokens;
+  for (int t = 0; t < rows.tokens; ++t) {
     const std::int8_t* key = rows.nope + t * p.nope_strides[1];
     if constexpr (simd::kHasBf16Vnni<Arch>) {
-      for (int word = 0; word < kNopeDim / 4; ++word) {
-        std::uint32_t bytes = 0;
-        if (valid) std::memcpy(&bytes, key + 4 * word, 4);
-        ws.key_pack[word * bs + t] = bytes ^ kSignFlip;
+      std::uint32_t* words = ws.key_pack + t * (kNopeDim / 4);
+      const __m512i flip = _mm512_set1_epi32(static_cast<int>(kSignFlip));
+      for (int i = 0; i < kNopeDim; i += 64) {
+        const __m512i bytes = _mm512_loadu_si512(key + i);
+        _mm512_storeu_si512(words + i / 4, _mm512_xor_si512(bytes, flip));
       }
     } else {
-      for (int word = 0; word < kNopeDim / 2; ++word) {
-        const std::uint32_t low = valid ? static_cast<std::uint16_t>(key[2 * word]) : 0;
-        const std::uint32_t high = valid ? static_cast<std::uint16_t>(key[2 * word + 1]) : 0;
-        ws.key_pack[word * bs + t] = low | high << 16;
-      }
-    }
-    const float* scale = rows.scale + t * p.scale_strides[1];
-    for (int g = 0; g < kScaleGroups; ++g) {
-      ws.scale_pack[g * bs + t] = valid ? scale[p.scale_groups == 1 ? 0 : g] : 0.f;
+      auto* pairs = reinterpret_cast<std::int16_t*>(ws.key_pack + t * (kNopeDim / 2));
+      for (int i = 0; i < kNopeDim; ++i) pairs[i] = key[i];
     }
     const Rope* rope_row = rope + t * p.rope_strides[1];
-    for (int d = 0; d < kRopeDim; ++d) {
-      ws.rope_pack[d * bs + t] = valid ? rope_value(rope_row, d) : 0.f;
+    for (int d = 0; d < kRopeDim; d += kLanes) {
+      simd::load<Arch>(rope_row + d).store_aligned(ws.rope_pack + t * kRopeDim + d);
     }
   }
 }
 
-/// Base-2 scores of kHeads heads x one vector of tokens, into scores[h][token0 ...].
-template <class Arch, int kHeads>
-inline void score_tile(const MlaProblem& p, const PreparedQueries& q, int head0, int token0,
-                       const MlaWorkspace& ws, float* scores) noexcept {
+/// Base-2 scores of kTokens tokens x kVectors vectors of heads (heads in lanes: each score
+/// row of a token is a few vectors, and the softmax over tokens is vertical).
+/// scores: [token][padded_heads].
+template <class Arch, int kTokens, int kVectors>
+inline void score_tile(const MlaProblem& p, const PreparedQueries& q, int vector0, int token0,
+                       const BlockRows& rows, const MlaWorkspace& ws, float* scores) noexcept {
   using B = F32<Arch>;
   using I = I32<Arch>;
-  const int bs = p.block_size;
-  B total[kHeads];
+  constexpr int kLanes = static_cast<int>(B::size);
+  const int hp = p.padded_heads;
+  const int head0 = vector0 * kLanes;
+  B score[kTokens][kVectors];
+  // S_rope in fp32.
 #pragma GCC unroll 16
-  for (int h = 0; h < kHeads; ++h) total[h] = B(0.f);
+  for (int t = 0; t < kTokens; ++t) {
+#pragma GCC unroll 16
+    for (int v = 0; v < kVectors; ++v) score[t][v] = B(0.f);
+  }
+  for (int d = 0; d < kRopeDim; ++d) {
+    B query[kVectors];
+#pragma GCC unroll 16
+    for (int v = 0; v < kVectors; ++v) {
+      query[v] = B::load_unaligned(q.rope + d * hp + head0 + v * kLanes);
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < kTokens; ++t) {
+      const B key(ws.rope_pack[(token0 + t) * kRopeDim + d]);
+#pragma GCC unroll 16
+      for (int v = 0; v < kVectors; ++v)
+        score[t][v] = simd::fmadd<Arch>(query[v], key, score[t][v]);
+    }
+  }
+  // S_nope: exact int32 per 128-value group, dequantized with q scale * k scale(group).
   for (int g = 0; g < kScaleGroups; ++g) {
-    I acc[kHeads];
+    I acc[kTokens][kVectors];
 #pragma GCC unroll 16
-    for (int h = 0; h < kHeads; ++h) acc[h] = I(0);
+    for (int t = 0; t < kTokens; ++t) {
+#pragma GCC unroll 16
+      for (int v = 0; v < kVectors; ++v) acc[t][v] = I(0);
+    }
     if constexpr (simd::kHasBf16Vnni<Arch>) {
       constexpr int kWords = kGroupDim / 4;
-      const std::uint32_t* keys = ws.key_pack + g * kWords * bs + token0;
-      const std::int8_t* query[kHeads];
+      for (int word = g * kWords; word < (g + 1) * kWords; ++word) {
+        __m512i query[kVectors];
 #pragma GCC unroll 16
-      for (int h = 0; h < kHeads; ++h)
-        query[h] = q.nope_int8 + (head0 + h) * kNopeDim + g * kGroupDim;
-      for (int word = 0; word < kWords; ++word) {
-        const __m512i key = _mm512_loadu_si512(keys + word * bs);
+        for (int v = 0; v < kVectors; ++v) {
+          query[v] = _mm512_loadu_si512(q.nope_words + word * hp + head0 + v * kLanes);
+        }
 #pragma GCC unroll 16
-        for (int h = 0; h < kHeads; ++h) {
-          acc[h] =
-              _mm512_dpbusd_epi32(acc[h], key, _mm512_set1_epi32(load_word(query[h] + 4 * word)));
+        for (int t = 0; t < kTokens; ++t) {
+          const __m512i key = _mm512_set1_epi32(
+              static_cast<int>(ws.key_pack[(token0 + t) * (kNopeDim / 4) + word]));
+#pragma GCC unroll 16
+          for (int v = 0; v < kVectors; ++v) {
+            acc[t][v] = _mm512_dpbusd_epi32(acc[t][v], key, query[v]);
+          }
         }
       }
 #pragma GCC unroll 16
-      for (int h = 0; h < kHeads; ++h) acc[h] -= I(q.offset_sums[(head0 + h) * kScaleGroups + g]);
+      for (int v = 0; v < kVectors; ++v) {
+        const I offset = I::load_unaligned(q.offset_sums + g * hp + head0 + v * kLanes);
+#pragma GCC unroll 16
+        for (int t = 0; t < kTokens; ++t) acc[t][v] -= offset;
+      }
     } else {
       constexpr int kWords = kGroupDim / 2;
-      const std::uint32_t* keys = ws.key_pack + g * kWords * bs + token0;
-      const std::int16_t* query[kHeads];
+      for (int word = g * kWords; word < (g + 1) * kWords; ++word) {
+        I query[kVectors];
 #pragma GCC unroll 16
-      for (int h = 0; h < kHeads; ++h)
-        query[h] = q.nope_int16 + (head0 + h) * kNopeDim + g * kGroupDim;
-      for (int word = 0; word < kWords; ++word) {
-        const I key = I::load_unaligned(reinterpret_cast<const std::int32_t*>(keys + word * bs));
+        for (int v = 0; v < kVectors; ++v) {
+          query[v] = I::load_unaligned(
+              reinterpret_cast<const std::int32_t*>(q.nope_pairs + word * hp + head0 + v * kLanes));
+        }
 #pragma GCC unroll 16
-        for (int h = 0; h < kHeads; ++h) {
-          acc[h] += madd_int16<Arch>(key, I(load_word(query[h] + 2 * word)));
+        for (int t = 0; t < kTokens; ++t) {
+          const I key(static_cast<std::int32_t>(ws.key_pack[(token0 + t) * (kNopeDim / 2) + word]));
+#pragma GCC unroll 16
+          for (int v = 0; v < kVectors; ++v) acc[t][v] += madd_int16<Arch>(query[v], key);
         }
       }
     }
-    const B key_scale = B::load_unaligned(ws.scale_pack + g * bs + token0);
 #pragma GCC unroll 16
-    for (int h = 0; h < kHeads; ++h) {
-      total[h] = simd::fmadd<Arch>(xsimd::to_float(acc[h]), key_scale, total[h]);
-    }
-  }
-  B rope[kHeads];
+    for (int t = 0; t < kTokens; ++t) {
+      const B key_scale(
+          rows.scale[(token0 + t) * p.scale_strides[1] + (p.scale_groups == 1 ? 0 : g)]);
 #pragma GCC unroll 16
-  for (int h = 0; h < kHeads; ++h) rope[h] = B(0.f);
-  for (int d = 0; d < kRopeDim; ++d) {
-    const B key = B::load_unaligned(ws.rope_pack + d * bs + token0);
-#pragma GCC unroll 16
-    for (int h = 0; h < kHeads; ++h) {
-      rope[h] = simd::fmadd<Arch>(B(q.rope[(head0 + h) * kRopeDim + d]), key, rope[h]);
+      for (int v = 0; v < kVectors; ++v) {
+        const B factor = B::load_unaligned(q.nope_factor + head0 + v * kLanes) * key_scale;
+        score[t][v] = simd::fmadd<Arch>(xsimd::to_float(acc[t][v]), factor, score[t][v]);
+      }
     }
   }
 #pragma GCC unroll 16
-  for (int h = 0; h < kHeads; ++h) {
-    const B s = simd::fmadd<Arch>(total[h], B(q.nope_factor[head0 + h]), rope[h]);
-    s.store_unaligned(scores + (head0 + h) * bs + token0);
+  for (int t = 0; t < kTokens; ++t) {
+#pragma GCC unroll 16
+    for (int v = 0; v < kVectors; ++v) {
+      score[t][v].store_unaligned(scores + (token0 + t) * hp + head0 + v * kLanes);
+    }
   }
 }
 
-/// QK(b): S of every head for one block into `scores` ([H][block_size]).
+/// Register tiles (tokens x head vectors): the 32 zmm registers hold 3 x 4 score and int32
+/// tiles plus 4 query vectors; AVX2/SSE (16 registers) a 2 x 2 tile. Single head vectors
+/// (16 heads on AVX-512) use more tokens to keep the dpbusd chains independent.
+template <class Arch>
+constexpr int kWideTokens = simd::kIsAvx512<Arch> ? 3 : 2;
+template <class Arch>
+constexpr int kWideVectors = simd::kIsAvx512<Arch> ? 4 : 2;
+template <class Arch>
+constexpr int kNarrowTokens = simd::kIsAvx512<Arch> ? 8 : 4;
+
+template <class Arch, int kVectors, int kTokens>
+inline void score_tokens(const MlaProblem& p, const PreparedQueries& q, int vector0,
+                         const BlockRows& rows, const MlaWorkspace& ws, float* scores) noexcept {
+  int token = 0;
+  for (; token + kTokens <= rows.tokens; token += kTokens) {
+    score_tile<Arch, kTokens, kVectors>(p, q, vector0, token, rows, ws, scores);
+  }
+  for (; token < rows.tokens; ++token) {
+    score_tile<Arch, 1, kVectors>(p, q, vector0, token, rows, ws, scores);
+  }
+}
+
+/// QK(b): S of every head for one block into `scores` ([block_size][padded_heads]).
 template <class Arch>
 void qk_stage(const MlaProblem& p, const PreparedQueries& q, const BlockRows& rows,
               const MlaWorkspace& ws, float* scores) noexcept {
   constexpr int kLanes = static_cast<int>(F32<Arch>::size);
-  constexpr int kTile = kScoreTileHeads<Arch>;
   if (p.rope_bf16) {
-    pack_block<Arch, bf16>(p, rows, ws);
+    convert_block<Arch, bf16>(p, rows, ws);
   } else {
-    pack_block<Arch, float>(p, rows, ws);
+    convert_block<Arch, float>(p, rows, ws);
   }
-  for (int token0 = 0; token0 < rows.tokens; token0 += kLanes) {
-    int head = 0;
-    for (; head + kTile <= p.heads; head += kTile) {
-      score_tile<Arch, kTile>(p, q, head, token0, ws, scores);
-    }
-    for (; head < p.heads; ++head) score_tile<Arch, 1>(p, q, head, token0, ws, scores);
+  const int vectors = p.padded_heads / kLanes;
+  int vector = 0;
+  for (; vector + kWideVectors<Arch> <= vectors; vector += kWideVectors<Arch>) {
+    score_tokens<Arch, kWideVectors<Arch>, kWideTokens<Arch>>(p, q, vector, rows, ws, scores);
+  }
+  for (; vector < vectors; ++vector) {
+    score_tokens<Arch, 1, kNarrowTokens<Arch>>(p, q, vector, rows, ws, scores);
   }
 }
 
-/// SM(b): online softmax of each head's row of `scores`, P = exp2(S - m_new) in place.
+/// SM(b): online softmax per head over the block's tokens, P = exp2(S - m_new) in place.
+/// Heads are lanes, so max and sum over tokens are vertical (no horizontal reductions).
 template <class Arch>
 void sm_stage(const MlaProblem& p, int tokens, const MlaWorkspace& ws, float* scores,
               float* alpha) noexcept {
   using B = F32<Arch>;
   constexpr int kLanes = static_cast<int>(B::size);
-  const int full = tokens / kLanes * kLanes;
-  for (int h = 0; h < p.heads; ++h) {
-    float* row = scores + h * p.block_size;
-    B max_vector(kMinusInf);
-    for (int i = 0; i < full; i += kLanes)
-      max_vector = xsimd::max(max_vector, B::load_unaligned(row + i));
-    if (full < tokens) {
-      max_vector =
-          xsimd::max(max_vector, simd::load_partial<Arch>(row + full, tokens - full, kMinusInf));
+  const int hp = p.padded_heads;
+  for (int head0 = 0; head0 < hp; head0 += kLanes) {
+    const B old_max = B::load_aligned(ws.row_max + head0);
+    B new_max = old_max;
+    for (int t = 0; t < tokens; ++t) {
+      new_max = xsimd::max(new_max, B::load_unaligned(scores + t * hp + head0));
     }
-    const float old_max = ws.row_max[h];
-    const float new_max = std::max(old_max, simd::reduce_max<Arch>(max_vector));
-    const B shift(new_max);
-    B sum_vector(0.f);
-    for (int i = 0; i < full; i += kLanes) {
-      const B prob = simd::exp2_nonpositive<Arch>(B::load_unaligned(row + i) - shift);
-      prob.store_unaligned(row + i);
-      sum_vector += prob;
+    B sum(0.f);
+    for (int t = 0; t < tokens; ++t) {
+      const B prob =
+          simd::exp2_nonpositive<Arch>(B::load_unaligned(scores + t * hp + head0) - new_max);
+      prob.store_unaligned(scores + t * hp + head0);
+      sum += prob;
     }
-    if (full < tokens) {
-      const B prob = simd::exp2_nonpositive<Arch>(
-          simd::load_partial<Arch>(row + full, tokens - full, kMinusInf) - shift);
-      simd::store_partial<Arch>(row + full, prob, tokens - full);
-      sum_vector += prob;
-    }
-    const float rescale = std::exp2(old_max - new_max);  // 0 on the first block (old = -inf)
-    alpha[h] = rescale;
-    ws.row_sum[h] = ws.row_sum[h] * rescale + simd::reduce_add<Arch>(sum_vector);
-    ws.row_max[h] = new_max;
+    const B rescale = simd::exp2_nonpositive<Arch>(old_max - new_max);  // 0 while old = -inf
+    rescale.store_unaligned(alpha + head0);
+    simd::fmadd<Arch>(B::load_aligned(ws.row_sum + head0), rescale, sum)
+        .store_aligned(ws.row_sum + head0);
+    new_max.store_aligned(ws.row_max + head0);
   }
 }
 
@@ -295,7 +327,7 @@ inline void value_tile(const MlaProblem& p, int head0, int column0, int tokens, 
     }
 #pragma GCC unroll 16
     for (int h = 0; h < kHeads; ++h) {
-      const B prob(probs[(head0 + h) * p.block_size + t]);
+      const B prob(probs[t * p.padded_heads + head0 + h]);
 #pragma GCC unroll 16
       for (int j = 0; j < kValueTileVectors; ++j) {
         acc[h][j] = simd::fmadd<Arch>(prob, value[j], acc[h][j]);
@@ -363,16 +395,19 @@ void mla_decode_task(const MlaProblem& p, const MlaTask& task, const MlaWorkspac
   constexpr int kLanes = static_cast<int>(B::size);
   const PreparedQueries& all = p.queries;
   const std::int64_t sequence = task.sequence;
-  const PreparedQueries q{
-      all.nope_int8 + sequence * p.heads * kNopeDim, all.nope_int16 + sequence * p.heads * kNopeDim,
-      all.offset_sums + sequence * p.heads * kScaleGroups, all.nope_factor + sequence * p.heads,
-      all.rope + sequence * p.heads * kRopeDim};
-  for (int h = 0; h < p.heads; ++h) {
+  const std::int64_t hp = p.padded_heads;
+  const PreparedQueries q{all.nope_words + sequence * hp * (kNopeDim / 4),
+                          all.nope_pairs + sequence * hp * (kNopeDim / 2),
+                          all.offset_sums + sequence * hp * kScaleGroups,
+                          all.nope_factor + sequence * hp, all.rope + sequence * hp * kRopeDim};
+  for (int h = 0; h < p.padded_heads; ++h) {
     ws.row_max[h] = kMinusInf;
     ws.row_sum[h] = 0.f;
+  }
+  for (int h = 0; h < p.heads; ++h) {
     for (int i = 0; i < kNopeDim; i += kLanes) B(0.f).store_aligned(ws.out_acc + h * kNopeDim + i);
   }
-  const std::int64_t slot_floats = static_cast<std::int64_t>(p.heads) * p.block_size;
+  const std::int64_t slot_floats = static_cast<std::int64_t>(p.padded_heads) * p.block_size;
   auto rows_of = [&](int block) {
     const std::int64_t first = task.first_token + static_cast<std::int64_t>(block) * p.block_size;
     const int tokens =
@@ -390,7 +425,7 @@ void mla_decode_task(const MlaProblem& p, const MlaTask& task, const MlaWorkspac
       const schedule::StageInstance& stage = order[i];
       const int buffer = stage.slot * p.chunk + stage.sub;
       float* scores = ws.scores + buffer * slot_floats;
-      float* alpha = ws.alpha + buffer * p.heads;
+      float* alpha = ws.alpha + buffer * p.padded_heads;
       if (is_qk) {
         qk_stage<Arch>(p, q, rows_of(stage.block), ws, scores);
       } else {
@@ -402,7 +437,7 @@ void mla_decode_task(const MlaProblem& p, const MlaTask& task, const MlaWorkspac
         const schedule::StageInstance& stage = order[i];
         const int buffer = stage.slot * p.chunk + stage.sub;
         sm_stage<Arch>(p, rows_of(stage.block).tokens, ws, ws.scores + buffer * slot_floats,
-                       ws.alpha + buffer * p.heads);
+                       ws.alpha + buffer * p.padded_heads);
       }
     }
     run_begin = run_end;

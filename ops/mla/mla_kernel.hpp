@@ -15,20 +15,24 @@ inline constexpr int kRopeDim = 64;
 /// so S_nope is 4 exact int32 partial dot products, each dequantized with its key scale.
 inline constexpr int kScaleGroups = 4;
 inline constexpr int kGroupDim = kNopeDim / kScaleGroups;
+/// Heads are padded to whole vectors of the widest ISA (16 fp32 lanes).
+inline constexpr int kHeadPadding = 16;
 
-/// Queries prepared once per call (mla.cpp): q_nope quantized per (sequence, head), in the two
-/// integer forms the kernel variants consume, and the scales with softmax scale * log2(e)
-/// folded in (the softmax runs in base 2).
+/// Queries prepared once per call (mla.cpp), heads in lanes: every array is [B][...][Hp] with
+/// the heads padded to Hp (a multiple of 16) with zeros. q_nope is quantized per (sequence,
+/// head) in the two integer forms the kernel variants consume, and the scales carry softmax
+/// scale * log2(e) (the softmax runs in base 2).
 struct PreparedQueries {
-  const std::int8_t* nope_int8 = nullptr;     ///< [B][H][512]
-  const std::int16_t* nope_int16 = nullptr;   ///< [B][H][512], same values
-  const std::int32_t* offset_sums = nullptr;  ///< [B][H][4]: 128 * sum of each group's int8 q
-  const float* nope_factor = nullptr;         ///< [B][H]: q scale * scale * log2(e)
-  const float* rope = nullptr;                ///< [B][H][64]: q_rope * scale * log2(e)
+  const std::uint32_t* nope_words = nullptr;  ///< [B][128][Hp]: 4 int8 of q per word (VNNI)
+  const std::uint32_t* nope_pairs = nullptr;  ///< [B][256][Hp]: 2 int16 of q per word
+  const std::int32_t* offset_sums = nullptr;  ///< [B][4][Hp]: 128 * sum of each group's int8 q
+  const float* nope_factor = nullptr;         ///< [B][Hp]: q scale * scale * log2(e)
+  const float* rope = nullptr;                ///< [B][64][Hp]: q_rope * scale * log2(e)
 };
 
 struct MlaProblem {
   int heads = 0;
+  int padded_heads = 0;  ///< heads rounded up to a multiple of kHeadPadding
   int block_size = 0;    ///< 64 or 128 tokens per paged block
   int scale_groups = 1;  ///< G of the cache (1 or 4)
   int chunk = 2;         ///< QK blocks ahead of their PV (schedule)
@@ -66,13 +70,12 @@ struct MlaTask {
 /// Per-thread scratch, carved from one 64-byte aligned allocation (mla.cpp sizes it).
 struct MlaWorkspace {
   float* out_acc = nullptr;           ///< [H][512] running unnormalized output (UP target)
-  float* scores = nullptr;            ///< [2 * chunk][H][block_size] S, then P in place (slots)
-  float* alpha = nullptr;             ///< [2 * chunk][H] exp2(m_old - m_new) per SM, used by UP
-  float* row_max = nullptr;           ///< [H] running max (base-2 logits)
-  float* row_sum = nullptr;           ///< [H] running sum of exp2
-  std::uint32_t* key_pack = nullptr;  ///< [256][block_size] words: keys lane-per-token
-  float* scale_pack = nullptr;        ///< [4][block_size] key scale per 128-value group
-  float* rope_pack = nullptr;         ///< [64][block_size] key rope lane-per-token
+  float* scores = nullptr;            ///< [2 * chunk][block_size][Hp] S, then P in place
+  float* alpha = nullptr;             ///< [2 * chunk][Hp] exp2(m_old - m_new) per SM, for UP
+  float* row_max = nullptr;           ///< [Hp] running max (base-2 logits)
+  float* row_sum = nullptr;           ///< [Hp] running sum of exp2
+  std::uint32_t* key_pack = nullptr;  ///< [block_size][256] words: the block's keys for QK
+  float* rope_pack = nullptr;         ///< [block_size][64] the block's rope in f32
   float* value_tile = nullptr;        ///< [block_size][64] dequantized value columns
 };
 
