@@ -712,7 +712,7 @@ Config default_config(const FlashProblem& p, AttentionBackend backend) {
   Config config;
   config.backend = backend;
   config.k_packed = rows_per_kv_head(p) >= 16;
-  config.row_group = config.k_packed ? 4 : 1;
+  config.row_group = config.k_packed ? kMaxRowGroup : 1;
   return config;
 }
 
@@ -726,7 +726,7 @@ std::vector<Config> candidates(const FlashProblem& p) {
   }
   for (AttentionBackend backend : backends) {
     if (rows_per_kv_head(p) >= 16) {
-      for (int group : {2, 4}) list.push_back(Config{backend, true, group});
+      for (int group : {4, kMaxRowGroup}) list.push_back(Config{backend, true, group});
     } else {
       list.push_back(Config{backend, false, 1});
       if (backend == AttentionBackend::flash) list.push_back(Config{backend, true, 1});

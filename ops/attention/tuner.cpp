@@ -13,6 +13,8 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "ops/attention/attention_kernel.hpp"
+
 namespace ditops::attention {
 namespace {
 
@@ -156,7 +158,7 @@ std::optional<Config> Config::parse(const std::string& text) {
   } catch (const std::exception&) {
     return std::nullopt;
   }
-  if (config.row_group < 1 || config.row_group > 8) return std::nullopt;
+  if (config.row_group < 1 || config.row_group > kMaxRowGroup) return std::nullopt;
   return config;
 }
 

@@ -13,7 +13,7 @@ namespace ditops::attention {
 struct Config {
   AttentionBackend backend = AttentionBackend::flash;
   bool k_packed = true;  ///< KLayout::packed or direct
-  int row_group = 4;     ///< micro-tiles sharing a K/V block
+  int row_group = 16;    ///< micro-tiles sharing a K/V block (at most kMaxRowGroup)
   std::string describe() const;
   /// Parses describe()'s output; nullopt for anything else.
   static std::optional<Config> parse(const std::string& text);
