@@ -2,6 +2,7 @@
 // build the (sequence, KV split) task list, run it, merge the splits.
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <ditops/mla.hpp>
@@ -88,6 +89,19 @@ CacheGeometry check_cache(const char* call, const MlaPagedCache& cache) {
   core::check_dim(rope, 1, nope, 1);
   check_extent(rope, 2, kRopeDim);
   return {cache.nope.shape[0], block_size, groups};
+}
+
+/// Scratch of the calling thread, kept across calls: a decode step repeats the same shapes every
+/// token, and fresh multi-MiB allocations per call cost page faults (~10 % at 128 heads).
+enum ScratchUse { kQueryScratch, kPartialScratch, kWorkspaceScratch, kScratchUses };
+float* call_scratch(ScratchUse use, std::size_t floats) {
+  thread_local std::array<core::AlignedBuffer<float>, kScratchUses> buffers;
+  thread_local std::array<std::size_t, kScratchUses> capacity{};
+  if (floats > capacity[use]) {
+    buffers[use] = core::AlignedBuffer<float>(floats);
+    capacity[use] = floats;
+  }
+  return buffers[use].data();
 }
 
 using TaskKernel = decltype(&mla::mla_decode_task<xsimd::sse2>);
@@ -216,43 +230,58 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
   const std::int64_t padded_heads =
       (heads + mla::kHeadPadding - 1) / mla::kHeadPadding * mla::kHeadPadding;
   const auto padded_rows = static_cast<std::size_t>(batch * padded_heads);
-  std::vector<std::uint32_t> q_words(padded_rows * (kNopeDim / 4), 0);
-  std::vector<std::uint32_t> q_pairs(padded_rows * (kNopeDim / 2), 0);
-  std::vector<std::int32_t> offset_sums(padded_rows * kScaleGroups, 0);
-  std::vector<float> nope_factor(padded_rows, 0.f), rope_scaled(padded_rows * kRopeDim, 0.f);
+  const std::size_t query_floats =
+      padded_rows * (kNopeDim / 4 + kNopeDim / 2 + kScaleGroups + 1 + kRopeDim);
+  float* query_scratch = call_scratch(kQueryScratch, query_floats);
+  if (padded_heads != heads) std::memset(query_scratch, 0, query_floats * sizeof(float));
+  auto* q_words = reinterpret_cast<std::uint32_t*>(query_scratch);
+  auto* q_pairs = q_words + padded_rows * (kNopeDim / 4);
+  auto* offset_sums = reinterpret_cast<std::int32_t*>(q_pairs + padded_rows * (kNopeDim / 2));
+  float* nope_factor = reinterpret_cast<float*>(offset_sums + padded_rows * kScaleGroups);
+  float* rope_scaled = nope_factor + padded_rows;
   const float log2_scale = scale * std::numbers::log2e_v<float>;
   const int threads = core::thread_count();
-  core::parallel_ranges(batch * heads, threads, [&](std::int64_t begin, std::int64_t end, int) {
-    float values[kNopeDim];
-    std::int8_t quantized[kNopeDim];
-    for (std::int64_t row = begin; row < end; ++row) {
-      const std::int64_t b = row / heads, h = row % heads;
-      const std::int64_t nope_at = b * q_nope.strides[0] + h * q_nope.strides[1];
-      for (int d = 0; d < kNopeDim; ++d) values[d] = element(q_nope, nope_at + d);
-      nope_factor[b * padded_heads + h] =
-          quantize_symmetric(values, kNopeDim, quantized) * log2_scale;
-      for (int word = 0; word < kNopeDim / 4; ++word) {
-        std::uint32_t packed;
-        std::memcpy(&packed, quantized + 4 * word, 4);
-        q_words[(b * (kNopeDim / 4) + word) * padded_heads + h] = packed;
-      }
-      for (int word = 0; word < kNopeDim / 2; ++word) {
-        const std::uint32_t low = static_cast<std::uint16_t>(quantized[2 * word]);
-        const std::uint32_t high = static_cast<std::uint16_t>(quantized[2 * word + 1]);
-        q_pairs[(b * (kNopeDim / 2) + word) * padded_heads + h] = low | high << 16;
-      }
-      for (int g = 0; g < kScaleGroups; ++g) {
-        std::int32_t sum = 0;
-        for (int d = g * mla::kGroupDim; d < (g + 1) * mla::kGroupDim; ++d) sum += quantized[d];
-        offset_sums[(b * kScaleGroups + g) * padded_heads + h] = 128 * sum;
-      }
-      const std::int64_t rope_at = b * q_rope.strides[0] + h * q_rope.strides[1];
-      for (int d = 0; d < kRopeDim; ++d) {
-        rope_scaled[(b * kRopeDim + d) * padded_heads + h] =
-            element(q_rope, rope_at + d) * log2_scale;
-      }
-    }
-  });
+  // Work in units of 16 heads of one sequence: a unit writes whole cache lines of the packed
+  // arrays, so two threads never share one.
+  const std::int64_t units_per_sequence = padded_heads / mla::kHeadPadding;
+  core::parallel_ranges(
+      batch * units_per_sequence, threads,
+      [&](std::int64_t first_unit, std::int64_t end_unit, int) {
+        float values[kNopeDim];
+        std::int8_t quantized[kNopeDim];
+        for (std::int64_t unit = first_unit; unit < end_unit; ++unit) {
+          const std::int64_t b = unit / units_per_sequence;
+          const std::int64_t first_head = unit % units_per_sequence * mla::kHeadPadding;
+          for (std::int64_t h = first_head; h < std::min(first_head + mla::kHeadPadding, heads);
+               ++h) {
+            const std::int64_t nope_at = b * q_nope.strides[0] + h * q_nope.strides[1];
+            for (int d = 0; d < kNopeDim; ++d) values[d] = element(q_nope, nope_at + d);
+            nope_factor[b * padded_heads + h] =
+                quantize_symmetric(values, kNopeDim, quantized) * log2_scale;
+            for (int word = 0; word < kNopeDim / 4; ++word) {
+              std::uint32_t packed;
+              std::memcpy(&packed, quantized + 4 * word, 4);
+              q_words[(b * (kNopeDim / 4) + word) * padded_heads + h] = packed;
+            }
+            for (int word = 0; word < kNopeDim / 2; ++word) {
+              const std::uint32_t low = static_cast<std::uint16_t>(quantized[2 * word]);
+              const std::uint32_t high = static_cast<std::uint16_t>(quantized[2 * word + 1]);
+              q_pairs[(b * (kNopeDim / 2) + word) * padded_heads + h] = low | high << 16;
+            }
+            for (int g = 0; g < kScaleGroups; ++g) {
+              std::int32_t sum = 0;
+              for (int d = g * mla::kGroupDim; d < (g + 1) * mla::kGroupDim; ++d)
+                sum += quantized[d];
+              offset_sums[(b * kScaleGroups + g) * padded_heads + h] = 128 * sum;
+            }
+            const std::int64_t rope_at = b * q_rope.strides[0] + h * q_rope.strides[1];
+            for (int d = 0; d < kRopeDim; ++d) {
+              rope_scaled[(b * kRopeDim + d) * padded_heads + h] =
+                  element(q_rope, rope_at + d) * log2_scale;
+            }
+          }
+        }
+      });
 
   mla::MlaProblem problem;
   problem.heads = static_cast<int>(heads);
@@ -270,8 +299,7 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
   problem.rope_bf16 = cache.rope.dtype == DType::bf16;
   problem.rope_strides[0] = cache.rope.strides[0];
   problem.rope_strides[1] = cache.rope.strides[1];
-  problem.queries = {q_words.data(), q_pairs.data(), offset_sums.data(), nope_factor.data(),
-                     rope_scaled.data()};
+  problem.queries = {q_words, q_pairs, offset_sums, nope_factor, rope_scaled};
   problem.out = out.data;
   problem.out_bf16 = out_bf16;
   problem.out_strides[0] = out.strides[0];
@@ -296,9 +324,9 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
     splits_of[b] = static_cast<int>(splits);
     if (splits > 1) partial_splits += splits;
   }
-  core::AlignedBuffer<float> partial_out(
-      static_cast<std::size_t>(partial_splits * heads * kNopeDim));
-  core::AlignedBuffer<float> partial_lse(static_cast<std::size_t>(partial_splits * heads));
+  float* partial_out = call_scratch(
+      kPartialScratch, static_cast<std::size_t>(partial_splits * heads * (kNopeDim + 1)));
+  float* partial_lse = partial_out + partial_splits * heads * kNopeDim;
   std::vector<mla::MlaTask> tasks;
   std::vector<std::int64_t> partial_base(batch, 0);  // first partial split of each sequence
   std::map<int, schedule::Schedule> schedules;       // by block count
@@ -328,8 +356,8 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
       task.order = found->second.cube.data();
       task.order_size = static_cast<int>(found->second.cube.size());
       if (splits > 1) {
-        task.partial_out = partial_out.data() + (next_partial + s) * heads * kNopeDim;
-        task.partial_lse = partial_lse.data() + (next_partial + s) * heads;
+        task.partial_out = partial_out + (next_partial + s) * heads * kNopeDim;
+        task.partial_lse = partial_lse + (next_partial + s) * heads;
       }
       tasks.push_back(task);
     }
@@ -348,10 +376,10 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
   const WorkspaceLayout layout(
       static_cast<std::size_t>(heads), static_cast<std::size_t>(padded_heads),
       static_cast<std::size_t>(block_size), static_cast<std::size_t>(options.chunk));
-  core::AlignedBuffer<float> workspace(layout.total * std::max(workers, 1));
+  float* workspace = call_scratch(kWorkspaceScratch, layout.total * std::max(workers, 1));
   core::parallel_tasks(
       static_cast<std::int64_t>(tasks.size()), workers, [&](std::int64_t index, int thread) {
-        task_kernel(problem, tasks[index], layout.at(workspace.data() + thread * layout.total));
+        task_kernel(problem, tasks[index], layout.at(workspace + thread * layout.total));
       });
   std::vector<int> merged;
   for (std::int64_t b = 0; b < batch; ++b) {
@@ -362,8 +390,8 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
                           for (std::int64_t i = begin; i < end; ++i) {
                             const int b = merged[i];
                             merge_kernel(problem, b, splits_of[b],
-                                         partial_out.data() + partial_base[b] * heads * kNopeDim,
-                                         partial_lse.data() + partial_base[b] * heads);
+                                         partial_out + partial_base[b] * heads * kNopeDim,
+                                         partial_lse + partial_base[b] * heads);
                           }
                         });
 }
