@@ -250,6 +250,7 @@ class TaskRunner {
     const int tiles = (row_count + R - 1) / R;
     std::int64_t tile_min[kMaxRowGroup], tile_max[kMaxRowGroup];
     std::int64_t group_end = task_.kv_begin;
+    const B<Arch> scale(p_.scale_log2);
     for (int t = 0; t < tiles; ++t) {
       tile_min[t] = std::numeric_limits<std::int64_t>::max();
       tile_max[t] = task_.kv_begin;
@@ -267,10 +268,15 @@ class TaskRunner {
           continue;
         }
         set_up_row(first + index, rows[index]);
+        // Vector loads: each Q row is a fresh page (rows of one head are N·D elements apart),
+        // and few instructions per row let the out-of-order window overlap many rows' misses.
         const T* q = static_cast<const T*>(rows[index].q);
-        for (std::int64_t d = 0; d < p_.dk; ++d)
-          q_row[d] = simd::scalar_to_float(q[d]) * p_.scale_log2;
-        std::fill(q_row + p_.dk, q_row + dk_padded_, 0.f);
+        for (std::int64_t d = 0; d < dk_padded_; d += L) {
+          const std::int64_t width = std::min<std::int64_t>(L, p_.dk - d);
+          const B<Arch> value =
+              width > 0 ? simd::load_chunk<Arch>(q, d, width) * scale : B<Arch>(0.f);
+          value.store_aligned(q_row + d);
+        }
         tile_min[t] = std::min(tile_min[t], rows[index].visible_end);
         tile_max[t] = std::max(tile_max[t], rows[index].visible_end);
       }
@@ -288,13 +294,10 @@ class TaskRunner {
         attends[t] = block < tile_max[t] &&
                      scores_tile(rows + t * R, t * R, block, keys, block + kKvBlock > tile_min[t]);
       }
-      for (int t = 0; t < tiles; ++t) {
-        if (!attends[t]) continue;
-        if (v_packed_) {
-          pv(t * R, v_packed_ + block * p_.dv_padded, p_.dv_padded, keys);
-        } else {
-          pv(t * R, v_base_ + block * p_.v_strides.seq, p_.v_strides.seq, keys);
-        }
+      if (v_packed_) {
+        pv(attends, tiles, v_packed_ + block * p_.dv_padded, p_.dv_padded, keys);
+      } else {
+        pv(attends, tiles, v_base_ + block * p_.v_strides.seq, p_.v_strides.seq, keys);
       }
     }
     for (int index = 0; index < row_count; ++index) finish_row(rows[index], index);
@@ -418,7 +421,9 @@ class TaskRunner {
     return any;
   }
 
-  template <int V, class VT>
+  /// O[tile rows][col, col + V vectors) += P · V; with kPartial the last vector has
+  /// `last_count` lanes (a compile-time choice: no per-key branch in the full chunks).
+  template <int V, bool kPartial, class VT>
   void pv_chunk(int first_index, const VT* v, std::int64_t v_stride, std::int64_t keys,
                 std::int64_t col, std::int64_t last_count) noexcept {
     B<Arch> acc[R][V];
@@ -434,9 +439,8 @@ class TaskRunner {
       B<Arch> vv[V];
 #pragma GCC unroll 4
       for (int c = 0; c < V; ++c) {
-        vv[c] = (c == V - 1 && last_count < L)
-                    ? simd::load_partial<Arch>(v_row + c * L, last_count, 0.f)
-                    : simd::load<Arch>(v_row + c * L);
+        vv[c] = (kPartial && c == V - 1) ? simd::load_partial<Arch>(v_row + c * L, last_count, 0.f)
+                                         : simd::load<Arch>(v_row + c * L);
       }
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
@@ -452,26 +456,45 @@ class TaskRunner {
     }
   }
 
-  /// O[tile rows] += P · V[block rows].
+  /// O[tile rows] += P · V[block rows] for the attending micro-tiles of a row group. Column
+  /// chunks outermost: a chunk of the V block (16 KiB at Dv = 128) stays in L1 across the
+  /// micro-tiles while their O and P rows stream past it.
   template <class VT>
-  void pv(int first_index, const VT* v, std::int64_t v_stride, std::int64_t keys) noexcept {
+  void pv(const bool* attends, int tiles, const VT* v, std::int64_t v_stride,
+          std::int64_t keys) noexcept {
     constexpr int DV = Tl::kDvVecs;
     // Packed V rows are padded to dv_padded (no partial vector); rows read in place end at dv.
     const std::int64_t width = v_packed_ ? p_.dv_padded : p_.dv;
     const std::int64_t vectors = (width + L - 1) / L;
     const std::int64_t tail = width - (vectors - 1) * L;
     std::int64_t vec = 0;
-    for (; vec + DV < vectors; vec += DV) pv_chunk<DV>(first_index, v, v_stride, keys, vec * L, L);
-    const std::int64_t left = vectors - vec;
+    for (; vec + DV < vectors; vec += DV) {
+      for (int t = 0; t < tiles; ++t) {
+        if (attends[t]) pv_chunk<DV, false>(t * R, v, v_stride, keys, vec * L, L);
+      }
+    }
+    for (int t = 0; t < tiles; ++t) {
+      if (!attends[t]) continue;
+      if (tail == L) {
+        pv_last<false>(t * R, v, v_stride, keys, vec, vectors - vec, L);
+      } else {
+        pv_last<true>(t * R, v, v_stride, keys, vec, vectors - vec, tail);
+      }
+    }
+  }
+
+  template <bool kPartial, class VT>
+  void pv_last(int first_index, const VT* v, std::int64_t v_stride, std::int64_t keys,
+               std::int64_t vec, std::int64_t left, std::int64_t tail) noexcept {
     switch (left) {
       case 1:
-        return pv_chunk<1>(first_index, v, v_stride, keys, vec * L, tail);
+        return pv_chunk<1, kPartial>(first_index, v, v_stride, keys, vec * L, tail);
       case 2:
-        return pv_chunk<2>(first_index, v, v_stride, keys, vec * L, tail);
+        return pv_chunk<2, kPartial>(first_index, v, v_stride, keys, vec * L, tail);
       case 3:
-        return pv_chunk<3>(first_index, v, v_stride, keys, vec * L, tail);
+        return pv_chunk<3, kPartial>(first_index, v, v_stride, keys, vec * L, tail);
       default:
-        return pv_chunk<DV>(first_index, v, v_stride, keys, vec * L, tail);
+        return pv_chunk<Tl::kDvVecs, kPartial>(first_index, v, v_stride, keys, vec * L, tail);
     }
   }
 
