@@ -18,6 +18,8 @@ inline constexpr std::int64_t kMaxTileRows = 6;
 /// group streams them from L3: 16 tiles (96 rows, a whole prefill task) read them once per 96
 /// rows, where 4 tiles measured 8% slower.
 inline constexpr int kMaxRowGroup = 16;
+/// Lanes of the widest fp32 vector (AVX-512): per-row softmax sums are kept as vectors.
+inline constexpr std::int64_t kMaxLanes = 16;
 
 enum class MaskKind : std::uint8_t { none, boolean, additive };
 
@@ -82,8 +84,9 @@ struct FlashTask {
 inline std::int64_t flash_scratch_floats(const FlashProblem& p) noexcept {
   const std::int64_t rows = kMaxRowGroup * kMaxTileRows;
   const std::int64_t dk_padded = (p.dk + 31) / 32 * 32;
-  // Q (fp32 and its bf16 copy), O, the P tiles of a row group, running max and sum.
-  return rows * dk_padded * 3 / 2 + rows * p.dv_padded + rows * kKvBlock + rows * 2 + 64;
+  // Q (fp32 and its bf16 copy), O, the P tiles of a row group, running max and (vector) sum.
+  return rows * dk_padded * 3 / 2 + rows * p.dv_padded + rows * kKvBlock + rows * (1 + kMaxLanes) +
+         64;
 }
 
 /// Runs one task; scratch: flash_scratch_floats() floats, 64-byte aligned, private to the
