@@ -447,16 +447,23 @@ void pack_operands(FlashProblem& p, Packed& packed, int threads) {
             float* vp = packed.v.get() + packed.v_offset[slot] + first_key * p.dv_padded;
             const std::int64_t v_row0 = job.seq * p.v_strides.batch + job.head * p.v_strides.head +
                                         (s.k_row0 + first_key) * p.v_strides.seq;
-            for (std::int64_t key = 0; key < keys; ++key) {
-              float* dst = vp + key * p.dv_padded;
-              const std::int64_t row = v_row0 + key * p.v_strides.seq;
-              if (p.dtype == DType::f32) {
-                std::memcpy(dst, static_cast<const float*>(p.v) + row, p.dv * sizeof(float));
-              } else {
-                for (std::int64_t d = 0; d < p.dv; ++d)
-                  dst[d] = load_element(p.dtype, p.v, row + d);
+            // Column chunks of kVChunk floats, each [key][width] (see FlashProblem::v_packed).
+            for (std::int64_t first = 0; first < p.dv_padded; first += kVChunk) {
+              const std::int64_t width = std::min(kVChunk, p.dv_padded - first);
+              const std::int64_t valid = std::clamp<std::int64_t>(p.dv - first, 0, width);
+              float* chunk = vp + first * kKvBlock;
+              for (std::int64_t key = 0; key < keys; ++key) {
+                float* dst = chunk + key * width;
+                const std::int64_t row = v_row0 + key * p.v_strides.seq + first;
+                if (p.dtype == DType::f32) {
+                  std::memcpy(dst, static_cast<const float*>(p.v) + row, valid * sizeof(float));
+                } else {
+                  for (std::int64_t d = 0; d < valid; ++d) {
+                    dst[d] = load_element(p.dtype, p.v, row + d);
+                  }
+                }
+                std::fill(dst + valid, dst + width, 0.f);
               }
-              std::fill(dst + p.dv, dst + p.dv_padded, 0.f);
             }
           }
         }

@@ -18,6 +18,10 @@ inline constexpr std::int64_t kMaxTileRows = 6;
 /// group streams them from L3: 16 tiles (96 rows, a whole prefill task) read them once per 96
 /// rows, where 4 tiles measured 8% slower.
 inline constexpr int kMaxRowGroup = 16;
+/// Columns per packed V chunk: one P·V pass (4 zmm of O per row) reads a 16 KiB chunk of a
+/// 64-key block contiguously. Rows of a full dv_padded stride would put a pass's half-rows in half
+/// of the L1 sets (512-byte stride at Dv = 128), where they evict each other and the O rows.
+inline constexpr std::int64_t kVChunk = 64;
 /// Lanes of the widest fp32 vector (AVX-512): per-row softmax sums are kept as vectors.
 inline constexpr std::int64_t kMaxLanes = 16;
 
@@ -59,7 +63,8 @@ struct FlashProblem {
   bool bf16_dot = false;         ///< flash_bf16: Q·K^T with bf16 dot products
   // Per-call packed operands (KLayout::packed): K^T blocks of [dk][kKvBlock] floats (zero
   // padded past the sequence end) starting at k_packed + k_packed_offset[seq * kv_heads + h];
-  // V as fp32 rows of dv_padded floats when v_packed is set (prefill).
+  // V as fp32 when v_packed is set (prefill): per block of kKvBlock keys, column chunks of
+  // kVChunk floats (the last one narrower), each chunk's rows contiguous.
   const float* k_packed = nullptr;
   const std::uint16_t* k_packed_bf16 = nullptr;  ///< bf16_dot: pairs along d, see pack_k_bf16
   const std::int64_t* k_packed_offset = nullptr;

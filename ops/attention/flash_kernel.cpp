@@ -445,7 +445,8 @@ class TaskRunner {
     return any;
   }
 
-  /// O[tile rows][col, col + V vectors) += P · V; with kPartial the last vector has
+  /// O[tile rows][col, col + V vectors) += P · V, v: the block's V at column col (rows
+  /// v_stride apart); with kPartial the last vector has
   /// `last_count` lanes (a compile-time choice: no per-key branch in the full chunks).
   template <int V, bool kPartial, class VT>
   void pv_chunk(int first_index, const VT* v, std::int64_t v_stride, std::int64_t keys,
@@ -459,7 +460,7 @@ class TaskRunner {
       for (int c = 0; c < V; ++c) acc[r][c] = B<Arch>::load_aligned(o + r * p_.dv_padded + c * L);
     }
     for (std::int64_t j = 0; j < keys; ++j) {
-      const VT* v_row = v + j * v_stride + col;
+      const VT* v_row = v + j * v_stride;
       B<Arch> vv[V];
 #pragma GCC unroll 4
       for (int c = 0; c < V; ++c) {
@@ -487,22 +488,32 @@ class TaskRunner {
   void pv(const bool* attends, int tiles, const VT* v, std::int64_t v_stride,
           std::int64_t keys) noexcept {
     constexpr int DV = Tl::kDvVecs;
+    static_assert(kVChunk % (DV * L) == 0, "a P·V pass must not straddle a packed V chunk");
     // Packed V rows are padded to dv_padded (no partial vector); rows read in place end at dv.
     const std::int64_t width = v_packed_ ? p_.dv_padded : p_.dv;
     const std::int64_t vectors = (width + L - 1) / L;
     const std::int64_t tail = width - (vectors - 1) * L;
+    // Where columns [col, ...) of the block's V rows start, and the row stride there.
+    auto source = [&](std::int64_t col) {
+      if (!v_packed_) return std::pair<const VT*, std::int64_t>(v + col, v_stride);
+      const std::int64_t first = col / kVChunk * kVChunk;
+      return std::pair<const VT*, std::int64_t>(v + first * kKvBlock + (col - first),
+                                                std::min(kVChunk, p_.dv_padded - first));
+    };
     std::int64_t vec = 0;
     for (; vec + DV < vectors; vec += DV) {
+      const auto [v_col, stride] = source(vec * L);
       for (int t = 0; t < tiles; ++t) {
-        if (attends[t]) pv_chunk<DV, false>(t * R, v, v_stride, keys, vec * L, L);
+        if (attends[t]) pv_chunk<DV, false>(t * R, v_col, stride, keys, vec * L, L);
       }
     }
+    const auto [v_col, stride] = source(vec * L);
     for (int t = 0; t < tiles; ++t) {
       if (!attends[t]) continue;
       if (tail == L) {
-        pv_last<false>(t * R, v, v_stride, keys, vec, vectors - vec, L);
+        pv_last<false>(t * R, v_col, stride, keys, vec, vectors - vec, L);
       } else {
-        pv_last<true>(t * R, v, v_stride, keys, vec, vectors - vec, tail);
+        pv_last<true>(t * R, v_col, stride, keys, vec, vectors - vec, tail);
       }
     }
   }
