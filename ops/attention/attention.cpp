@@ -556,11 +556,25 @@ void run_flash(FlashProblem p, int threads) {
     tasks = std::move(split_tasks);
     cost = std::move(split_cost);
   }
-  // Most expensive first, handed out dynamically: the tail of the schedule is short tasks.
+  // Handed out dynamically, the tasks of one (sequence, KV head) together, most expensive first,
+  // and those heads by their most expensive task: consecutive tasks re-read the head's packed
+  // K/V from L2/L3 (a plain cost order, under causal masking, cycles through every head's K/V
+  // between two uses and measured 1.2x slower), and the tail of the schedule is short tasks.
+  std::vector<double> head_cost(p.batch * p.kv_heads, 0.);
+  auto head_of = [&](std::int64_t t) { return tasks[t].seq * p.kv_heads + tasks[t].kv_head; };
+  for (std::size_t t = 0; t < tasks.size(); ++t) {
+    head_cost[head_of(t)] = std::max(head_cost[head_of(t)], cost[t]);
+  }
   std::vector<std::int64_t> order(tasks.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::int64_t a, std::int64_t b) { return cost[a] > cost[b]; });
+  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+    const std::int64_t head_a = head_of(a), head_b = head_of(b);
+    if (head_a != head_b) {
+      if (head_cost[head_a] != head_cost[head_b]) return head_cost[head_a] > head_cost[head_b];
+      return head_a < head_b;
+    }
+    return cost[a] > cost[b];
+  });
 
   Packed packed;
   pack_operands(p, packed, threads);
