@@ -428,18 +428,33 @@ void pack_operands(FlashProblem& p, Packed& packed, int threads) {
                 kt[(d / 2) * 2 * kKvBlock + key * 2 + d % 2] = bf16::from_float(value).bits;
               }
             }
+          } else if (pack_k && p.dtype == DType::f32) {
+            float* kt = packed.k.get() + packed.k_offset[slot] + job.block * k_block_elements;
+            if (keys < kKvBlock) std::fill(kt, kt + k_block_elements, 0.f);
+            // 16 keys at a time: their rows (a page apart each) are prefetched one group ahead
+            // so the misses overlap, and each d then writes 16 adjacent floats.
+            const float* k_data = static_cast<const float*>(p.k);
+            constexpr std::int64_t kGroup = 16;
+            for (std::int64_t key0 = 0; key0 < keys; key0 += kGroup) {
+              const std::int64_t group_end = std::min(keys, key0 + kGroup);
+              const std::int64_t ahead_end = std::min(keys, group_end + kGroup);
+              for (std::int64_t key = group_end; key < ahead_end; ++key) {
+                const float* row = k_data + k_row0 + key * p.k_strides.seq;
+                for (std::int64_t d = 0; d < p.dk; d += 16) __builtin_prefetch(row + d);
+              }
+              for (std::int64_t d = 0; d < p.dk; ++d) {
+                for (std::int64_t key = key0; key < group_end; ++key) {
+                  kt[d * kKvBlock + key] = k_data[k_row0 + key * p.k_strides.seq + d];
+                }
+              }
+            }
           } else if (pack_k) {
             float* kt = packed.k.get() + packed.k_offset[slot] + job.block * k_block_elements;
             std::fill(kt, kt + k_block_elements, 0.f);
             for (std::int64_t key = 0; key < keys; ++key) {
               const std::int64_t row = k_row0 + key * p.k_strides.seq;
-              if (p.dtype == DType::f32) {
-                const float* src = static_cast<const float*>(p.k) + row;
-                for (std::int64_t d = 0; d < p.dk; ++d) kt[d * kKvBlock + key] = src[d];
-              } else {
-                for (std::int64_t d = 0; d < p.dk; ++d) {
-                  kt[d * kKvBlock + key] = load_element(p.dtype, p.k, row + d);
-                }
+              for (std::int64_t d = 0; d < p.dk; ++d) {
+                kt[d * kKvBlock + key] = load_element(p.dtype, p.k, row + d);
               }
             }
           }
@@ -448,6 +463,7 @@ void pack_operands(FlashProblem& p, Packed& packed, int threads) {
             const std::int64_t v_row0 = job.seq * p.v_strides.batch + job.head * p.v_strides.head +
                                         (s.k_row0 + first_key) * p.v_strides.seq;
             // Column chunks of kVChunk floats, each [key][width] (see FlashProblem::v_packed).
+            constexpr std::int64_t kVAhead = 16;
             for (std::int64_t first = 0; first < p.dv_padded; first += kVChunk) {
               const std::int64_t width = std::min(kVChunk, p.dv_padded - first);
               const std::int64_t valid = std::clamp<std::int64_t>(p.dv - first, 0, width);
@@ -456,6 +472,11 @@ void pack_operands(FlashProblem& p, Packed& packed, int threads) {
                 float* dst = chunk + key * width;
                 const std::int64_t row = v_row0 + key * p.v_strides.seq + first;
                 if (p.dtype == DType::f32) {
+                  if (first == 0 && key + kVAhead < keys) {  // as for K: overlap the row misses
+                    const float* ahead =
+                        static_cast<const float*>(p.v) + row + kVAhead * p.v_strides.seq;
+                    for (std::int64_t d = 0; d < p.dv; d += 16) __builtin_prefetch(ahead + d);
+                  }
                   std::memcpy(dst, static_cast<const float*>(p.v) + row, valid * sizeof(float));
                 } else {
                   for (std::int64_t d = 0; d < valid; ++d) {
