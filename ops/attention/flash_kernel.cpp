@@ -312,7 +312,9 @@ class TaskRunner {
     for (std::int64_t block = task_.kv_begin; block < group_end; block += kKvBlock) {
       const std::int64_t keys = std::min(kKvBlock, kv_end_ - block);
       bool attends[kMaxRowGroup];
+      const bool prefetch_next = kt_ && v_packed_ && block + kKvBlock < group_end;
       for (int t = 0; t < tiles; ++t) {
+        if (prefetch_next) prefetch_next_block(block + kKvBlock, t, tiles);
         // Blocks above the causal diagonal for every row of the tile are skipped.
         attends[t] = block < tile_max[t] &&
                      scores_tile(rows + t * R, t * R, block, keys, block + kKvBlock > tile_min[t]);
@@ -324,6 +326,22 @@ class TaskRunner {
       }
     }
     for (int index = 0; index < row_count; ++index) finish_row(rows[index], index);
+  }
+
+  /// Share `part` of `parts` of the K^T and V blocks at `next` into L2: the next block streams
+  /// in from L3 while this one computes (a KV head's K^T and V do not stay in L2 between
+  /// row groups), instead of stalling the first micro-tile that reads it.
+  void prefetch_next_block(std::int64_t next, int part, int parts) noexcept {
+    const char* kt = reinterpret_cast<const char*>(kt_ + next / kKvBlock * p_.dk * kKvBlock);
+    const char* v = reinterpret_cast<const char*>(v_packed_ + next * p_.dv_padded);
+    const std::int64_t k_lines = p_.dk * kKvBlock * 4 / 64,
+                       v_lines = p_.dv_padded * kKvBlock * 4 / 64;
+    for (std::int64_t i = k_lines * part / parts; i < k_lines * (part + 1) / parts; ++i) {
+      _mm_prefetch(kt + i * 64, _MM_HINT_T1);
+    }
+    for (std::int64_t i = v_lines * part / parts; i < v_lines * (part + 1) / parts; ++i) {
+      _mm_prefetch(v + i * 64, _MM_HINT_T1);
+    }
   }
 
   /// bf16 copy of the scaled Q rows (pairs along d feed vdpbf16ps).
