@@ -2,12 +2,14 @@
 //
 // One task = query rows of one sequence for all query heads of one KV head (GQA heads share
 // every K/V block they load). Its rows (head, position) are cut into micro-tiles of kRows rows;
-// a row group of `row_group` micro-tiles walks the KV blocks together, so a K^T block (32 KiB
-// at Dk = 128) and the V rows are read from L2 once per group and reused from L1.
+// a row group of `row_group` micro-tiles walks the KV blocks together: per block, Q·K^T and the
+// softmax for every micro-tile (the 32 KiB K^T block at Dk = 128 stays in L1), then P·V for
+// every micro-tile, V column chunk by chunk (each 16 KiB chunk stays in L1), while the next
+// block is prefetched into L2.
 // Per micro-tile and KV block: S = Q·K^T in registers (scale·log2 e folded into Q, so scores
 // are in the log2 domain), mask only when the block is partial (causal diagonal, sequence end,
 // explicit mask), running max with a lazy rescale of O (only when the max rises), P = 2^(S-m)
-// by a polynomial, one horizontal sum per row, then O += P·V with O in L1 scratch.
+// by a polynomial, per-lane row sums, then O += P·V with O in scratch.
 
 #include <cmath>
 #include <cstring>
@@ -311,18 +313,21 @@ class TaskRunner {
     // micro-tiles, where interleaving them per tile (64 KiB > 48 KiB L1d) re-read both from L2.
     for (std::int64_t block = task_.kv_begin; block < group_end; block += kKvBlock) {
       const std::int64_t keys = std::min(kKvBlock, kv_end_ - block);
-      bool attends[kMaxRowGroup];
+      // Keys of the block each micro-tile's P·V runs over: 0 when no row attends the block, and
+      // on the causal diagonal only up to the tile's last visible key (P is 0 past it).
+      std::int64_t tile_keys[kMaxRowGroup];
       const bool prefetch_next = kt_ && v_packed_ && block + kKvBlock < group_end;
       for (int t = 0; t < tiles; ++t) {
         if (prefetch_next) prefetch_next_block(block + kKvBlock, t, tiles);
         // Blocks above the causal diagonal for every row of the tile are skipped.
-        attends[t] = block < tile_max[t] &&
-                     scores_tile(rows + t * R, t * R, block, keys, block + kKvBlock > tile_min[t]);
+        const bool attends = block < tile_max[t] && scores_tile(rows + t * R, t * R, block, keys,
+                                                                block + kKvBlock > tile_min[t]);
+        tile_keys[t] = attends ? std::min(keys, tile_max[t] - block) : 0;
       }
       if (v_packed_) {
-        pv(attends, tiles, v_packed_ + block * p_.dv_padded, p_.dv_padded, keys);
+        pv(tile_keys, tiles, v_packed_ + block * p_.dv_padded, p_.dv_padded);
       } else {
-        pv(attends, tiles, v_base_ + block * p_.v_strides.seq, p_.v_strides.seq, keys);
+        pv(tile_keys, tiles, v_base_ + block * p_.v_strides.seq, p_.v_strides.seq);
       }
     }
     for (int index = 0; index < row_count; ++index) finish_row(rows[index], index);
@@ -499,12 +504,11 @@ class TaskRunner {
     }
   }
 
-  /// O[tile rows] += P · V[block rows] for the attending micro-tiles of a row group. Column
-  /// chunks outermost: a chunk of the V block (16 KiB at Dv = 128) stays in L1 across the
+  /// O[tile rows] += P · V[first tile_keys[t] block rows] for each micro-tile t of a row group.
+  /// Column chunks outermost: a chunk of the V block (16 KiB at Dv = 128) stays in L1 across the
   /// micro-tiles while their O and P rows stream past it.
   template <class VT>
-  void pv(const bool* attends, int tiles, const VT* v, std::int64_t v_stride,
-          std::int64_t keys) noexcept {
+  void pv(const std::int64_t* tile_keys, int tiles, const VT* v, std::int64_t v_stride) noexcept {
     constexpr int DV = Tl::kDvVecs;
     static_assert(kVChunk % (DV * L) == 0, "a P·V pass must not straddle a packed V chunk");
     // Packed V rows are padded to dv_padded (no partial vector); rows read in place end at dv.
@@ -522,16 +526,16 @@ class TaskRunner {
     for (; vec + DV < vectors; vec += DV) {
       const auto [v_col, stride] = source(vec * L);
       for (int t = 0; t < tiles; ++t) {
-        if (attends[t]) pv_chunk<DV, false>(t * R, v_col, stride, keys, vec * L, L);
+        if (tile_keys[t] > 0) pv_chunk<DV, false>(t * R, v_col, stride, tile_keys[t], vec * L, L);
       }
     }
     const auto [v_col, stride] = source(vec * L);
     for (int t = 0; t < tiles; ++t) {
-      if (!attends[t]) continue;
+      if (tile_keys[t] == 0) continue;
       if (tail == L) {
-        pv_last<false>(t * R, v_col, stride, keys, vec, vectors - vec, L);
+        pv_last<false>(t * R, v_col, stride, tile_keys[t], vec, vectors - vec, L);
       } else {
-        pv_last<true>(t * R, v_col, stride, keys, vec, vectors - vec, tail);
+        pv_last<true>(t * R, v_col, stride, tile_keys[t], vec, vectors - vec, tail);
       }
     }
   }
