@@ -26,9 +26,10 @@ using mla::kRopeDim;
 using mla::kScaleGroups;
 
 constexpr int kLatentDim = kNopeDim + kRopeDim;
-/// Automatic split-KV over-decomposes into about this many tasks per thread, so that tasks of
-/// unequal length (ragged seq_lens) still balance under dynamic hand-out (ggml's 4x).
-constexpr std::int64_t kTasksPerThread = 4;
+/// Automatic split-KV over-decomposes into about this many tasks per thread: enough that
+/// ragged seq_lens still balance under dynamic hand-out, few enough that the partial outputs
+/// (H x 512 floats written and merged per split) stay a small fraction of the work.
+constexpr std::int64_t kTasksPerThread = 2;
 
 /// Symmetric int8 of n values: scale = max|x| / 127, q = clamp(rne(x / scale), -127, 127).
 /// The one definition of the cache format (mla.hpp), used for the cache and for q_nope.

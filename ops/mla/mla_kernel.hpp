@@ -3,14 +3,15 @@
 // task, and the per-thread workspace the task runs in. Defined per ISA in mla_kernel.cpp.
 
 #include <cstdint>
+#include <ditops/mla.hpp>
 #include <ditops/tensor.hpp>
 
 #include "ops/schedule/schedule.hpp"
 
 namespace ditops::mla {
 
-inline constexpr int kNopeDim = 512;
-inline constexpr int kRopeDim = 64;
+inline constexpr int kNopeDim = kMlaNopeDim;
+inline constexpr int kRopeDim = kMlaRopeDim;
 /// The kernel always works in 4 groups of 128 nope values (a G = 1 cache repeats its one scale),
 /// so S_nope is 4 exact int32 partial dot products, each dequantized with its key scale.
 inline constexpr int kScaleGroups = 4;
