@@ -12,7 +12,8 @@ struct Limits {
   double fma_flops;   ///< FP32 FMA peak, FLOP/s (best vector ISA the CPU has)
   double bf16_flops;  ///< AVX512-BF16 vdpbf16ps peak, FLOP/s (0 if the CPU lacks it)
   double vnni_ops;    ///< AVX512-VNNI vpdpbusd peak, int8 OP/s (0 if the CPU lacks it)
-  double bandwidth;   ///< STREAM-triad memory bandwidth, bytes/s (out of the last-level cache)
+  double bandwidth;   ///< STREAM-triad bandwidth, bytes/s, out of cache; best of ordinary and
+                      ///< streaming stores
 };
 
 /// Probes for `threads` threads (median of several short runs); cached per thread count.
