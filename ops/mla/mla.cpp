@@ -309,8 +309,10 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
   // ---- tasks: whole blocks per split; automatic splits sized by cost ----------------------
   std::int64_t total_tokens = 0;
   for (std::int64_t b = 0; b < batch; ++b) total_tokens += seq_lens[b];
-  const std::int64_t split_tokens = std::max<std::int64_t>(
-      block_size, (total_tokens + threads * kTasksPerThread - 1) / (threads * kTasksPerThread));
+  // One sequence splits into equal pieces that balance exactly: one per thread.
+  const std::int64_t target_tasks = threads * (batch == 1 ? 1 : kTasksPerThread);
+  const std::int64_t split_tokens =
+      std::max<std::int64_t>(block_size, (total_tokens + target_tasks - 1) / target_tasks);
   std::vector<int> splits_of(batch, 0);
   std::int64_t partial_splits = 0;
   for (std::int64_t b = 0; b < batch; ++b) {
@@ -382,19 +384,23 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
       static_cast<std::int64_t>(tasks.size()), workers, [&](std::int64_t index, int thread) {
         task_kernel(problem, tasks[index], layout.at(workspace + thread * layout.total));
       });
+  // Merge in units of (sequence, 16 heads), so one long sequence merges on every thread.
   std::vector<int> merged;
   for (std::int64_t b = 0; b < batch; ++b) {
     if (splits_of[b] > 1) merged.push_back(static_cast<int>(b));
   }
-  core::parallel_ranges(static_cast<std::int64_t>(merged.size()), threads,
-                        [&](std::int64_t begin, std::int64_t end, int) {
-                          for (std::int64_t i = begin; i < end; ++i) {
-                            const int b = merged[i];
-                            merge_kernel(problem, b, splits_of[b],
-                                         partial_out + partial_base[b] * heads * kNopeDim,
-                                         partial_lse + partial_base[b] * heads);
-                          }
-                        });
+  const std::int64_t head_units = (heads + mla::kHeadPadding - 1) / mla::kHeadPadding;
+  core::parallel_ranges(
+      static_cast<std::int64_t>(merged.size()) * head_units, threads,
+      [&](std::int64_t begin, std::int64_t end, int) {
+        for (std::int64_t unit = begin; unit < end; ++unit) {
+          const int b = merged[unit / head_units];
+          const int first_head = static_cast<int>(unit % head_units) * mla::kHeadPadding;
+          merge_kernel(problem, b, splits_of[b], partial_out + partial_base[b] * heads * kNopeDim,
+                       partial_lse + partial_base[b] * heads, first_head,
+                       std::min<int>(first_head + mla::kHeadPadding, static_cast<int>(heads)));
+        }
+      });
 }
 
 void mla_fill_cache(const TensorView& latent, const TensorView& slots, const MlaPagedCache& cache) {

@@ -468,11 +468,11 @@ void mla_decode_task(const MlaProblem& p, const MlaTask& task, const MlaWorkspac
 
 template <class Arch>
 void mla_merge_splits(const MlaProblem& p, int sequence, int splits, const float* partial_out,
-                      const float* partial_lse) noexcept {
+                      const float* partial_lse, int head_begin, int head_end) noexcept {
   using B = F32<Arch>;
   constexpr int kLanes = static_cast<int>(B::size);
   alignas(64) float merged[kNopeDim];
-  for (int h = 0; h < p.heads; ++h) {
+  for (int h = head_begin; h < head_end; ++h) {
     float max_lse = kMinusInf;
     for (int s = 0; s < splits; ++s) max_lse = std::max(max_lse, partial_lse[s * p.heads + h]);
     float total_weight = 0.f;
@@ -496,7 +496,7 @@ void mla_merge_splits(const MlaProblem& p, int sequence, int splits, const float
 
 template void mla_decode_task<KernelArch>(const MlaProblem&, const MlaTask&,
                                           const MlaWorkspace&) noexcept;
-template void mla_merge_splits<KernelArch>(const MlaProblem&, int, int, const float*,
-                                           const float*) noexcept;
+template void mla_merge_splits<KernelArch>(const MlaProblem&, int, int, const float*, const float*,
+                                           int, int) noexcept;
 
 }  // namespace ditops::mla

@@ -85,9 +85,10 @@ template <class Arch>
 void mla_decode_task(const MlaProblem& problem, const MlaTask& task,
                      const MlaWorkspace& workspace) noexcept;
 
-/// Merges the `splits` partials of one sequence by log-sum-exp into its output rows.
+/// Merges the `splits` partials of one sequence by log-sum-exp into its output rows, for heads
+/// [head_begin, head_end).
 template <class Arch>
 void mla_merge_splits(const MlaProblem& problem, int sequence, int splits, const float* partial_out,
-                      const float* partial_lse) noexcept;
+                      const float* partial_lse, int head_begin, int head_end) noexcept;
 
 }  // namespace ditops::mla
