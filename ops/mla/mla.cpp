@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <ditops/mla.hpp>
+#include <functional>
 #include <map>
 #include <numbers>
 #include <string>
@@ -30,6 +31,9 @@ constexpr int kLatentDim = kNopeDim + kRopeDim;
 /// ragged seq_lens still balance under dynamic hand-out, few enough that the partial outputs
 /// (H x 512 floats written and merged per split) stay a small fraction of the work.
 constexpr std::int64_t kTasksPerThread = 2;
+/// Whole sequences are not split when the busiest thread gets at most this much more than a
+/// perfect share: splitting costs a partial output and a merge per split.
+constexpr double kImbalanceTolerance = 1.1;
 
 /// Symmetric int8 of n values: scale = max|x| / 127, q = clamp(rne(x / scale), -127, 127).
 /// The one definition of the cache format (mla.hpp), used for the cache and for q_nope.
@@ -41,8 +45,12 @@ float quantize_symmetric(const float* x, int n, std::int8_t* q) noexcept {
     std::fill(q, q + n, std::int8_t{0});
     return 0.f;
   }
+  // Round to nearest even by adding and subtracting 1.5 * 2^23 (exact for |v| <= 2^22; here
+  // |v| <= 127 + rounding): the same result as std::nearbyint in the default mode, without a
+  // libm call per element on the SSE2 baseline (which has no roundss).
+  constexpr float kRoundingShifter = 12582912.f;
   for (int i = 0; i < n; ++i) {
-    const float rounded = std::nearbyint(x[i] / scale);  // default mode: nearest even
+    const float rounded = (x[i] / scale + kRoundingShifter) - kRoundingShifter;
     q[i] = static_cast<std::int8_t>(std::clamp(rounded, -127.f, 127.f));
   }
   return scale;
@@ -309,7 +317,19 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
   // ---- tasks: whole blocks per split; automatic splits sized by cost ----------------------
   std::int64_t total_tokens = 0;
   for (std::int64_t b = 0; b < batch; ++b) total_tokens += seq_lens[b];
-  // One sequence splits into equal pieces that balance exactly: one per thread.
+  // Split only when whole sequences would leave threads idle: the longest-first assignment of
+  // unsplit sequences (LPT) must come within kImbalanceTolerance of a perfect share, else
+  // split by cost. One sequence splits into equal pieces that balance exactly: one per thread.
+  bool split_needed = false;
+  if (options.num_splits == 0 && threads > 1) {
+    std::vector<std::int64_t> lengths(seq_lens.begin(), seq_lens.end());
+    std::sort(lengths.begin(), lengths.end(), std::greater<>());
+    std::vector<std::int64_t> loads(static_cast<std::size_t>(threads), 0);
+    for (std::int64_t length : lengths) *std::min_element(loads.begin(), loads.end()) += length;
+    const double perfect = static_cast<double>(total_tokens) / threads;
+    split_needed = static_cast<double>(*std::max_element(loads.begin(), loads.end())) >
+                   perfect * kImbalanceTolerance;
+  }
   const std::int64_t target_tasks = threads * (batch == 1 ? 1 : kTasksPerThread);
   const std::int64_t split_tokens =
       std::max<std::int64_t>(block_size, (total_tokens + target_tasks - 1) / target_tasks);
@@ -321,7 +341,7 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
     std::int64_t splits = 1;
     if (options.num_splits > 0) {
       splits = std::min<std::int64_t>(options.num_splits, blocks);
-    } else if (threads > 1) {
+    } else if (split_needed) {
       splits = std::clamp<std::int64_t>((seq_lens[b] + split_tokens - 1) / split_tokens, 1, blocks);
     }
     splits_of[b] = static_cast<int>(splits);
