@@ -15,11 +15,11 @@ mkdir -p out
 
 "$build/tools/ditops-info" | tee out/machine.txt
 
-echo "== benchmarks (roofline, RMSNorm, RoPE, attention) =="
+echo "== benchmarks (roofline, RMSNorm, RoPE, attention, MLA decode) =="
 # Attention: the quick FLUX shapes only (S=2048, 24 heads, D=128, causal and not, 2 threads;
 # flash fp32, flash_bf16 and the reference baseline): about 10 s on 2 cores.
 attention='attention_flash_(f32|bf16)/shape:[01]/threads:2/'
-"$build/bench/ditops_bench" --benchmark_filter="peak|triad|rms_norm|rope|$attention" \
+"$build/bench/ditops_bench" --benchmark_filter="peak|triad|rms_norm|rope|$attention|mla_decode/" \
   --benchmark_min_time=0.2 --benchmark_out=out/bench.json --benchmark_out_format=json \
   | tee out/bench.txt
 
