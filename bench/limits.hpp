@@ -32,6 +32,10 @@ std::int64_t last_level_cache_bytes();
 /// last-level cache (total >= 2x its size): the XNNPACK cold-cache method.
 int copies_to_defeat_cache(std::int64_t bytes);
 
+/// Repeats X(i) for the twelve accumulator chains of the peak probes (named variables, not an
+/// array: an array of accumulators ends up on the stack).
+#define DITOPS_TWELVE(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+
 /// Kernels of the probes, per ISA (bench/peak_avx512.cpp, bench/peak_avx2.cpp). Each runs
 /// `iterations` of a dependency-free block and returns the operations performed.
 double fma_loop_avx512(std::int64_t iterations);

@@ -6,9 +6,6 @@
 
 namespace ditops::bench {
 
-// Named accumulators in registers, as in bench/peak_avx512.cpp (an array lands on the stack).
-#define DITOPS_TWELVE(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
-
 double fma_loop_avx2(std::int64_t iterations) {
   constexpr int kChains = 12;
 #define DECLARE(i) __m256 acc##i = _mm256_set1_ps(0.001f * i);

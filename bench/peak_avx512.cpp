@@ -9,7 +9,6 @@
 
 #include "bench/limits.hpp"
 
-#define DITOPS_TWELVE(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
 #define DITOPS_KEEP(acc)                                                                   \
   __asm__ volatile(""                                                                      \
                    : "+v"(acc##0), "+v"(acc##1), "+v"(acc##2), "+v"(acc##3), "+v"(acc##4), \
