@@ -271,6 +271,8 @@ int run_sweep(const Options& options) {
   const std::vector<int> batches = list("--batch", {1, 2, 4, 8, 16, 24, 48});
   const std::vector<int> kvs = list("--kv", {512, 2048, 4096});
   const std::vector<int> chunks = list("--chunk", {1, 2, 4});
+  // Every configuration is validated before the first is simulated: a bad value fails fast.
+  std::vector<sim::MlaConfig> configs;
   for (const int batch : batches) {
     for (const int kv : kvs) {
       for (const int chunk : chunks) {
@@ -279,6 +281,7 @@ int run_sweep(const Options& options) {
         config.kv = kv;
         config.chunk = chunk;
         validate_config(config, hw);
+        configs.push_back(config);
       }
     }
   }
@@ -287,30 +290,22 @@ int run_sweep(const Options& options) {
     sim::Summary summary;
   };
   std::vector<Row> rows;
-  const std::size_t total = batches.size() * kvs.size() * chunks.size();
+  const std::size_t total = configs.size();
   const bool tty = isatty(fileno(stderr)) != 0;
   const auto started = std::chrono::steady_clock::now();
   auto last_report = started;
-  for (const int batch : batches) {
-    for (const int kv : kvs) {
-      for (const int chunk : chunks) {
-        sim::MlaConfig config = base;
-        config.batch = batch;
-        config.kv = kv;
-        config.chunk = chunk;
-        const sim::Program program = sim::build_mla_program(config, hw);
-        const sim::SimResult result = sim::simulate(program, hw);
-        rows.push_back({batch, kv, chunk, sim::summarize(program, result, hw)});
-        // Progress: live on a terminal, otherwise a line at most once a second.
-        const auto now = std::chrono::steady_clock::now();
-        if (total > 1 && (tty || now - last_report > std::chrono::seconds(1))) {
-          std::fprintf(stderr,
-                       tty ? "\rsweep %zu/%zu (batch %d kv %d chunk %d)   "
-                           : "sweep %zu/%zu (batch %d kv %d chunk %d)\n",
-                       rows.size(), total, batch, kv, chunk);
-          last_report = now;
-        }
-      }
+  for (const sim::MlaConfig& config : configs) {
+    const sim::Program program = sim::build_mla_program(config, hw);
+    const sim::SimResult result = sim::simulate(program, hw);
+    rows.push_back({config.batch, config.kv, config.chunk, sim::summarize(program, result, hw)});
+    // Progress: live on a terminal, otherwise a line at most once a second.
+    const auto now = std::chrono::steady_clock::now();
+    if (total > 1 && (tty || now - last_report > std::chrono::seconds(1))) {
+      std::fprintf(stderr,
+                   tty ? "\rsweep %zu/%zu (batch %d kv %d chunk %d)   "
+                       : "sweep %zu/%zu (batch %d kv %d chunk %d)\n",
+                   rows.size(), total, config.batch, config.kv, config.chunk);
+      last_report = now;
     }
   }
   if (tty && total > 1) std::fprintf(stderr, "\r%60s\r", "");
