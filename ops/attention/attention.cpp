@@ -64,6 +64,7 @@ struct Call {
   float scale = 1.f;
   std::string key;  ///< tuner key (without the thread count)
   AttentionBackend requested = AttentionBackend::automatic;
+  int int8_chunk = 2;  ///< the int8 backend's schedule chunk (1, 2 or 4)
 };
 
 std::int64_t round_up(std::int64_t value, std::int64_t multiple) {
@@ -211,6 +212,11 @@ Call validate_dense(const char* name, const TensorView& q, const TensorView& k, 
     if (numel(lse) == 0) p.lse = nullptr;
   }
   call.requested = options.backend;
+  if (!schedule::valid_chunk(options.int8_chunk)) {
+    core::fail(name, "options.int8_chunk (" + std::to_string(options.int8_chunk) +
+                         ") must be 1, 2 or 4");
+  }
+  call.int8_chunk = options.int8_chunk;
   call.key = "b" + std::to_string(batch) + " sq" + std::to_string(q_len) + " sk" +
              std::to_string(kv_len) + " n" + std::to_string(heads) + "/" +
              std::to_string(p.kv_heads) + " d" + std::to_string(p.dk) + "/" + std::to_string(p.dv) +
@@ -496,6 +502,93 @@ void pack_operands(FlashProblem& p, Packed& packed, int threads) {
   p.v_packed_offset = packed.v_offset.data();
 }
 
+/// The int8 backend's quantized K and V, key means and schedule orders, once per call.
+struct Int8Storage {
+  std::unique_ptr<std::int8_t[], AlignedFree> k, v;
+  std::unique_ptr<std::int32_t[], AlignedFree> k_sum;
+  std::unique_ptr<float[], AlignedFree> k_scale, v_scale, k_mean;
+  std::vector<std::int64_t> first_block, order_offset;
+  std::vector<schedule::StageInstance> orders;
+};
+
+/// K smoothing is on unless DITOPS_INT8_SMOOTH_K=0 (a diagnostic: it shows what smoothing
+/// buys on a model's inputs).
+bool smooth_keys() {
+  const char* env = std::getenv("DITOPS_INT8_SMOOTH_K");
+  return env == nullptr || std::strcmp(env, "0") != 0;
+}
+
+void prepare_int8(FlashProblem& p, Int8Storage& storage, int chunk, int threads) {
+  using MeanKernel = decltype(&int8_key_mean<xsimd::sse2>);
+  using PackKernel = decltype(&int8_pack_block<xsimd::sse2>);
+  static const core::IsaTable<MeanKernel> mean_kernels = DITOPS_ISA_TABLE(int8_key_mean);
+  static const core::IsaTable<PackKernel> pack_kernels = DITOPS_ISA_TABLE(int8_pack_block);
+  Int8Operands& op = p.int8;
+  op.chunk = chunk;
+  op.dk_words = (p.dk + 3) / 4;
+  const std::int64_t heads_total = p.batch * p.kv_heads;
+  storage.first_block.resize(heads_total);
+  struct Job {
+    std::int64_t seq, head, block, global;
+  };
+  std::vector<Job> jobs;
+  std::int64_t blocks_total = 0, max_blocks = 0;
+  for (std::int64_t seq = 0; seq < p.batch; ++seq) {
+    const std::int64_t blocks = (sequence_shape(p, seq).kv_len + kKvBlock - 1) / kKvBlock;
+    max_blocks = std::max(max_blocks, blocks);
+    for (std::int64_t head = 0; head < p.kv_heads; ++head) {
+      storage.first_block[seq * p.kv_heads + head] = blocks_total;
+      for (std::int64_t block = 0; block < blocks; ++block) {
+        jobs.push_back({seq, head, block, blocks_total + block});
+      }
+      blocks_total += blocks;
+    }
+  }
+  storage.k = aligned_array<std::int8_t>(blocks_total * op.dk_words * kKvBlock * 4);
+  storage.k_sum = aligned_array<std::int32_t>(blocks_total * kKvBlock);
+  storage.k_scale = aligned_array<float>(blocks_total);
+  storage.v = aligned_array<std::int8_t>(blocks_total * kKvBlock * p.dv_padded);
+  storage.v_scale = aligned_array<float>(blocks_total * p.dv_padded);
+  op.k = storage.k.get();
+  op.k_sum = storage.k_sum.get();
+  op.k_scale = storage.k_scale.get();
+  op.v = storage.v.get();
+  op.v_scale = storage.v_scale.get();
+  op.first_block = storage.first_block.data();
+  op.k_mean = nullptr;
+  if (smooth_keys()) {
+    storage.k_mean = aligned_array<float>(heads_total * p.dk);
+    const MeanKernel mean = mean_kernels.get();
+    core::parallel_ranges(heads_total, threads, [&](std::int64_t begin, std::int64_t end, int) {
+      for (std::int64_t h = begin; h < end; ++h) {
+        mean(p, h / p.kv_heads, h % p.kv_heads, storage.k_mean.get() + h * p.dk);
+      }
+    });
+    op.k_mean = storage.k_mean.get();
+  }
+  const PackKernel pack = pack_kernels.get();
+  core::parallel_ranges(static_cast<std::int64_t>(jobs.size()), threads,
+                        [&](std::int64_t begin, std::int64_t end, int) {
+                          for (std::int64_t j = begin; j < end; ++j) {
+                            const Job& job = jobs[j];
+                            const float* mean =
+                                op.k_mean ? op.k_mean + (job.seq * p.kv_heads + job.head) * p.dk
+                                          : nullptr;
+                            pack(p, job.seq, job.head, job.block, job.global, mean);
+                          }
+                        });
+  // The shared schedule's cube order for every block count a row group can have.
+  storage.order_offset.assign(1, 0);
+  for (std::int64_t n = 0; n <= max_blocks; ++n) {
+    const schedule::Schedule plan = schedule::make_schedule(static_cast<int>(n), chunk);
+    storage.orders.insert(storage.orders.end(), plan.cube.begin(), plan.cube.end());
+    storage.order_offset.push_back(static_cast<std::int64_t>(storage.orders.size()));
+  }
+  op.orders = storage.orders.data();
+  op.order_offset = storage.order_offset.data();
+  op.max_blocks = max_blocks;
+}
+
 /// Element offsets of one query row's output and LSE.
 struct RowOffsets {
   std::int64_t out, lse;
@@ -508,11 +601,13 @@ RowOffsets row_offsets(const FlashProblem& p, std::int64_t seq, std::int64_t hea
       seq * p.lse_strides.batch + (s.q_row0 + pos) * p.lse_strides.seq + head * p.lse_strides.head};
 }
 
-void run_flash(FlashProblem p, int threads) {
+/// Runs the flash backends, or with int8_chunk > 0 the int8 backend at that chunk.
+void run_flash(FlashProblem p, int threads, int int8_chunk = 0) {
   if (p.batch == 0 || p.heads == 0) return;
   using Kernel = decltype(&flash_task<xsimd::sse2>);
-  static const core::IsaTable<Kernel> kernels = DITOPS_ISA_TABLE(flash_task);
-  const Kernel kernel = kernels.get();
+  static const core::IsaTable<Kernel> flash_kernels = DITOPS_ISA_TABLE(flash_task);
+  static const core::IsaTable<Kernel> int8_kernels = DITOPS_ISA_TABLE(int8_task);
+  const Kernel kernel = int8_chunk > 0 ? int8_kernels.get() : flash_kernels.get();
   const std::int64_t group = p.heads / p.kv_heads;
 
   // Tasks: (sequence, KV head, block of query positions). ~96 rows (16 micro-tiles of 6) per
@@ -598,9 +693,15 @@ void run_flash(FlashProblem p, int threads) {
   });
 
   Packed packed;
-  pack_operands(p, packed, threads);
+  Int8Storage int8_storage;
+  if (int8_chunk > 0) {
+    prepare_int8(p, int8_storage, int8_chunk, threads);
+  } else {
+    pack_operands(p, packed, threads);
+  }
   const int team = static_cast<int>(std::min<std::int64_t>(threads, tasks.size()));
-  const std::int64_t scratch_floats = round_up(flash_scratch_floats(p), 16);
+  const std::int64_t scratch_floats =
+      round_up(int8_chunk > 0 ? (int8_scratch_bytes(p) + 3) / 4 : flash_scratch_floats(p), 16);
   auto scratch = aligned_array<float>(scratch_floats * std::max(team, 1));
   core::parallel_tasks(static_cast<std::int64_t>(tasks.size()), team,
                        [&](std::int64_t index, int thread) {
@@ -736,6 +837,12 @@ void run_config(const Call& call, const Config& config, int threads) {
     return run_reference(call.problem, call.scale, threads);
   }
   FlashProblem p = call.problem;
+  if (config.backend == AttentionBackend::int8) {
+    // Row groups shrink as the chunk grows so the S and P of one chunk (chunk x rows x 64
+    // keys x 5 bytes, ~30 KiB) stay in L1 next to a K and a V block.
+    p.row_group = kMaxRowGroup / call.int8_chunk;
+    return run_flash(p, threads, call.int8_chunk);
+  }
   p.k_layout = config.k_packed ? KLayout::packed : KLayout::direct;
   p.row_group = config.row_group;
   p.bf16_dot =
@@ -809,7 +916,7 @@ std::optional<Config> forced_config(const Call& call) {
     source = "DITOPS_ATTN_BACKEND";
     if (backend == AttentionBackend::automatic) return std::nullopt;
   }
-  if (backend == AttentionBackend::int8 || backend == AttentionBackend::sparse) {
+  if (backend == AttentionBackend::sparse) {
     warn_once(std::string("ditops: ") + source + "=" + backend_name(backend) +
               " cannot serve attention_forward in this build; using the tuned choice");
     return std::nullopt;
@@ -891,9 +998,14 @@ AttentionChoice select_attention(const TensorView& q, const TensorView& k, const
     p.lse_strides = attention::Strides{p.heads * p.q_len, 1, p.q_len};
   }
   const auto choice = attention::choose(call, core::thread_count(), false);
-  std::string detail = choice.config.describe() +
-                       " kv_block=" + std::to_string(attention::kKvBlock) +
-                       " isa=" + core::isa_name(core::active_isa());
+  std::string detail =
+      choice.config.backend == AttentionBackend::int8
+          ? "int8 chunk=" + std::to_string(call.int8_chunk) +
+                " row_group=" + std::to_string(attention::kMaxRowGroup / call.int8_chunk) +
+                (attention::smooth_keys() ? " smooth_k" : " smooth_k=off")
+          : choice.config.describe();
+  detail += " kv_block=" + std::to_string(attention::kKvBlock) +
+            " isa=" + core::isa_name(core::active_isa());
   if (choice.forced) detail += " (forced)";
   if (choice.config.backend == AttentionBackend::flash_bf16 && !attention::bf16_dot_available()) {
     detail += " (no AVX512-BF16 here: fp32 dot products)";

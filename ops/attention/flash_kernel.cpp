@@ -11,22 +11,16 @@
 // explicit mask), running max with a lazy rescale of O (only when the max rises), P = 2^(S-m)
 // by a polynomial, per-lane row sums, then O += P·V with O in scratch.
 
-#include <cmath>
-#include <cstring>
-#include <limits>
 #include <type_traits>
 
 #include "ops/attention/attention_kernel.hpp"
 #include "ops/attention/bf16_dot.hpp"
+#include "ops/attention/tile_rows.hpp"
 #include "ops/core/arch.hpp"
 #include "ops/core/simd.hpp"
 
 namespace ditops::attention {
 namespace {
-
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 
 template <class Arch>
 struct Tiles {
@@ -40,55 +34,6 @@ struct Tiles {
   static constexpr int kDvVecs = 4;   ///< O vectors per row per P·V pass
   static_assert(kRows <= kMaxTileRows && kBlockVecs % kColVecs == 0);
 };
-
-/// One query row of a task.
-struct RowRef {
-  std::int64_t visible_end = 0;  ///< keys [kv_begin, visible_end) may be attended
-  const void* q = nullptr;
-  void* out = nullptr;
-  float* lse = nullptr;
-  const void* mask = nullptr;  ///< mask row (element 0 = key 0), or null
-  float* partial_out = nullptr;
-  float* partial_lse = nullptr;
-};
-
-/// Sequence geometry of a task: lengths and the row offsets of its first position.
-struct Sequence {
-  std::int64_t q_len, kv_len, q_row0, k_row0;
-};
-
-Sequence sequence_of(const FlashProblem& p, std::int64_t seq) noexcept {
-  if (p.cu_q) {
-    return {p.cu_q[seq + 1] - p.cu_q[seq], p.cu_k[seq + 1] - p.cu_k[seq], p.cu_q[seq], p.cu_k[seq]};
-  }
-  return {p.q_len, p.kv_len, 0, 0};
-}
-
-template <class Arch>
-using B = simd::F32<Arch>;
-
-/// 2^x for scores shifted by the running max (x <= 0, -inf for masked keys), 0 below 2^-126
-/// like simd::exp2_nonpositive. AVX-512 rounds with vrndscaleps and scales with vscalefps
-/// (zero-masked below -126, which also drops the NaN -inf gives): 10 instructions where the
-/// generic bit-twiddling takes 15, in a loop that runs once per score.
-template <class Arch>
-inline B<Arch> exp2_scores(B<Arch> x) noexcept {
-  if constexpr (simd::kIsAvx512<Arch>) {
-    const __mmask16 in_range = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.f), _CMP_GE_OQ);
-    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const B<Arch> f = x - B<Arch>(n);
-    B<Arch> p(1.535336188319500e-4f);
-    p = simd::fmadd<Arch>(p, f, B<Arch>(1.339887440266574e-3f));
-    p = simd::fmadd<Arch>(p, f, B<Arch>(9.618437357674640e-3f));
-    p = simd::fmadd<Arch>(p, f, B<Arch>(5.550332471162809e-2f));
-    p = simd::fmadd<Arch>(p, f, B<Arch>(2.402264791363012e-1f));
-    p = simd::fmadd<Arch>(p, f, B<Arch>(6.931472028550421e-1f));
-    p = simd::fmadd<Arch>(p, f, B<Arch>(1.f));
-    return _mm512_maskz_scalef_ps(in_range, p, n);
-  } else {
-    return simd::exp2_nonpositive<Arch>(x);
-  }
-}
 
 /// S tile [kRows][kBlockVecs] = Q tile · K^T block, K^T packed [dk][kKvBlock].
 template <class Arch>
@@ -159,40 +104,6 @@ inline void qk_direct(const float* q_tile, std::int64_t q_stride, int rows, cons
   }
 }
 
-/// `lanes` mask bytes (true = attend) as a lane mask; reads only `count` bytes.
-template <class Arch>
-inline xsimd::batch_bool<float, Arch> load_bool_mask(const std::uint8_t* src,
-                                                     std::int64_t count) noexcept {
-  using T = Tiles<Arch>;
-  if constexpr (simd::kIsAvx512<Arch>) {
-    const auto lanes = static_cast<__mmask16>(count >= 16 ? 0xffff : (1u << count) - 1);
-    const __m128i bytes = _mm_maskz_loadu_epi8(lanes, src);
-    return _mm512_cmpneq_epi32_mask(_mm512_cvtepu8_epi32(bytes), _mm512_setzero_si512());
-  } else {
-    alignas(64) float flags[T::kLanes];
-    for (int i = 0; i < T::kLanes; ++i) flags[i] = i < count && src[i] ? 1.f : 0.f;
-    return B<Arch>::load_aligned(flags) != B<Arch>(0.f);
-  }
-}
-
-/// 0: every byte false (skip the block), 1: every byte true (no masking), 2: mixed.
-inline int classify_bool_mask(const std::uint8_t* row, std::int64_t count) noexcept {
-  bool any = false, all = true;
-  std::int64_t i = 0;
-  for (; i + 8 <= count; i += 8) {
-    std::uint64_t word;
-    std::memcpy(&word, row + i, 8);
-    any |= word != 0;
-    // bool storage is 0 or 1 per byte: all true iff every byte is 1.
-    all &= word == 0x0101010101010101ull;
-  }
-  for (; i < count; ++i) {
-    any |= row[i] != 0;
-    all &= row[i] != 0;
-  }
-  return !any ? 0 : all ? 1 : 2;
-}
-
 template <class Arch, class T>
 class TaskRunner {
   using Tl = Tiles<Arch>;
@@ -240,35 +151,6 @@ class TaskRunner {
   }
 
  private:
-  void set_up_row(std::int64_t index, RowRef& row) noexcept {
-    const std::int64_t head = task_.kv_head * group_ + index / rows_per_head_;
-    const std::int64_t local = index % rows_per_head_;
-    const std::int64_t pos = task_.q_begin + local;
-    std::int64_t visible = seq_.kv_len;
-    if (p_.causal) {
-      visible = std::clamp<std::int64_t>(pos + seq_.kv_len - seq_.q_len + 1, 0, seq_.kv_len);
-    }
-    row.visible_end = std::min(visible, kv_end_);
-    row.q = static_cast<const T*>(p_.q) + task_.seq * p_.q_strides.batch +
-            (seq_.q_row0 + pos) * p_.q_strides.seq + head * p_.q_strides.head;
-    row.out = static_cast<T*>(p_.out) + task_.seq * p_.out_strides.batch +
-              (seq_.q_row0 + pos) * p_.out_strides.seq + head * p_.out_strides.head;
-    row.lse = p_.lse ? p_.lse + task_.seq * p_.lse_strides.batch +
-                           (seq_.q_row0 + pos) * p_.lse_strides.seq + head * p_.lse_strides.head
-                     : nullptr;
-    if (p_.mask_kind != MaskKind::none) {
-      const std::int64_t offset =
-          task_.seq * p_.mask_strides[0] + head * p_.mask_strides[1] + pos * p_.mask_strides[2];
-      row.mask = p_.mask_kind == MaskKind::boolean
-                     ? static_cast<const void*>(static_cast<const std::uint8_t*>(p_.mask) + offset)
-                     : static_cast<const void*>(static_cast<const float*>(p_.mask) + offset);
-    }
-    if (task_.partial_out) {
-      row.partial_out = task_.partial_out + index * p_.dv_padded;
-      row.partial_lse = task_.partial_lse + index;
-    }
-  }
-
   void run_group(std::int64_t first, std::int64_t end) noexcept {
     RowRef rows[kMaxRowGroup * kMaxTileRows];
     const int row_count = static_cast<int>(end - first);
@@ -292,7 +174,7 @@ class TaskRunner {
           tile_min[t] = task_.kv_begin;
           continue;
         }
-        set_up_row(first + index, rows[index]);
+        rows[index] = make_row<T>(p_, task_, seq_, first + index);
         // Vector loads: each Q row is a fresh page (rows of one head are N·D elements apart),
         // and few instructions per row let the out-of-order window overlap many rows' misses.
         const T* q = static_cast<const T*>(rows[index].q);
@@ -330,7 +212,11 @@ class TaskRunner {
         pv(tile_keys, tiles, v_base_ + block * p_.v_strides.seq, p_.v_strides.seq);
       }
     }
-    for (int index = 0; index < row_count; ++index) finish_row(rows[index], index);
+    for (int index = 0; index < row_count; ++index) {
+      finish_row<Arch, T>(p_, rows[index], o_tile_ + index * p_.dv_padded,
+                          simd::reduce_add<Arch>(B<Arch>::load_aligned(row_sum_ + index * L)),
+                          row_max_[index], 0.f);
+    }
   }
 
   /// Share `part` of `parts` of the K^T and V blocks at `next` into L2: the next block streams
@@ -363,21 +249,9 @@ class TaskRunner {
   /// no row of the tile attends any key of the block.
   bool scores_tile(const RowRef* rows, int first_index, std::int64_t block, std::int64_t keys,
                    bool diagonal) noexcept {
-    bool partial = diagonal || keys < kKvBlock;
-    if (p_.mask_kind == MaskKind::boolean) {
-      int all_false = 1, all_true = 1;
-      for (int i = 0; i < R; ++i) {
-        if (rows[i].mask == nullptr) continue;
-        const int kind =
-            classify_bool_mask(static_cast<const std::uint8_t*>(rows[i].mask) + block, keys);
-        all_false &= kind == 0;
-        all_true &= kind == 1;
-      }
-      if (all_false) return false;
-      partial |= !all_true;
-    } else if (p_.mask_kind == MaskKind::additive) {
-      partial = true;
-    }
+    bool attends = true;
+    const bool partial = tile_needs_mask(p_, rows, R, block, keys, diagonal, attends);
+    if (!attends) return false;
     B<Arch> scores[R * BV];
     const float* q_tile = q_tile_ + first_index * dk_padded_;
     if (p_.k_layout == KLayout::packed) {
@@ -407,32 +281,11 @@ class TaskRunner {
   bool softmax_update(const RowRef* rows, int first_index, std::int64_t block, bool partial,
                       B<Arch>* scores) noexcept {
     bool any = false;
-    alignas(64) float iota[L];
-    for (int i = 0; i < L; ++i) iota[i] = static_cast<float>(i);
     for (int r = 0; r < R; ++r) {
       B<Arch>* s = scores + r * BV;
       float* p_row = p_tile_ + (first_index + r) * kKvBlock;
       const RowRef& row = rows[r];
-      if (partial) {
-        const B<Arch> visible(static_cast<float>(row.visible_end - block));
-        for (int c = 0; c < BV; ++c) {
-          auto valid = B<Arch>::load_aligned(iota) + B<Arch>(static_cast<float>(c * L)) < visible;
-          const std::int64_t key = block + c * L;
-          const std::int64_t count = std::min<std::int64_t>(L, seq_.kv_len - key);
-          if (row.mask != nullptr && count > 0) {
-            if (p_.mask_kind == MaskKind::boolean) {
-              valid = valid &
-                      load_bool_mask<Arch>(static_cast<const std::uint8_t*>(row.mask) + key, count);
-            } else {
-              const float* m = static_cast<const float*>(row.mask) + key;
-              const B<Arch> bias =
-                  count < L ? simd::load_partial<Arch>(m, count, 0.f) : B<Arch>::load_unaligned(m);
-              s[c] = simd::fmadd<Arch>(bias, B<Arch>(kLog2e), s[c]);
-            }
-          }
-          s[c] = xsimd::select(valid, s[c], B<Arch>(kMinusInf));
-        }
-      }
+      if (partial) mask_scores<Arch>(p_, row, block, seq_.kv_len, s);
       B<Arch> top = s[0];
       for (int c = 1; c < BV; ++c) top = xsimd::max(top, s[c]);
       const float block_max = simd::reduce_max<Arch>(top);
@@ -553,29 +406,6 @@ class TaskRunner {
       default:
         return pv_chunk<Tl::kDvVecs, kPartial>(first_index, v, v_stride, keys, vec * L, tail);
     }
-  }
-
-  void finish_row(const RowRef& row, int index) noexcept {
-    const float l = simd::reduce_add<Arch>(B<Arch>::load_aligned(row_sum_ + index * L));
-    const float m = row_max_[index];
-    const float* o = o_tile_ + index * p_.dv_padded;
-    const bool empty = !(l > 0.f);
-    const float inverse = empty ? 0.f : 1.f / l;
-    const float lse_log2 = empty ? (m != m ? m : kMinusInf) : m + std::log2(l);
-    if (row.partial_out) {
-      for (std::int64_t i = 0; i < p_.dv_padded; i += L) {
-        (B<Arch>::load_aligned(o + i) * B<Arch>(inverse)).store_aligned(row.partial_out + i);
-      }
-      *row.partial_lse = lse_log2;
-      return;
-    }
-    T* out = static_cast<T*>(row.out);
-    for (std::int64_t i = 0; i < p_.dv; i += L) {
-      const std::int64_t count = std::min<std::int64_t>(L, p_.dv - i);
-      simd::store_chunk<Arch>(out, i, count, B<Arch>::load_aligned(o + i) * B<Arch>(inverse),
-                              false);
-    }
-    if (row.lse) *row.lse = lse_log2 * kLn2;
   }
 
   const FlashProblem& p_;

@@ -237,6 +237,63 @@ inline void store_stream(T* dst, F32<Arch> v) noexcept {
   }
 }
 
+// ---- integer dot products ------------------------------------------------------------------
+
+template <class Arch>
+using I32 = xsimd::batch<std::int32_t, Arch>;
+
+/// Per-lane sum of the two int16 products of a and b (pmaddwd), exact in int32.
+template <class Arch>
+inline I32<Arch> madd_int16(I32<Arch> a, I32<Arch> b) noexcept {
+  if constexpr (kIsAvx512<Arch>) {
+    return _mm512_madd_epi16(a, b);
+  } else if constexpr (kIsAvx2<Arch>) {
+    return _mm256_madd_epi16(a, b);
+  } else {
+    return _mm_madd_epi16(a, b);
+  }
+}
+
+/// acc + the per-lane sum of the 4 byte products unsigned(a) x signed(b): vpdpbusd (the
+/// non-saturating form) with AVX512-VNNI. Elsewhere the same exact int32 from bytes widened to
+/// int16 pairs through pmaddwd (bytes 0 and 2, then 1 and 3); vpmaddubsw would be fewer
+/// instructions but saturates its int16 pair sums (255 * -128 * 2 does not fit).
+template <class Arch>
+inline I32<Arch> dot_u8s8(I32<Arch> acc, I32<Arch> a, I32<Arch> b) noexcept {
+  if constexpr (kHasBf16Vnni<Arch>) {
+    return _mm512_dpbusd_epi32(acc, a, b);
+  } else {
+    const I32<Arch> low_bytes(0x00ff00ff);
+    const I32<Arch> a_even = a & low_bytes, a_odd = (a >> 8) & low_bytes;
+    // Sign-extending each 16-bit half's low (b << 8) or high byte: an arithmetic 16-bit shift.
+    I32<Arch> b_even, b_odd;
+    if constexpr (kIsAvx512<Arch>) {
+      b_even = _mm512_srai_epi16(_mm512_slli_epi16(b, 8), 8);
+      b_odd = _mm512_srai_epi16(b, 8);
+    } else if constexpr (kIsAvx2<Arch>) {
+      b_even = _mm256_srai_epi16(_mm256_slli_epi16(b, 8), 8);
+      b_odd = _mm256_srai_epi16(b, 8);
+    } else {
+      b_even = _mm_srai_epi16(_mm_slli_epi16(b, 8), 8);
+      b_odd = _mm_srai_epi16(b, 8);
+    }
+    return acc + madd_int16<Arch>(a_even, b_even) + madd_int16<Arch>(a_odd, b_odd);
+  }
+}
+
+/// The low byte of each int32 lane (values known to fit) to dst, F32<Arch>::size bytes.
+template <class Arch>
+inline void store_low_bytes(void* dst, I32<Arch> v) noexcept {
+  if constexpr (kIsAvx512<Arch>) {
+    _mm_storeu_si128(static_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(v));
+  } else {
+    alignas(64) std::int32_t lanes[I32<Arch>::size];
+    v.store_aligned(lanes);
+    auto* bytes = static_cast<std::uint8_t*>(dst);
+    for (std::size_t i = 0; i < I32<Arch>::size; ++i) bytes[i] = static_cast<std::uint8_t>(lanes[i]);
+  }
+}
+
 /// Asks for the cache line holding `address` (xsimd 8.1 has no prefetch).
 template <class T>
 inline void prefetch(const T* address) noexcept {

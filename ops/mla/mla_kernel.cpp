@@ -37,8 +37,7 @@ namespace {
 
 template <class Arch>
 using F32 = simd::F32<Arch>;
-template <class Arch>
-using I32 = xsimd::batch<std::int32_t, Arch>;
+using simd::I32;
 
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 /// Key bytes as unsigned for vpdpbusd: x ^ 0x80 == x + 128 in two's complement.
@@ -47,18 +46,6 @@ constexpr std::uint32_t kSignFlip = 0x80808080u;
 /// PV register tile: 4 heads x 4 vectors of output columns (16 accumulators).
 constexpr int kValueTileHeads = 4;
 constexpr int kValueTileVectors = 4;
-
-/// Per-lane sum of the two int16 products of a and b (pmaddwd), exact in int32.
-template <class Arch>
-inline I32<Arch> madd_int16(I32<Arch> a, I32<Arch> b) noexcept {
-  if constexpr (simd::kIsAvx512<Arch>) {
-    return _mm512_madd_epi16(a, b);
-  } else if constexpr (simd::kIsAvx2<Arch>) {
-    return _mm256_madd_epi16(a, b);
-  } else {
-    return _mm_madd_epi16(a, b);
-  }
-}
 
 /// F32<Arch>::size int8 values as floats.
 template <class Arch>
@@ -216,7 +203,7 @@ inline void score_tile(const MlaProblem& p, const PreparedQueries& q, int vector
         for (int t = 0; t < kTokens; ++t) {
           const I key(static_cast<std::int32_t>(ws.key_pack[(token0 + t) * (kNopeDim / 2) + word]));
 #pragma GCC unroll 16
-          for (int v = 0; v < kVectors; ++v) acc[t][v] += madd_int16<Arch>(query[v], key);
+          for (int v = 0; v < kVectors; ++v) acc[t][v] += simd::madd_int16<Arch>(query[v], key);
         }
       }
     }

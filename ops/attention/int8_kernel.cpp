@@ -1,0 +1,547 @@
+// int8 attention (SPEC.md item 5), compiled once per ISA level (cmake/DitopsKernels.cmake).
+//
+// Operands (int8_pack_block, once per call): K minus its per-(sequence, KV head) mean
+// (SageAttention's smoothing: q·(k - mean) differs from q·k by a per-row constant, so the
+// softmax is unchanged and only the LSE needs q·mean back), quantized symmetrically per block
+// of 64 keys and stored four d per 32-bit word, keys in lanes; V quantized per block and
+// channel, stored four keys per word, channels in lanes. Q is quantized per row (a block of
+// one row costs nothing more here: its factor multiplies the row's scores anyway) with
+// softmax scale * log2(e) folded in, as u8 (q + 128) so vpdpbusd multiplies u8 Q by s8 K; the
+// offset is taken back with each key's precomputed 128 * sum(k).
+//
+// A row group of micro-tiles walks its KV blocks in the shared schedule's order
+// (ops/schedule): each run of cube stages is followed by its vector mirror, so with chunk 2 it
+// computes S for blocks b, b+1 (QK: int32 S in the ping-pong slot), softmaxes both (SM:
+// dequantize fused with the row max, mask, online max/sum in fp32, P quantized per row and
+// block as u8 = round(255 * 2^(s - block max))), then PV and UP of b and b+1 (PV: u8 P x s8 V by
+// vpdpbusd into int32, exact; UP: O = alpha * O + p_factor * v_scale * PV in fp32, the epilogue
+// of the same register tile).
+//
+// Why int8 P·V and not bf16: this machine's vdpbf16ps runs at half the fp32 FMA rate (bench:
+// peak_bf16), so bf16 P·V would be no faster than fp32, and fp32 P·V alone costs about as much
+// as the whole int8 target. u8 P with a per-(row, block) scale keeps every weight within 1/510
+// of its block's largest one; the accuracy tests (tests/attention/int8_test.cpp) measure the
+// result against the fp64 reference.
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "ops/attention/attention_kernel.hpp"
+#include "ops/attention/tile_rows.hpp"
+#include "ops/core/arch.hpp"
+#include "ops/core/simd.hpp"
+
+namespace ditops::attention {
+namespace {
+
+using simd::I32;
+
+template <class Arch>
+struct Int8Tiles {
+  static constexpr int kLanes = static_cast<int>(B<Arch>::size);
+  static constexpr int kRows = simd::kIsAvx512<Arch> ? 6 : 2;
+  static constexpr int kBlockVecs = static_cast<int>(kKvBlock) / kLanes;
+  /// Accumulator vectors per row in one pass: with VNNI 6 x 4 int32 tiles fill 24 of 32 zmm;
+  /// the pmaddwd emulation needs two widened copies of every K/V vector, so 2.
+  static constexpr int kPassVecs = simd::kHasBf16Vnni<Arch> ? 4 : 2;
+  static_assert(kRows <= kMaxTileRows && kBlockVecs % kPassVecs == 0);
+};
+
+/// 4 bytes at src as one int32 lane value (a broadcastable word of 4 int8 or u8).
+inline std::int32_t load_word(const void* src) noexcept {
+  std::int32_t word;
+  std::memcpy(&word, src, sizeof word);
+  return word;
+}
+
+/// round(x) as int32 lanes (ties to even, the current rounding mode).
+template <class Arch>
+inline I32<Arch> round_to_int(B<Arch> x) noexcept {
+  return xsimd::nearbyint_as_int(x);
+}
+
+/// Largest |x| over count (<= lanes) elements at src, as a vector to max-reduce later.
+template <class Arch, class T>
+inline B<Arch> abs_chunk(const T* src, std::int64_t i, std::int64_t count,
+                         const float* subtract) noexcept {
+  B<Arch> x = simd::load_chunk<Arch>(src, i, count);
+  if (subtract) x -= simd::load_chunk<Arch>(subtract, i, count);
+  return xsimd::abs(x);
+}
+
+template <class Arch, class T>
+void key_mean(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, float* mean) {
+  constexpr int L = Int8Tiles<Arch>::kLanes;
+  const Sequence s = sequence_of(p, seq);
+  const T* k = static_cast<const T*>(p.k) + seq * p.k_strides.batch + s.k_row0 * p.k_strides.seq +
+               kv_head * p.k_strides.head;
+  const float inverse = s.kv_len > 0 ? 1.f / static_cast<float>(s.kv_len) : 0.f;
+  for (std::int64_t d = 0; d < p.dk; d += L) {
+    const std::int64_t width = std::min<std::int64_t>(L, p.dk - d);
+    // Four partial sums: the dependency chain, not the loads, would bound a single one.
+    B<Arch> sum[4] = {B<Arch>(0.f), B<Arch>(0.f), B<Arch>(0.f), B<Arch>(0.f)};
+    std::int64_t key = 0;
+    for (; key + 4 <= s.kv_len; key += 4) {
+      for (int u = 0; u < 4; ++u) {
+        sum[u] += simd::load_chunk<Arch>(k + (key + u) * p.k_strides.seq, d, width);
+      }
+    }
+    for (; key < s.kv_len; ++key) sum[0] += simd::load_chunk<Arch>(k + key * p.k_strides.seq, d, width);
+    const B<Arch> total = ((sum[0] + sum[1]) + (sum[2] + sum[3])) * B<Arch>(inverse);
+    simd::store_chunk<Arch>(mean, d, width, total, false);
+  }
+}
+
+template <class Arch, class T>
+void pack_block(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, std::int64_t block,
+                std::int64_t global, const float* mean) {
+  constexpr int L = Int8Tiles<Arch>::kLanes;
+  const Int8Operands& op = p.int8;
+  const Sequence s = sequence_of(p, seq);
+  const std::int64_t first = block * kKvBlock;
+  const std::int64_t keys = std::min(kKvBlock, s.kv_len - first);
+  const T* k = static_cast<const T*>(p.k) + seq * p.k_strides.batch +
+               (s.k_row0 + first) * p.k_strides.seq + kv_head * p.k_strides.head;
+  const T* v = static_cast<const T*>(p.v) + seq * p.v_strides.batch +
+               (s.k_row0 + first) * p.v_strides.seq + kv_head * p.v_strides.head;
+  auto* k_out = const_cast<std::int8_t*>(op.k) + global * op.dk_words * kKvBlock * 4;
+  auto* k_sum = const_cast<std::int32_t*>(op.k_sum) + global * kKvBlock;
+  auto* v_out = const_cast<std::int8_t*>(op.v) + global * kKvBlock * p.dv_padded;
+  auto* v_scale = const_cast<float*>(op.v_scale) + global * p.dv_padded;
+
+  // K: one scale for the block (symmetric, max |k - mean| / 127).
+  B<Arch> top(0.f);
+  for (std::int64_t key = 0; key < keys; ++key) {
+    for (std::int64_t d = 0; d < p.dk; d += L) {
+      top = xsimd::max(top, abs_chunk<Arch>(k + key * p.k_strides.seq, d,
+                                            std::min<std::int64_t>(L, p.dk - d), mean));
+    }
+  }
+  const float k_max = simd::reduce_max<Arch>(top);
+  const float k_scale = k_max > 0.f ? k_max / 127.f : 1.f;
+  const_cast<float*>(op.k_scale)[global] = k_scale;
+  std::memset(k_out, 0, static_cast<std::size_t>(op.dk_words * kKvBlock * 4));
+  std::fill(k_sum, k_sum + kKvBlock, 0);
+  const B<Arch> k_inverse(1.f / k_scale);
+  for (std::int64_t key = 0; key < keys; ++key) {
+    I32<Arch> sum(0);
+    for (std::int64_t d = 0; d < p.dk; d += L) {
+      const std::int64_t width = std::min<std::int64_t>(L, p.dk - d);
+      B<Arch> x = simd::load_chunk<Arch>(k + key * p.k_strides.seq, d, width);
+      if (mean) x -= simd::load_chunk<Arch>(mean, d, width);
+      const I32<Arch> quantized = round_to_int<Arch>(x * k_inverse);  // zero past dk
+      sum += quantized;
+      alignas(64) std::int8_t bytes[L];
+      simd::store_low_bytes<Arch>(bytes, quantized);
+      // d .. d + L - 1 are words d / 4 ..: each word's 4 bytes sit at [word][key][0..3].
+      for (int w = 0; w < L / 4 && d + 4 * w < p.dk; ++w) {
+        std::memcpy(k_out + ((d / 4 + w) * kKvBlock + key) * 4, bytes + 4 * w, 4);
+      }
+    }
+    alignas(64) std::int32_t lanes[L];
+    sum.store_aligned(lanes);
+    std::int32_t total = 0;
+    for (int i = 0; i < L; ++i) total += lanes[i];
+    k_sum[key] = 128 * total;
+  }
+
+  // V: one scale per channel over the block's keys.
+  std::memset(v_out, 0, static_cast<std::size_t>(kKvBlock * p.dv_padded));
+  for (std::int64_t d = 0; d < p.dv_padded; d += L) {
+    const std::int64_t width = std::clamp<std::int64_t>(p.dv - d, 0, L);
+    if (width == 0) {
+      B<Arch>(1.f).store_unaligned(v_scale + d);
+      continue;
+    }
+    B<Arch> channel_max(0.f);
+    for (std::int64_t key = 0; key < keys; ++key) {
+      channel_max =
+          xsimd::max(channel_max, abs_chunk<Arch>(v + key * p.v_strides.seq, d, width, nullptr));
+    }
+    const auto nonzero = channel_max > B<Arch>(0.f);
+    const B<Arch> scale = xsimd::select(nonzero, channel_max * B<Arch>(1.f / 127.f), B<Arch>(1.f));
+    scale.store_unaligned(v_scale + d);
+    const B<Arch> inverse = B<Arch>(1.f) / scale;
+    for (std::int64_t key = 0; key < keys; ++key) {
+      const B<Arch> x = simd::load_chunk<Arch>(v + key * p.v_strides.seq, d, width);
+      alignas(64) std::int8_t bytes[L];
+      simd::store_low_bytes<Arch>(bytes, round_to_int<Arch>(x * inverse));
+      // Key j of channel c is byte j % 4 of word [j / 4][c].
+      std::int8_t* dst = v_out + ((key / 4) * p.dv_padded + d) * 4 + key % 4;
+      for (int i = 0; i < width; ++i) dst[4 * i] = bytes[i];
+    }
+  }
+}
+
+template <class Arch, class T>
+class Int8Runner {
+  using Tl = Int8Tiles<Arch>;
+  static constexpr int R = Tl::kRows, L = Tl::kLanes, BV = Tl::kBlockVecs, PV = Tl::kPassVecs;
+  static constexpr int kBuffers = 2 * 4;
+  static constexpr std::int64_t kRowsMax = kMaxRowGroup * kMaxTileRows;
+
+ public:
+  Int8Runner(const FlashProblem& p, const FlashTask& task, float* scratch) noexcept
+      : p_(p), op_(p.int8), task_(task), seq_(sequence_of(p, task.seq)) {
+    const std::int64_t head_slot = task.seq * p.kv_heads + task.kv_head;
+    first_block_ = op_.first_block[head_slot];
+    k_mean_ = op_.k_mean ? op_.k_mean + head_slot * p.dk : nullptr;
+    kv_end_ = std::min(task.kv_end, seq_.kv_len);
+    q_stride_ = (op_.dk_words * 4 + 63) / 64 * 64;
+    auto* bytes = reinterpret_cast<std::uint8_t*>(scratch);
+    auto carve = [&bytes](std::int64_t count) {
+      std::uint8_t* at = bytes;
+      bytes += (count + 63) / 64 * 64;
+      return at;
+    };
+    q8_ = carve(kRowsMax * q_stride_);
+    q_factor_ = reinterpret_cast<float*>(carve(kRowsMax * 4));
+    lse_shift_ = reinterpret_cast<float*>(carve(kRowsMax * 4));
+    row_max_ = reinterpret_cast<float*>(carve(kRowsMax * 4));
+    row_sum_ = reinterpret_cast<float*>(carve(kRowsMax * kMaxLanes * 4));
+    o_ = reinterpret_cast<float*>(carve(kRowsMax * p.dv_padded * 4));
+    s_ = reinterpret_cast<std::int32_t*>(carve(kBuffers * kRowsMax * kKvBlock * 4));
+    pq_ = carve(kBuffers * kRowsMax * kKvBlock);
+    p_factor_ = reinterpret_cast<float*>(carve(kBuffers * kRowsMax * 4));
+    alpha_ = reinterpret_cast<float*>(carve(kBuffers * kRowsMax * 4));
+    tile_keys_ = reinterpret_cast<std::int64_t*>(carve(kBuffers * kMaxRowGroup * 8));
+  }
+
+  void run() noexcept {
+    const std::int64_t total = (p_.heads / p_.kv_heads) * (task_.q_end - task_.q_begin);
+    const std::int64_t rows_per_group = static_cast<std::int64_t>(p_.row_group) * R;
+    for (std::int64_t first = 0; first < total; first += rows_per_group) {
+      run_group(first, std::min(total, first + rows_per_group));
+    }
+  }
+
+ private:
+  void run_group(std::int64_t first, std::int64_t end) noexcept {
+    row_count_ = static_cast<int>(end - first);
+    tiles_ = (row_count_ + R - 1) / R;
+    std::int64_t group_end = task_.kv_begin;
+    for (int t = 0; t < tiles_; ++t) {
+      tile_min_[t] = std::numeric_limits<std::int64_t>::max();
+      tile_max_[t] = task_.kv_begin;
+      for (int i = 0; i < R; ++i) {
+        const int index = t * R + i;
+        std::fill(o_ + index * p_.dv_padded, o_ + (index + 1) * p_.dv_padded, 0.f);
+        row_max_[index] = kMinusInf;
+        B<Arch>(0.f).store_aligned(row_sum_ + index * L);
+        if (index >= row_count_) {  // padding row of the last tile: attends nothing
+          rows_[index] = RowRef{};
+          rows_[index].visible_end = task_.kv_begin;
+          std::memset(q8_ + index * q_stride_, 128, static_cast<std::size_t>(q_stride_));
+          q_factor_[index] = 0.f;
+          tile_min_[t] = task_.kv_begin;
+          continue;
+        }
+        rows_[index] = make_row<T>(p_, task_, seq_, first + index);
+        quantize_query(index);
+        tile_min_[t] = std::min(tile_min_[t], rows_[index].visible_end);
+        tile_max_[t] = std::max(tile_max_[t], rows_[index].visible_end);
+      }
+      group_end = std::max(group_end, tile_max_[t]);
+    }
+    const std::int64_t blocks = (group_end - task_.kv_begin + kKvBlock - 1) / kKvBlock;
+    // Walk the cube order; after each run of equal cube stages, run their vector mirrors.
+    const schedule::StageInstance* order = op_.orders + op_.order_offset[blocks];
+    const int size = static_cast<int>(op_.order_offset[blocks + 1] - op_.order_offset[blocks]);
+    int run_begin = 0;
+    while (run_begin < size) {
+      int run_end = run_begin + 1;
+      while (run_end < size && order[run_end].stage == order[run_begin].stage) ++run_end;
+      const bool is_qk = order[run_begin].stage == schedule::Stage::qk;
+      for (int i = run_begin; i < run_end; ++i) {
+        const int buffer = order[i].slot * op_.chunk + order[i].sub;
+        if (is_qk) {
+          qk_stage(order[i].block, buffer);
+        } else {
+          pv_up_stage(order[i].block, buffer);
+        }
+      }
+      if (is_qk) {
+        for (int i = run_begin; i < run_end; ++i) {
+          sm_stage(order[i].block, order[i].slot * op_.chunk + order[i].sub);
+        }
+      }
+      run_begin = run_end;
+    }
+    for (int index = 0; index < row_count_; ++index) {
+      finish_row<Arch, T>(p_, rows_[index], o_ + index * p_.dv_padded,
+                          simd::reduce_add<Arch>(B<Arch>::load_aligned(row_sum_ + index * L)),
+                          row_max_[index], lse_shift_[index]);
+    }
+  }
+
+  /// Q row * softmax scale * log2(e), as u8 (q + 128) with one scale; the LSE shift is the
+  /// part of the scores smoothing removed, (scaled q) · mean.
+  void quantize_query(int index) noexcept {
+    const T* q = static_cast<const T*>(rows_[index].q);
+    const B<Arch> scale(p_.scale_log2);
+    B<Arch> top(0.f), shift(0.f);
+    for (std::int64_t d = 0; d < p_.dk; d += L) {
+      const std::int64_t width = std::min<std::int64_t>(L, p_.dk - d);
+      const B<Arch> x = simd::load_chunk<Arch>(q, d, width) * scale;
+      top = xsimd::max(top, xsimd::abs(x));
+      if (k_mean_) shift = simd::fmadd<Arch>(x, simd::load_chunk<Arch>(k_mean_, d, width), shift);
+    }
+    const float q_max = simd::reduce_max<Arch>(top);
+    const float factor = q_max > 0.f ? q_max / 127.f : 1.f;
+    q_factor_[index] = factor;
+    lse_shift_[index] = simd::reduce_add<Arch>(shift);
+    std::uint8_t* dst = q8_ + index * q_stride_;
+    const B<Arch> inverse(1.f / factor);
+    for (std::int64_t d = 0; d < q_stride_; d += L) {
+      const std::int64_t width = std::clamp<std::int64_t>(p_.dk - d, 0, L);
+      const B<Arch> x = width > 0 ? simd::load_chunk<Arch>(q, d, width) * scale : B<Arch>(0.f);
+      simd::store_low_bytes<Arch>(dst + d, round_to_int<Arch>(x * inverse) + I32<Arch>(128));
+    }
+  }
+
+  std::int64_t block_start(int block) const noexcept {
+    return task_.kv_begin + static_cast<std::int64_t>(block) * kKvBlock;
+  }
+  std::int64_t global_block(int block) const noexcept {
+    return first_block_ + block_start(block) / kKvBlock;
+  }
+
+  /// QK(b): S[tile rows][64] = u8 Q · s8 K^T - 128 * sum(k), exact int32, for every micro-tile
+  /// that attends the block (tile_keys_ > 0 marks them for SM; 0 skips SM and PV).
+  void qk_stage(int block, int buffer) noexcept {
+    const std::int64_t start = block_start(block);
+    const std::int64_t keys = std::min(kKvBlock, kv_end_ - start);
+    const std::int64_t global = global_block(block);
+    const std::int8_t* k = op_.k + global * op_.dk_words * kKvBlock * 4;
+    const std::int32_t* k_sum = op_.k_sum + global * kKvBlock;
+    for (int t = 0; t < tiles_; ++t) {
+      std::int64_t& tile_keys = tile_keys_[buffer * kMaxRowGroup + t];
+      tile_keys = 0;
+      if (start >= tile_max_[t]) continue;  // above the causal diagonal for every row
+      bool attends = true;
+      needs_mask_[buffer][t] = tile_needs_mask(p_, rows_ + t * R, R, start, keys,
+                                               start + kKvBlock > tile_min_[t], attends);
+      if (!attends) continue;
+      tile_keys = std::min(keys, tile_max_[t] - start);
+      std::int32_t* s = s_ + (buffer * kRowsMax + t * R) * kKvBlock;
+      for (int col = 0; col < BV; col += PV) qk_pass(t * R, k, k_sum, col, s);
+    }
+  }
+
+  void qk_pass(int first_row, const std::int8_t* k, const std::int32_t* k_sum, int col,
+               std::int32_t* s) noexcept {
+    I32<Arch> acc[R][PV];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int c = 0; c < PV; ++c) acc[r][c] = I32<Arch>(0);
+    }
+    const std::uint8_t* q = q8_ + first_row * q_stride_;
+    for (std::int64_t word = 0; word < op_.dk_words; ++word) {
+      I32<Arch> kv[PV];
+      const std::int8_t* k_word = k + (word * kKvBlock + col * L) * 4;
+#pragma GCC unroll 4
+      for (int c = 0; c < PV; ++c) {
+        kv[c] = I32<Arch>::load_aligned(reinterpret_cast<const std::int32_t*>(k_word) + c * L);
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const I32<Arch> qw(load_word(q + r * q_stride_ + word * 4));
+#pragma GCC unroll 4
+        for (int c = 0; c < PV; ++c) acc[r][c] = simd::dot_u8s8<Arch>(acc[r][c], qw, kv[c]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < PV; ++c) {
+      const I32<Arch> offset = I32<Arch>::load_aligned(k_sum + (col + c) * L);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        (acc[r][c] - offset).store_aligned(s + r * kKvBlock + (col + c) * L);
+      }
+    }
+  }
+
+  /// SM(b): per row, dequantize S (q factor * k scale) fused with the block max, mask, online
+  /// max/sum, P = round(255 * 2^(s - block max)) as u8 with its factor 2^(block max - m) / 255.
+  void sm_stage(int block, int buffer) noexcept {
+    const std::int64_t start = block_start(block);
+    const float k_scale = op_.k_scale[global_block(block)];
+    for (int t = 0; t < tiles_; ++t) {
+      if (tile_keys_[buffer * kMaxRowGroup + t] == 0) continue;
+      for (int i = 0; i < R; ++i) {
+        const int index = t * R + i;
+        const std::int64_t slot_row = buffer * kRowsMax + index;
+        const std::int32_t* s_row = s_ + slot_row * kKvBlock;
+        std::uint8_t* p_row = pq_ + slot_row * kKvBlock;
+        const B<Arch> factor(q_factor_[index] * k_scale);
+        B<Arch> s[BV];
+        for (int c = 0; c < BV; ++c) {
+          s[c] = xsimd::to_float(I32<Arch>::load_aligned(s_row + c * L)) * factor;
+        }
+        if (needs_mask_[buffer][t]) mask_scores<Arch>(p_, rows_[index], start, seq_.kv_len, s);
+        B<Arch> top = s[0];
+        for (int c = 1; c < BV; ++c) top = xsimd::max(top, s[c]);
+        const float block_max = simd::reduce_max<Arch>(top);
+        if (!(block_max > kMinusInf)) {  // nothing attended in this row: UP leaves O alone
+          std::memset(p_row, 0, kKvBlock);
+          p_factor_[slot_row] = 0.f;
+          alpha_[slot_row] = 1.f;
+          continue;
+        }
+        float& m = row_max_[index];
+        const float m_new = std::max(m, block_max);
+        const float alpha = m > kMinusInf ? std::exp2(m - m_new) : 0.f;
+        m = m_new;
+        const float p_factor = std::exp2(block_max - m_new) / 255.f;
+        const B<Arch> shift(block_max);
+        B<Arch> sum(0.f);
+        for (int c = 0; c < BV; ++c) {
+          const I32<Arch> level =
+              round_to_int<Arch>(exp2_scores<Arch>(s[c] - shift) * B<Arch>(255.f));
+          sum += xsimd::to_float(level);  // the weights PV will use, as their integers
+          simd::store_low_bytes<Arch>(p_row + c * L, level);
+        }
+        float* l = row_sum_ + index * L;
+        simd::fmadd<Arch>(B<Arch>::load_aligned(l), B<Arch>(alpha), sum * B<Arch>(p_factor))
+            .store_aligned(l);
+        p_factor_[slot_row] = p_factor;
+        alpha_[slot_row] = alpha;
+      }
+    }
+  }
+
+  /// PV(b) and UP(b): per column pass and micro-tile, int32 P · V over the block's words, then
+  /// O = alpha * O + p_factor * v_scale * PV.
+  void pv_up_stage(int block, int buffer) noexcept {
+    const std::int64_t global = global_block(block);
+    const std::int8_t* v = op_.v + global * kKvBlock * p_.dv_padded;
+    const float* v_scale = op_.v_scale + global * p_.dv_padded;
+    const std::int64_t vectors = p_.dv_padded / L;
+    for (std::int64_t vec = 0; vec < vectors; vec += PV) {
+      const std::int64_t count = std::min<std::int64_t>(PV, vectors - vec);
+      for (int t = 0; t < tiles_; ++t) {
+        const std::int64_t keys = tile_keys_[buffer * kMaxRowGroup + t];
+        if (keys == 0) continue;
+        const std::int64_t words = (keys + 3) / 4;
+        if (count == PV) {
+          pv_pass<PV>(t * R, buffer, v, v_scale, vec * L, words);
+        } else {
+          pv_rest(t * R, buffer, v, v_scale, vec * L, words, count);
+        }
+      }
+    }
+  }
+
+  void pv_rest(int first_row, int buffer, const std::int8_t* v, const float* v_scale,
+               std::int64_t col, std::int64_t words, std::int64_t count) noexcept {
+    if constexpr (PV > 1) {
+      if (count == 1) return pv_pass<1>(first_row, buffer, v, v_scale, col, words);
+    }
+    if constexpr (PV > 2) {
+      if (count == 2) return pv_pass<2>(first_row, buffer, v, v_scale, col, words);
+      return pv_pass<3>(first_row, buffer, v, v_scale, col, words);
+    }
+  }
+
+  template <int V>
+  void pv_pass(int first_row, int buffer, const std::int8_t* v, const float* v_scale,
+               std::int64_t col, std::int64_t words) noexcept {
+    I32<Arch> acc[R][V];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int c = 0; c < V; ++c) acc[r][c] = I32<Arch>(0);
+    }
+    const std::uint8_t* p_tile = pq_ + (buffer * kRowsMax + first_row) * kKvBlock;
+    for (std::int64_t word = 0; word < words; ++word) {
+      I32<Arch> vv[V];
+      const auto* v_word = reinterpret_cast<const std::int32_t*>(v + (word * p_.dv_padded + col) * 4);
+#pragma GCC unroll 4
+      for (int c = 0; c < V; ++c) vv[c] = I32<Arch>::load_aligned(v_word + c * L);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const I32<Arch> pw(load_word(p_tile + r * kKvBlock + word * 4));
+#pragma GCC unroll 4
+        for (int c = 0; c < V; ++c) acc[r][c] = simd::dot_u8s8<Arch>(acc[r][c], pw, vv[c]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const std::int64_t slot_row = buffer * kRowsMax + first_row + r;
+      const B<Arch> alpha(alpha_[slot_row]), p_factor(p_factor_[slot_row]);
+      float* o = o_ + (first_row + r) * p_.dv_padded + col;
+#pragma GCC unroll 4
+      for (int c = 0; c < V; ++c) {
+        const B<Arch> scale = B<Arch>::load_aligned(v_scale + col + c * L) * p_factor;
+        const B<Arch> kept = B<Arch>::load_aligned(o + c * L) * alpha;
+        simd::fmadd<Arch>(xsimd::to_float(acc[r][c]), scale, kept).store_aligned(o + c * L);
+      }
+    }
+  }
+
+  const FlashProblem& p_;
+  const Int8Operands& op_;
+  const FlashTask& task_;
+  Sequence seq_;
+  std::int64_t first_block_ = 0, kv_end_ = 0, q_stride_ = 0;
+  const float* k_mean_ = nullptr;
+  int row_count_ = 0, tiles_ = 0;
+  RowRef rows_[kRowsMax];
+  std::int64_t tile_min_[kMaxRowGroup], tile_max_[kMaxRowGroup];
+  bool needs_mask_[kBuffers][kMaxRowGroup];
+  std::uint8_t* q8_;
+  float *q_factor_, *lse_shift_, *row_max_, *row_sum_, *o_;
+  std::int32_t* s_;
+  std::uint8_t* pq_;
+  float *p_factor_, *alpha_;
+  std::int64_t* tile_keys_;
+};
+
+}  // namespace
+
+template <class Arch>
+void int8_key_mean(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head,
+                   float* mean) noexcept {
+  switch (p.dtype) {
+    case DType::bf16:
+      return key_mean<Arch, bf16>(p, seq, kv_head, mean);
+    case DType::f16:
+      return key_mean<Arch, f16>(p, seq, kv_head, mean);
+    default:
+      return key_mean<Arch, float>(p, seq, kv_head, mean);
+  }
+}
+
+template <class Arch>
+void int8_pack_block(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head,
+                     std::int64_t block, std::int64_t global, const float* mean) noexcept {
+  switch (p.dtype) {
+    case DType::bf16:
+      return pack_block<Arch, bf16>(p, seq, kv_head, block, global, mean);
+    case DType::f16:
+      return pack_block<Arch, f16>(p, seq, kv_head, block, global, mean);
+    default:
+      return pack_block<Arch, float>(p, seq, kv_head, block, global, mean);
+  }
+}
+
+template <class Arch>
+void int8_task(const FlashProblem& p, const FlashTask& task, float* scratch) noexcept {
+  switch (p.dtype) {
+    case DType::bf16:
+      return Int8Runner<Arch, bf16>(p, task, scratch).run();
+    case DType::f16:
+      return Int8Runner<Arch, f16>(p, task, scratch).run();
+    default:
+      return Int8Runner<Arch, float>(p, task, scratch).run();
+  }
+}
+
+template void int8_key_mean<KernelArch>(const FlashProblem&, std::int64_t, std::int64_t,
+                                        float*) noexcept;
+template void int8_pack_block<KernelArch>(const FlashProblem&, std::int64_t, std::int64_t,
+                                          std::int64_t, std::int64_t, const float*) noexcept;
+template void int8_task<KernelArch>(const FlashProblem&, const FlashTask&, float*) noexcept;
+
+}  // namespace ditops::attention
