@@ -3,6 +3,7 @@
 // D=128, S=2048 and 4608, non-causal and causal), a Wan-like long sequence (S=16384, N=4),
 // GQA decode-like calls (Sq 1 and 16 against Sk=8192, 32/8 heads) and a varlen batch of 8
 // mixed lengths beside the sum of its per-sequence dense runs.
+// The int8 backend beside flash fp32 on the FLUX shapes, chunk 1/2/4.
 // FLOPs: 4·B·N·Sq·Sk·D (Q·K^T and P·V), halved for causal.
 
 #include <ditops/attention.hpp>
@@ -131,12 +132,65 @@ void bf16_args(benchmark::internal::Benchmark* b) {
   }
 }
 
+/// int8 backend (range(2) = chunk) against flash fp32 on the same inputs (range(3) = flash = 1,
+/// reported with chunk 0: the same-process baseline bench-summary pairs with flash:0). K has
+/// per-channel offsets, as real models' keys do (the case smoothing exists for). Rate: int8
+/// operations (2 per multiply-add of Q·K^T and P·V) against the measured VNNI peak.
+void BM_attention_int8(benchmark::State& state) {
+  const Shape s = kShapes[state.range(0)];
+  const int threads = static_cast<int>(state.range(1));
+  const bool flash = state.range(3) != 0;
+  set_num_threads(threads);
+  auto q = normal_buffer<float>(s.batch * s.q_len * s.heads * s.dim, 1);
+  auto k = normal_buffer<float>(s.batch * s.kv_len * s.kv_heads * s.dim, 2);
+  auto v = normal_buffer<float>(s.batch * s.kv_len * s.kv_heads * s.dim, 3);
+  for (std::size_t i = 0; i < k.size(); ++i) k[i] += static_cast<float>(i % s.dim % 7) - 3.f;
+  std::vector<float> out(q.size());
+  AttentionOptions options;
+  options.causal = s.causal;
+  options.backend = flash ? AttentionBackend::flash : AttentionBackend::int8;
+  options.int8_chunk = flash ? 2 : static_cast<int>(state.range(2));
+  const TensorView qv = view(q.data(), {s.batch, s.q_len, s.heads, s.dim});
+  const TensorView kv = view(k.data(), {s.batch, s.kv_len, s.kv_heads, s.dim});
+  const TensorView vv = view(v.data(), {s.batch, s.kv_len, s.kv_heads, s.dim});
+  const TensorView ov = view(out.data(), {s.batch, s.q_len, s.heads, s.dim});
+  for (auto _ : state) {
+    attention_forward(qv, kv, vv, ov, options);
+    benchmark::ClobberMemory();
+  }
+  const Limits& limits = measured_limits(threads);
+  state.SetLabel(std::string(s.name) + " " + backend_name(options.backend) +
+                 (flash ? "" : " chunk " + std::to_string(options.int8_chunk)));
+  if (flash) {
+    report_flops(state, attention_flops(s), limits.fma_flops, threads);
+  } else {
+    const double ops = attention_flops(s) * static_cast<double>(state.iterations());
+    state.counters["GOP/s"] = benchmark::Counter(ops / 1e9, benchmark::Counter::kIsRate);
+    if (limits.vnni_ops > 0) {
+      state.counters["frac_peak"] =
+          benchmark::Counter(ops / limits.vnni_ops, benchmark::Counter::kIsRate);
+    }
+    state.counters["threads"] = threads;
+  }
+}
+
+void int8_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"shape", "threads", "chunk", "flash"})->Unit(benchmark::kMillisecond)->UseRealTime();
+  for (int shape : {0, 2, 1}) {
+    for (int threads : {1, 2}) {
+      for (int chunk : {1, 2, 4}) b->Args({shape, threads, chunk, 0});
+      b->Args({shape, threads, 0, 1});
+    }
+  }
+}
+
 BENCHMARK_TEMPLATE(BM_attention, float, AttentionBackend::flash)
     ->Name("attention_flash_f32")
     ->Apply(flash_args);
 BENCHMARK_TEMPLATE(BM_attention, bf16, AttentionBackend::flash_bf16)
     ->Name("attention_flash_bf16")
     ->Apply(bf16_args);
+BENCHMARK(BM_attention_int8)->Name("attention_int8")->Apply(int8_args);
 BENCHMARK(BM_attention_varlen)
     ->ArgNames({"dense", "threads"})
     ->Args({0, 1})

@@ -37,12 +37,21 @@ double fraction_of(const json& entry) {
   return -1;
 }
 
-/// Name of the baseline entry for `name`, or "" when it is itself a baseline or has none.
+/// Name of the baseline entry for `name`, or "" when it is itself a baseline or has none:
+/// "eigen:0" pairs with "eigen:1" (Eigen or reference backends), and "flash:0" with "flash:1"
+/// at "chunk:0" (the int8 attention backend against flash fp32, which has no chunk).
 std::string baseline_name(const std::string& name) {
-  const std::string ours = "eigen:0", theirs = "eigen:1";
-  const auto at = name.find(ours);
-  if (at == std::string::npos) return "";
-  return name.substr(0, at) + theirs + name.substr(at + ours.size());
+  std::string base = name;
+  for (const auto& [ours, theirs] : {std::pair<std::string, std::string>{"eigen:0", "eigen:1"},
+                                     {"flash:0", "flash:1"}}) {
+    const auto at = base.find(ours);
+    if (at == std::string::npos) continue;
+    base.replace(at, ours.size(), theirs);
+    const auto chunk = base.find("chunk:");
+    if (chunk != std::string::npos) base.replace(chunk + 6, 1, "0");
+    return base;
+  }
+  return "";
 }
 
 }  // namespace

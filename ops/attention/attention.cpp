@@ -519,28 +519,19 @@ bool smooth_keys() {
 }
 
 void prepare_int8(FlashProblem& p, Int8Storage& storage, int chunk, int threads) {
-  using MeanKernel = decltype(&int8_key_mean<xsimd::sse2>);
-  using PackKernel = decltype(&int8_pack_block<xsimd::sse2>);
-  static const core::IsaTable<MeanKernel> mean_kernels = DITOPS_ISA_TABLE(int8_key_mean);
-  static const core::IsaTable<PackKernel> pack_kernels = DITOPS_ISA_TABLE(int8_pack_block);
+  using PackKernel = decltype(&int8_pack_head<xsimd::sse2>);
+  static const core::IsaTable<PackKernel> pack_kernels = DITOPS_ISA_TABLE(int8_pack_head);
   Int8Operands& op = p.int8;
   op.chunk = chunk;
   op.dk_words = (p.dk + 3) / 4;
   const std::int64_t heads_total = p.batch * p.kv_heads;
   storage.first_block.resize(heads_total);
-  struct Job {
-    std::int64_t seq, head, block, global;
-  };
-  std::vector<Job> jobs;
   std::int64_t blocks_total = 0, max_blocks = 0;
   for (std::int64_t seq = 0; seq < p.batch; ++seq) {
     const std::int64_t blocks = (sequence_shape(p, seq).kv_len + kKvBlock - 1) / kKvBlock;
     max_blocks = std::max(max_blocks, blocks);
     for (std::int64_t head = 0; head < p.kv_heads; ++head) {
       storage.first_block[seq * p.kv_heads + head] = blocks_total;
-      for (std::int64_t block = 0; block < blocks; ++block) {
-        jobs.push_back({seq, head, block, blocks_total + block});
-      }
       blocks_total += blocks;
     }
   }
@@ -558,25 +549,15 @@ void prepare_int8(FlashProblem& p, Int8Storage& storage, int chunk, int threads)
   op.k_mean = nullptr;
   if (smooth_keys()) {
     storage.k_mean = aligned_array<float>(heads_total * p.dk);
-    const MeanKernel mean = mean_kernels.get();
-    core::parallel_ranges(heads_total, threads, [&](std::int64_t begin, std::int64_t end, int) {
-      for (std::int64_t h = begin; h < end; ++h) {
-        mean(p, h / p.kv_heads, h % p.kv_heads, storage.k_mean.get() + h * p.dk);
-      }
-    });
     op.k_mean = storage.k_mean.get();
   }
+  // Per (sequence, KV head): its mean, then its blocks, while the keys are still in L2.
   const PackKernel pack = pack_kernels.get();
-  core::parallel_ranges(static_cast<std::int64_t>(jobs.size()), threads,
-                        [&](std::int64_t begin, std::int64_t end, int) {
-                          for (std::int64_t j = begin; j < end; ++j) {
-                            const Job& job = jobs[j];
-                            const float* mean =
-                                op.k_mean ? op.k_mean + (job.seq * p.kv_heads + job.head) * p.dk
-                                          : nullptr;
-                            pack(p, job.seq, job.head, job.block, job.global, mean);
-                          }
-                        });
+  core::parallel_ranges(heads_total, threads, [&](std::int64_t begin, std::int64_t end, int) {
+    for (std::int64_t h = begin; h < end; ++h) {
+      pack(p, h / p.kv_heads, h % p.kv_heads, op.k_mean ? storage.k_mean.get() + h * p.dk : nullptr);
+    }
+  });
   // The shared schedule's cube order for every block count a row group can have.
   storage.order_offset.assign(1, 0);
   for (std::int64_t n = 0; n <= max_blocks; ++n) {

@@ -137,17 +137,12 @@ inline std::int64_t int8_scratch_bytes(const FlashProblem& p) noexcept {
          + buffers * kMaxRowGroup * 8 + 256;               // keys per tile; alignment
 }
 
-/// Per (sequence, KV head): the mean of its keys over the sequence into mean[dk].
+/// Quantizes the keys and values of one (sequence, KV head) into the Int8Operands arrays
+/// (their pointers, cast to writable, are the destination; first_block must be set). With
+/// `mean` set, first writes the head's key mean there (dk floats) and subtracts it (smoothing).
 template <class Arch>
-void int8_key_mean(const FlashProblem& problem, std::int64_t seq, std::int64_t kv_head,
-                   float* mean) noexcept;
-
-/// Quantizes block `block` of (seq, kv_head) into the Int8Operands arrays at global block
-/// number `global` (the operands' pointers, cast to writable, are the destination);
-/// mean: the key mean to subtract, or null (smoothing off).
-template <class Arch>
-void int8_pack_block(const FlashProblem& problem, std::int64_t seq, std::int64_t kv_head,
-                     std::int64_t block, std::int64_t global, const float* mean) noexcept;
+void int8_pack_head(const FlashProblem& problem, std::int64_t seq, std::int64_t kv_head,
+                    float* mean) noexcept;
 
 /// Runs one task with the int8 pipeline; scratch: int8_scratch_bytes(), 64-byte aligned.
 template <class Arch>

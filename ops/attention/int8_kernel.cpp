@@ -70,26 +70,38 @@ inline B<Arch> abs_chunk(const T* src, std::int64_t i, std::int64_t count,
   return xsimd::abs(x);
 }
 
+/// Rows read whole, key by key, with the row 8 ahead prefetched: rows are N·D elements apart
+/// (a fresh page each), so reading one column chunk of every row in turn waited on a miss per
+/// load.
+template <class T>
+inline void prefetch_row(const T* row, std::int64_t count) noexcept {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (std::int64_t i = 0; i < count * static_cast<std::int64_t>(sizeof(T)); i += 64) {
+    simd::prefetch(bytes + i);
+  }
+}
+
 template <class Arch, class T>
 void key_mean(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, float* mean) {
   constexpr int L = Int8Tiles<Arch>::kLanes;
   const Sequence s = sequence_of(p, seq);
   const T* k = static_cast<const T*>(p.k) + seq * p.k_strides.batch + s.k_row0 * p.k_strides.seq +
                kv_head * p.k_strides.head;
-  const float inverse = s.kv_len > 0 ? 1.f / static_cast<float>(s.kv_len) : 0.f;
+  std::fill(mean, mean + p.dk, 0.f);
+  for (std::int64_t key = 0; key < s.kv_len; ++key) {
+    if (key + 8 < s.kv_len) prefetch_row(k + (key + 8) * p.k_strides.seq, p.dk);
+    for (std::int64_t d = 0; d < p.dk; d += L) {
+      const std::int64_t width = std::min<std::int64_t>(L, p.dk - d);
+      simd::store_chunk<Arch>(mean, d, width,
+                              simd::load_chunk<Arch>(mean, d, width) +
+                                  simd::load_chunk<Arch>(k + key * p.k_strides.seq, d, width),
+                              false);
+    }
+  }
+  const B<Arch> inverse(s.kv_len > 0 ? 1.f / static_cast<float>(s.kv_len) : 0.f);
   for (std::int64_t d = 0; d < p.dk; d += L) {
     const std::int64_t width = std::min<std::int64_t>(L, p.dk - d);
-    // Four partial sums: the dependency chain, not the loads, would bound a single one.
-    B<Arch> sum[4] = {B<Arch>(0.f), B<Arch>(0.f), B<Arch>(0.f), B<Arch>(0.f)};
-    std::int64_t key = 0;
-    for (; key + 4 <= s.kv_len; key += 4) {
-      for (int u = 0; u < 4; ++u) {
-        sum[u] += simd::load_chunk<Arch>(k + (key + u) * p.k_strides.seq, d, width);
-      }
-    }
-    for (; key < s.kv_len; ++key) sum[0] += simd::load_chunk<Arch>(k + key * p.k_strides.seq, d, width);
-    const B<Arch> total = ((sum[0] + sum[1]) + (sum[2] + sum[3])) * B<Arch>(inverse);
-    simd::store_chunk<Arch>(mean, d, width, total, false);
+    simd::store_chunk<Arch>(mean, d, width, simd::load_chunk<Arch>(mean, d, width) * inverse, false);
   }
 }
 
@@ -111,14 +123,14 @@ void pack_block(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, s
   auto* v_scale = const_cast<float*>(op.v_scale) + global * p.dv_padded;
 
   // K: one scale for the block (symmetric, max |k - mean| / 127).
-  B<Arch> top(0.f);
+  B<Arch> k_top(0.f);
   for (std::int64_t key = 0; key < keys; ++key) {
     for (std::int64_t d = 0; d < p.dk; d += L) {
-      top = xsimd::max(top, abs_chunk<Arch>(k + key * p.k_strides.seq, d,
-                                            std::min<std::int64_t>(L, p.dk - d), mean));
+      k_top = xsimd::max(k_top, abs_chunk<Arch>(k + key * p.k_strides.seq, d,
+                                                std::min<std::int64_t>(L, p.dk - d), mean));
     }
   }
-  const float k_max = simd::reduce_max<Arch>(top);
+  const float k_max = simd::reduce_max<Arch>(k_top);
   const float k_scale = k_max > 0.f ? k_max / 127.f : 1.f;
   const_cast<float*>(op.k_scale)[global] = k_scale;
   std::memset(k_out, 0, static_cast<std::size_t>(op.dk_words * kKvBlock * 4));
@@ -146,30 +158,131 @@ void pack_block(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, s
     k_sum[key] = 128 * total;
   }
 
-  // V: one scale per channel over the block's keys.
+  // V: one scale per channel over the block's keys (running max in v_scale, key by key).
   std::memset(v_out, 0, static_cast<std::size_t>(kKvBlock * p.dv_padded));
+  std::fill(v_scale, v_scale + p.dv_padded, 0.f);
+  for (std::int64_t key = 0; key < keys; ++key) {
+    for (std::int64_t d = 0; d < p.dv; d += L) {
+      const std::int64_t width = std::min<std::int64_t>(L, p.dv - d);
+      const B<Arch> top = xsimd::max(simd::load_chunk<Arch>(v_scale, d, width),
+                                     abs_chunk<Arch>(v + key * p.v_strides.seq, d, width, nullptr));
+      simd::store_chunk<Arch>(v_scale, d, width, top, false);
+    }
+  }
   for (std::int64_t d = 0; d < p.dv_padded; d += L) {
-    const std::int64_t width = std::clamp<std::int64_t>(p.dv - d, 0, L);
-    if (width == 0) {
-      B<Arch>(1.f).store_unaligned(v_scale + d);
-      continue;
+    const B<Arch> top = B<Arch>::load_unaligned(v_scale + d);
+    xsimd::select(top > B<Arch>(0.f), top * B<Arch>(1.f / 127.f), B<Arch>(1.f))
+        .store_unaligned(v_scale + d);
+  }
+  std::int64_t key = 0;
+  if constexpr (simd::kIsAvx512<Arch>) {
+    // 4 keys x 16 channels to 16 words of 4 keys each: two rounds of byte/word unpacking.
+    for (; key + 4 <= keys; key += 4) {
+      for (std::int64_t d = 0; d < p.dv; d += L) {
+        const std::int64_t width = std::min<std::int64_t>(L, p.dv - d);
+        const B<Arch> inverse = B<Arch>(1.f) / B<Arch>::load_unaligned(v_scale + d);
+        auto bytes = [&](std::int64_t row) {
+          return _mm512_cvtepi32_epi8(round_to_int<Arch>(
+              simd::load_chunk<Arch>(v + row * p.v_strides.seq, d, width) * inverse));
+        };
+        const __m128i k0 = bytes(key), k1 = bytes(key + 1), k2 = bytes(key + 2), k3 = bytes(key + 3);
+        const __m128i k01_low = _mm_unpacklo_epi8(k0, k1), k01_high = _mm_unpackhi_epi8(k0, k1);
+        const __m128i k23_low = _mm_unpacklo_epi8(k2, k3), k23_high = _mm_unpackhi_epi8(k2, k3);
+        auto* dst = reinterpret_cast<__m128i*>(v_out + ((key / 4) * p.dv_padded + d) * 4);
+        _mm_storeu_si128(dst + 0, _mm_unpacklo_epi16(k01_low, k23_low));
+        _mm_storeu_si128(dst + 1, _mm_unpackhi_epi16(k01_low, k23_low));
+        _mm_storeu_si128(dst + 2, _mm_unpacklo_epi16(k01_high, k23_high));
+        _mm_storeu_si128(dst + 3, _mm_unpackhi_epi16(k01_high, k23_high));
+      }
     }
-    B<Arch> channel_max(0.f);
-    for (std::int64_t key = 0; key < keys; ++key) {
-      channel_max =
-          xsimd::max(channel_max, abs_chunk<Arch>(v + key * p.v_strides.seq, d, width, nullptr));
-    }
-    const auto nonzero = channel_max > B<Arch>(0.f);
-    const B<Arch> scale = xsimd::select(nonzero, channel_max * B<Arch>(1.f / 127.f), B<Arch>(1.f));
-    scale.store_unaligned(v_scale + d);
-    const B<Arch> inverse = B<Arch>(1.f) / scale;
-    for (std::int64_t key = 0; key < keys; ++key) {
-      const B<Arch> x = simd::load_chunk<Arch>(v + key * p.v_strides.seq, d, width);
+  }
+  for (; key < keys; ++key) {
+    for (std::int64_t d = 0; d < p.dv; d += L) {
+      const std::int64_t width = std::min<std::int64_t>(L, p.dv - d);
+      const B<Arch> inverse = B<Arch>(1.f) / B<Arch>::load_unaligned(v_scale + d);
       alignas(64) std::int8_t bytes[L];
-      simd::store_low_bytes<Arch>(bytes, round_to_int<Arch>(x * inverse));
+      simd::store_low_bytes<Arch>(
+          bytes, round_to_int<Arch>(simd::load_chunk<Arch>(v + key * p.v_strides.seq, d, width) *
+                                    inverse));
       // Key j of channel c is byte j % 4 of word [j / 4][c].
       std::int8_t* dst = v_out + ((key / 4) * p.dv_padded + d) * 4 + key % 4;
       for (int i = 0; i < width; ++i) dst[4 * i] = bytes[i];
+    }
+  }
+}
+
+/// S[kRows][V * lanes] (rows 64 apart) = u8 Q rows (q_stride apart) · s8 K words at `k`
+/// (keys in lanes, [word][64 keys][4]) minus k_sum, exact int32. Accumulators are plain
+/// register arrays: GCC kept arrays of xsimd integer batches in memory here (a store and a
+/// reload around every vpdpbusd).
+template <class Arch, int V>
+inline void qk_tile(const std::uint8_t* q, std::int64_t q_stride, const std::int8_t* k,
+                    std::int64_t words, const std::int32_t* k_sum, std::int32_t* s) noexcept {
+  constexpr int R = Int8Tiles<Arch>::kRows, L = Int8Tiles<Arch>::kLanes;
+  using Reg = typename I32<Arch>::register_type;
+  Reg acc[R][V];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int c = 0; c < V; ++c) acc[r][c] = I32<Arch>(0);
+  }
+  for (std::int64_t word = 0; word < words; ++word) {
+    Reg kv[V];
+    const auto* k_word = reinterpret_cast<const std::int32_t*>(k + word * kKvBlock * 4);
+#pragma GCC unroll 4
+    for (int c = 0; c < V; ++c) kv[c] = I32<Arch>::load_aligned(k_word + c * L);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const Reg qw = I32<Arch>(load_word(q + r * q_stride + word * 4));
+#pragma GCC unroll 4
+      for (int c = 0; c < V; ++c) acc[r][c] = simd::dot_u8s8<Arch>(acc[r][c], qw, kv[c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < V; ++c) {
+    const I32<Arch> offset = I32<Arch>::load_aligned(k_sum + c * L);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) (I32<Arch>(acc[r][c]) - offset).store_aligned(s + r * kKvBlock + c * L);
+  }
+}
+
+/// acc[kRows][V] = u8 P rows (64 apart) · s8 V words at `v` ([word][dv_padded][4], starting at
+/// the pass's first column), exact int32; then the UP epilogue per row r:
+/// o[r] = alpha[r] * o[r] + p_factor[r] * v_scale * acc[r].
+template <class Arch, int V>
+inline void pv_tile(const std::uint8_t* p, const std::int8_t* v, std::int64_t v_stride,
+                    std::int64_t words, const float* v_scale, const float* alpha,
+                    const float* p_factor, float* o, std::int64_t o_stride) noexcept {
+  constexpr int R = Int8Tiles<Arch>::kRows, L = Int8Tiles<Arch>::kLanes;
+  using Reg = typename I32<Arch>::register_type;
+  Reg acc[R][V];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int c = 0; c < V; ++c) acc[r][c] = I32<Arch>(0);
+  }
+  for (std::int64_t word = 0; word < words; ++word) {
+    Reg vv[V];
+    const auto* v_word = reinterpret_cast<const std::int32_t*>(v + word * v_stride * 4);
+#pragma GCC unroll 4
+    for (int c = 0; c < V; ++c) vv[c] = I32<Arch>::load_aligned(v_word + c * L);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const Reg pw = I32<Arch>(load_word(p + r * kKvBlock + word * 4));
+#pragma GCC unroll 4
+      for (int c = 0; c < V; ++c) acc[r][c] = simd::dot_u8s8<Arch>(acc[r][c], pw, vv[c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const B<Arch> keep(alpha[r]), factor(p_factor[r]);
+    float* o_row = o + r * o_stride;
+#pragma GCC unroll 4
+    for (int c = 0; c < V; ++c) {
+      const B<Arch> scale = B<Arch>::load_aligned(v_scale + c * L) * factor;
+      const B<Arch> kept = B<Arch>::load_aligned(o_row + c * L) * keep;
+      simd::fmadd<Arch>(xsimd::to_float(I32<Arch>(acc[r][c])), scale, kept)
+          .store_aligned(o_row + c * L);
     }
   }
 }
@@ -198,7 +311,7 @@ class Int8Runner {
     q8_ = carve(kRowsMax * q_stride_);
     q_factor_ = reinterpret_cast<float*>(carve(kRowsMax * 4));
     lse_shift_ = reinterpret_cast<float*>(carve(kRowsMax * 4));
-    row_max_ = reinterpret_cast<float*>(carve(kRowsMax * 4));
+    row_max_ = reinterpret_cast<float*>(carve((kRowsMax + kMaxLanes) * 4));  // SM reads a vector
     row_sum_ = reinterpret_cast<float*>(carve(kRowsMax * kMaxLanes * 4));
     o_ = reinterpret_cast<float*>(carve(kRowsMax * p.dv_padded * 4));
     s_ = reinterpret_cast<std::int32_t*>(carve(kBuffers * kRowsMax * kKvBlock * 4));
@@ -220,6 +333,15 @@ class Int8Runner {
   void run_group(std::int64_t first, std::int64_t end) noexcept {
     row_count_ = static_cast<int>(end - first);
     tiles_ = (row_count_ + R - 1) / R;
+    // Rows first, with their Q lines prefetched: each Q row is a fresh page (rows of one head
+    // are N·D elements apart), and quantizing them one by one waited on every miss.
+    for (int index = 0; index < row_count_; ++index) {
+      rows_[index] = make_row<T>(p_, task_, seq_, first + index);
+      const char* q = static_cast<const char*>(rows_[index].q);
+      for (std::int64_t byte = 0; byte < p_.dk * static_cast<std::int64_t>(sizeof(T)); byte += 64) {
+        simd::prefetch(q + byte);
+      }
+    }
     std::int64_t group_end = task_.kv_begin;
     for (int t = 0; t < tiles_; ++t) {
       tile_min_[t] = std::numeric_limits<std::int64_t>::max();
@@ -237,7 +359,6 @@ class Int8Runner {
           tile_min_[t] = task_.kv_begin;
           continue;
         }
-        rows_[index] = make_row<T>(p_, task_, seq_, first + index);
         quantize_query(index);
         tile_min_[t] = std::min(tile_min_[t], rows_[index].visible_end);
         tile_max_[t] = std::max(tile_max_[t], rows_[index].visible_end);
@@ -325,88 +446,85 @@ class Int8Runner {
       if (!attends) continue;
       tile_keys = std::min(keys, tile_max_[t] - start);
       std::int32_t* s = s_ + (buffer * kRowsMax + t * R) * kKvBlock;
-      for (int col = 0; col < BV; col += PV) qk_pass(t * R, k, k_sum, col, s);
-    }
-  }
-
-  void qk_pass(int first_row, const std::int8_t* k, const std::int32_t* k_sum, int col,
-               std::int32_t* s) noexcept {
-    I32<Arch> acc[R][PV];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 4
-      for (int c = 0; c < PV; ++c) acc[r][c] = I32<Arch>(0);
-    }
-    const std::uint8_t* q = q8_ + first_row * q_stride_;
-    for (std::int64_t word = 0; word < op_.dk_words; ++word) {
-      I32<Arch> kv[PV];
-      const std::int8_t* k_word = k + (word * kKvBlock + col * L) * 4;
-#pragma GCC unroll 4
-      for (int c = 0; c < PV; ++c) {
-        kv[c] = I32<Arch>::load_aligned(reinterpret_cast<const std::int32_t*>(k_word) + c * L);
-      }
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        const I32<Arch> qw(load_word(q + r * q_stride_ + word * 4));
-#pragma GCC unroll 4
-        for (int c = 0; c < PV; ++c) acc[r][c] = simd::dot_u8s8<Arch>(acc[r][c], qw, kv[c]);
-      }
-    }
-#pragma GCC unroll 4
-    for (int c = 0; c < PV; ++c) {
-      const I32<Arch> offset = I32<Arch>::load_aligned(k_sum + (col + c) * L);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        (acc[r][c] - offset).store_aligned(s + r * kKvBlock + (col + c) * L);
+      for (int col = 0; col < BV; col += PV) {
+        qk_tile<Arch, PV>(q8_ + t * R * q_stride_, q_stride_, k + col * L * 4, op_.dk_words,
+                          k_sum + col * L, s + col * L);
       }
     }
   }
 
   /// SM(b): per row, dequantize S (q factor * k scale) fused with the block max, mask, online
   /// max/sum, P = round(255 * 2^(s - block max)) as u8 with its factor 2^(block max - m) / 255.
+  /// The per-row scalars (new max, alpha, P factor) of a micro-tile are one vector (rows in
+  /// lanes): two vector exp2 per tile instead of two libm calls per row.
   void sm_stage(int block, int buffer) noexcept {
     const std::int64_t start = block_start(block);
     const float k_scale = op_.k_scale[global_block(block)];
     for (int t = 0; t < tiles_; ++t) {
       if (tile_keys_[buffer * kMaxRowGroup + t] == 0) continue;
+      alignas(64) float block_max[L] = {};
+      alignas(64) std::int32_t level_sum[R][L];
+      B<Arch> s[R][BV];
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) {
+        const int index = t * R + i;
+        const std::int32_t* s_row = s_ + (buffer * kRowsMax + index) * kKvBlock;
+        const B<Arch> factor(q_factor_[index] * k_scale);
+#pragma GCC unroll 4
+        for (int c = 0; c < BV; ++c) {
+          s[i][c] = xsimd::to_float(I32<Arch>::load_aligned(s_row + c * L)) * factor;
+        }
+        if (needs_mask_[buffer][t]) mask_scores<Arch>(p_, rows_[index], start, seq_.kv_len, s[i]);
+        B<Arch> top = s[i][0];
+#pragma GCC unroll 4
+        for (int c = 1; c < BV; ++c) top = xsimd::max(top, s[i][c]);
+        block_max[i] = simd::reduce_max<Arch>(top);
+      }
+      // Rows in lanes. A row with nothing attended here (block max -inf) keeps its max, and
+      // UP leaves its O alone (alpha 1, P factor 0).
+      const B<Arch> new_max = B<Arch>::load_aligned(block_max);
+      float* m = row_max_ + t * R;  // kMaxTileRows-aligned lanes beyond R are scratch
+      const B<Arch> old_max = B<Arch>::load_unaligned(m);
+      const auto active = new_max > B<Arch>(kMinusInf);
+      const B<Arch> m_new = xsimd::select(active, xsimd::max(old_max, new_max), old_max);
+      const B<Arch> alpha =
+          xsimd::select(active, simd::exp2_nonpositive<Arch>(old_max - m_new), B<Arch>(1.f));
+      const B<Arch> p_factor = xsimd::select(
+          active, simd::exp2_nonpositive<Arch>(new_max - m_new) * B<Arch>(1.f / 255.f),
+          B<Arch>(0.f));
+      alignas(64) float alpha_lanes[L], p_factor_lanes[L], m_lanes[L];
+      alpha.store_aligned(alpha_lanes);
+      p_factor.store_aligned(p_factor_lanes);
+      m_new.store_aligned(m_lanes);
+#pragma GCC unroll 8
       for (int i = 0; i < R; ++i) {
         const int index = t * R + i;
         const std::int64_t slot_row = buffer * kRowsMax + index;
-        const std::int32_t* s_row = s_ + slot_row * kKvBlock;
         std::uint8_t* p_row = pq_ + slot_row * kKvBlock;
-        const B<Arch> factor(q_factor_[index] * k_scale);
-        B<Arch> s[BV];
+        m[i] = m_lanes[i];
+        alpha_[slot_row] = alpha_lanes[i];
+        p_factor_[slot_row] = p_factor_lanes[i];
+        const B<Arch> shift(block_max[i]);
+        I32<Arch> sum(0);
+#pragma GCC unroll 4
         for (int c = 0; c < BV; ++c) {
-          s[c] = xsimd::to_float(I32<Arch>::load_aligned(s_row + c * L)) * factor;
-        }
-        if (needs_mask_[buffer][t]) mask_scores<Arch>(p_, rows_[index], start, seq_.kv_len, s);
-        B<Arch> top = s[0];
-        for (int c = 1; c < BV; ++c) top = xsimd::max(top, s[c]);
-        const float block_max = simd::reduce_max<Arch>(top);
-        if (!(block_max > kMinusInf)) {  // nothing attended in this row: UP leaves O alone
-          std::memset(p_row, 0, kKvBlock);
-          p_factor_[slot_row] = 0.f;
-          alpha_[slot_row] = 1.f;
-          continue;
-        }
-        float& m = row_max_[index];
-        const float m_new = std::max(m, block_max);
-        const float alpha = m > kMinusInf ? std::exp2(m - m_new) : 0.f;
-        m = m_new;
-        const float p_factor = std::exp2(block_max - m_new) / 255.f;
-        const B<Arch> shift(block_max);
-        B<Arch> sum(0.f);
-        for (int c = 0; c < BV; ++c) {
+          // exp2(-inf - -inf) is NaN for an inactive row: its levels are forced to 0.
           const I32<Arch> level =
-              round_to_int<Arch>(exp2_scores<Arch>(s[c] - shift) * B<Arch>(255.f));
-          sum += xsimd::to_float(level);  // the weights PV will use, as their integers
-          simd::store_low_bytes<Arch>(p_row + c * L, level);
+              round_to_int<Arch>(exp2_scores<Arch>(s[i][c] - shift) * B<Arch>(255.f));
+          const I32<Arch> kept = block_max[i] > kMinusInf ? level : I32<Arch>(0);
+          sum += kept;  // the weights PV will use, as their integers
+          simd::store_low_bytes<Arch>(p_row + c * L, kept);
         }
-        float* l = row_sum_ + index * L;
-        simd::fmadd<Arch>(B<Arch>::load_aligned(l), B<Arch>(alpha), sum * B<Arch>(p_factor))
+        sum.store_aligned(level_sum[i]);
+      }
+      // l = alpha * l + P factor * sum of levels (lane sums kept per lane).
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) {
+        float* l = row_sum_ + (t * R + i) * L;
+        const B<Arch> levels = xsimd::to_float(I32<Arch>::load_aligned(level_sum[i]));
+        simd::fmadd<Arch>(B<Arch>::load_aligned(l), B<Arch>(alpha_lanes[i]),
+                          levels * B<Arch>(p_factor_lanes[i]))
             .store_aligned(l);
-        p_factor_[slot_row] = p_factor;
-        alpha_[slot_row] = alpha;
       }
     }
   }
@@ -447,37 +565,10 @@ class Int8Runner {
   template <int V>
   void pv_pass(int first_row, int buffer, const std::int8_t* v, const float* v_scale,
                std::int64_t col, std::int64_t words) noexcept {
-    I32<Arch> acc[R][V];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 4
-      for (int c = 0; c < V; ++c) acc[r][c] = I32<Arch>(0);
-    }
-    const std::uint8_t* p_tile = pq_ + (buffer * kRowsMax + first_row) * kKvBlock;
-    for (std::int64_t word = 0; word < words; ++word) {
-      I32<Arch> vv[V];
-      const auto* v_word = reinterpret_cast<const std::int32_t*>(v + (word * p_.dv_padded + col) * 4);
-#pragma GCC unroll 4
-      for (int c = 0; c < V; ++c) vv[c] = I32<Arch>::load_aligned(v_word + c * L);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        const I32<Arch> pw(load_word(p_tile + r * kKvBlock + word * 4));
-#pragma GCC unroll 4
-        for (int c = 0; c < V; ++c) acc[r][c] = simd::dot_u8s8<Arch>(acc[r][c], pw, vv[c]);
-      }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const std::int64_t slot_row = buffer * kRowsMax + first_row + r;
-      const B<Arch> alpha(alpha_[slot_row]), p_factor(p_factor_[slot_row]);
-      float* o = o_ + (first_row + r) * p_.dv_padded + col;
-#pragma GCC unroll 4
-      for (int c = 0; c < V; ++c) {
-        const B<Arch> scale = B<Arch>::load_aligned(v_scale + col + c * L) * p_factor;
-        const B<Arch> kept = B<Arch>::load_aligned(o + c * L) * alpha;
-        simd::fmadd<Arch>(xsimd::to_float(acc[r][c]), scale, kept).store_aligned(o + c * L);
-      }
-    }
+    const std::int64_t slot_row = buffer * kRowsMax + first_row;
+    pv_tile<Arch, V>(pq_ + slot_row * kKvBlock, v + col * 4, p_.dv_padded, words, v_scale + col,
+                     alpha_ + slot_row, p_factor_ + slot_row, o_ + first_row * p_.dv_padded + col,
+                     p_.dv_padded);
   }
 
   const FlashProblem& p_;
@@ -498,31 +589,31 @@ class Int8Runner {
   std::int64_t* tile_keys_;
 };
 
-}  // namespace
 
-template <class Arch>
-void int8_key_mean(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head,
-                   float* mean) noexcept {
-  switch (p.dtype) {
-    case DType::bf16:
-      return key_mean<Arch, bf16>(p, seq, kv_head, mean);
-    case DType::f16:
-      return key_mean<Arch, f16>(p, seq, kv_head, mean);
-    default:
-      return key_mean<Arch, float>(p, seq, kv_head, mean);
+/// Smoothing mean (when `mean` is set) and every block of one (sequence, KV head): the mean
+/// pass leaves the head's keys in L2 for the quantizing pass.
+template <class Arch, class T>
+void pack_head(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, float* mean) {
+  if (mean) key_mean<Arch, T>(p, seq, kv_head, mean);
+  const std::int64_t blocks = (sequence_of(p, seq).kv_len + kKvBlock - 1) / kKvBlock;
+  const std::int64_t first = p.int8.first_block[seq * p.kv_heads + kv_head];
+  for (std::int64_t block = 0; block < blocks; ++block) {
+    pack_block<Arch, T>(p, seq, kv_head, block, first + block, mean);
   }
 }
 
+}  // namespace
+
 template <class Arch>
-void int8_pack_block(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head,
-                     std::int64_t block, std::int64_t global, const float* mean) noexcept {
+void int8_pack_head(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head,
+                    float* mean) noexcept {
   switch (p.dtype) {
     case DType::bf16:
-      return pack_block<Arch, bf16>(p, seq, kv_head, block, global, mean);
+      return pack_head<Arch, bf16>(p, seq, kv_head, mean);
     case DType::f16:
-      return pack_block<Arch, f16>(p, seq, kv_head, block, global, mean);
+      return pack_head<Arch, f16>(p, seq, kv_head, mean);
     default:
-      return pack_block<Arch, float>(p, seq, kv_head, block, global, mean);
+      return pack_head<Arch, float>(p, seq, kv_head, mean);
   }
 }
 
@@ -538,10 +629,8 @@ void int8_task(const FlashProblem& p, const FlashTask& task, float* scratch) noe
   }
 }
 
-template void int8_key_mean<KernelArch>(const FlashProblem&, std::int64_t, std::int64_t,
-                                        float*) noexcept;
-template void int8_pack_block<KernelArch>(const FlashProblem&, std::int64_t, std::int64_t,
-                                          std::int64_t, std::int64_t, const float*) noexcept;
+template void int8_pack_head<KernelArch>(const FlashProblem&, std::int64_t, std::int64_t,
+                                         float*) noexcept;
 template void int8_task<KernelArch>(const FlashProblem&, const FlashTask&, float*) noexcept;
 
 }  // namespace ditops::attention
