@@ -61,6 +61,29 @@ inline I32<Arch> round_to_int(B<Arch> x) noexcept {
   return xsimd::nearbyint_as_int(x);
 }
 
+/// 255 * 2^(x - top) for x <= top (-inf gives 0): the u8 level of a softmax weight relative to
+/// the block's largest one. The level keeps 8 bits, so AVX-512 uses a degree-4 polynomial
+/// (relative error 4.2e-5, 0.01 of a level) with log2(255) folded into the shift, where the
+/// fp32 kernels need degree 6.
+template <class Arch>
+inline B<Arch> exp2_levels(B<Arch> x, float top) noexcept {
+  constexpr float kLog2Of255 = 7.9943534368588578f;
+  if constexpr (simd::kIsAvx512<Arch>) {
+    const B<Arch> y = x - B<Arch>(top - kLog2Of255);
+    const __mmask16 in_range = _mm512_cmp_ps_mask(y, _mm512_set1_ps(-126.f), _CMP_GE_OQ);
+    const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const B<Arch> f = y - B<Arch>(n);
+    B<Arch> p(9.618129107628477e-3f);
+    p = simd::fmadd<Arch>(p, f, B<Arch>(5.550410866482158e-2f));
+    p = simd::fmadd<Arch>(p, f, B<Arch>(2.402265069591007e-1f));
+    p = simd::fmadd<Arch>(p, f, B<Arch>(6.931471805599453e-1f));
+    p = simd::fmadd<Arch>(p, f, B<Arch>(1.f));
+    return _mm512_maskz_scalef_ps(in_range, p, n);
+  } else {
+    return exp2_scores<Arch>(x - B<Arch>(top)) * B<Arch>(255.f);
+  }
+}
+
 /// Largest |x| over count (<= lanes) elements at src, as a vector to max-reduce later.
 template <class Arch, class T>
 inline B<Arch> abs_chunk(const T* src, std::int64_t i, std::int64_t count,
@@ -248,8 +271,9 @@ inline void qk_tile(const std::uint8_t* q, std::int64_t q_stride, const std::int
 
 /// acc[kRows][V] = u8 P rows (64 apart) · s8 V words at `v` ([word][dv_padded][4], starting at
 /// the pass's first column), exact int32; then the UP epilogue per row r:
-/// o[r] = alpha[r] * o[r] + p_factor[r] * v_scale * acc[r].
-template <class Arch, int V>
+/// o[r] = alpha[r] * o[r] + p_factor[r] * v_scale * acc[r] (without kRescale every alpha is 1:
+/// the running max of no row rose, the common case once a row has seen its largest scores).
+template <class Arch, int V, bool kRescale>
 inline void pv_tile(const std::uint8_t* p, const std::int8_t* v, std::int64_t v_stride,
                     std::int64_t words, const float* v_scale, const float* alpha,
                     const float* p_factor, float* o, std::int64_t o_stride) noexcept {
@@ -280,7 +304,8 @@ inline void pv_tile(const std::uint8_t* p, const std::int8_t* v, std::int64_t v_
 #pragma GCC unroll 4
     for (int c = 0; c < V; ++c) {
       const B<Arch> scale = B<Arch>::load_aligned(v_scale + c * L) * factor;
-      const B<Arch> kept = B<Arch>::load_aligned(o_row + c * L) * keep;
+      B<Arch> kept = B<Arch>::load_aligned(o_row + c * L);
+      if constexpr (kRescale) kept *= keep;
       simd::fmadd<Arch>(xsimd::to_float(I32<Arch>(acc[r][c])), scale, kept)
           .store_aligned(o_row + c * L);
     }
@@ -504,13 +529,11 @@ class Int8Runner {
         m[i] = m_lanes[i];
         alpha_[slot_row] = alpha_lanes[i];
         p_factor_[slot_row] = p_factor_lanes[i];
-        const B<Arch> shift(block_max[i]);
         I32<Arch> sum(0);
 #pragma GCC unroll 4
         for (int c = 0; c < BV; ++c) {
           // exp2(-inf - -inf) is NaN for an inactive row: its levels are forced to 0.
-          const I32<Arch> level =
-              round_to_int<Arch>(exp2_scores<Arch>(s[i][c] - shift) * B<Arch>(255.f));
+          const I32<Arch> level = round_to_int<Arch>(exp2_levels<Arch>(s[i][c], block_max[i]));
           const I32<Arch> kept = block_max[i] > kMinusInf ? level : I32<Arch>(0);
           sum += kept;  // the weights PV will use, as their integers
           simd::store_low_bytes<Arch>(p_row + c * L, kept);
@@ -566,9 +589,12 @@ class Int8Runner {
   void pv_pass(int first_row, int buffer, const std::int8_t* v, const float* v_scale,
                std::int64_t col, std::int64_t words) noexcept {
     const std::int64_t slot_row = buffer * kRowsMax + first_row;
-    pv_tile<Arch, V>(pq_ + slot_row * kKvBlock, v + col * 4, p_.dv_padded, words, v_scale + col,
-                     alpha_ + slot_row, p_factor_ + slot_row, o_ + first_row * p_.dv_padded + col,
-                     p_.dv_padded);
+    bool rescale = false;
+    for (int r = 0; r < R; ++r) rescale |= alpha_[slot_row + r] != 1.f;
+    const auto tile = rescale ? &pv_tile<Arch, V, true> : &pv_tile<Arch, V, false>;
+    tile(pq_ + slot_row * kKvBlock, v + col * 4, p_.dv_padded, words, v_scale + col,
+         alpha_ + slot_row, p_factor_ + slot_row, o_ + first_row * p_.dv_padded + col,
+         p_.dv_padded);
   }
 
   const FlashProblem& p_;
