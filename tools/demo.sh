@@ -17,8 +17,9 @@ mkdir -p out
 
 echo "== benchmarks (roofline, RMSNorm, RoPE, attention, MLA decode) =="
 # Attention: the quick FLUX shapes only (S=2048, 24 heads, D=128, causal and not, 2 threads;
-# flash fp32, flash_bf16 and the reference baseline): about 10 s on 2 cores.
-attention='attention_flash_(f32|bf16)/shape:[01]/threads:2/'
+# flash fp32, flash_bf16 and the reference baseline; int8 chunk 1/2/4 beside flash fp32):
+# about 15 s on 2 cores.
+attention='attention_(flash_(f32|bf16)/shape:[01]|int8/shape:0)/threads:2/'
 "$build/bench/ditops_bench" --benchmark_filter="peak|triad|rms_norm|rope|$attention|mla_decode/" \
   --benchmark_min_time=0.2 --benchmark_out=out/bench.json --benchmark_out_format=json \
   | tee out/bench.txt
@@ -44,7 +45,7 @@ fi
   echo
   "$build/tools/bench-summary" out/bench.json
   echo
-  echo "## Attention (GFLOP/s; fraction of the FP32 FMA peak, BF16 peak for flash_bf16)"
+  echo "## Attention (GFLOP/s; fraction of the FP32 FMA peak, BF16 peak for flash_bf16, VNNI peak for int8)"
   echo
   "$build/tools/bench-summary" out/bench.json | grep -E '^\|( *-| *[Kk]ernel| *[Bb]enchmark| *[Nn]ame)|attention' || true
   if [ -f out/sim_sweep.txt ]; then

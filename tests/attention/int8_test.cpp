@@ -305,6 +305,57 @@ TEST(AttentionInt8, EdgeCases) {
   }
 }
 
+// Varlen: each packed sequence is smoothed and blocked on its own, so (on one thread, where
+// no call splits the KV range) its rows equal a dense call on that sequence alone; lengths
+// include 0 and ends mid-block.
+TEST(AttentionInt8, VarlenMatchesDensePerSequence) {
+  std::mt19937 rng(56);
+  set_num_threads(1);
+  const std::vector<std::int32_t> q_lens = {70, 0, 1, 130}, k_lens = {70, 5, 200, 129};
+  constexpr std::int64_t kN = 4, kNkv = 2, kD = 64;
+  std::vector<std::int32_t> cu_q{0}, cu_k{0};
+  for (std::size_t i = 0; i < q_lens.size(); ++i) {
+    cu_q.push_back(cu_q.back() + q_lens[i]);
+    cu_k.push_back(cu_k.back() + k_lens[i]);
+  }
+  TestTensor<float> q({cu_q.back(), kN, kD}), k({cu_k.back(), kNkv, kD}),
+      v({cu_k.back(), kNkv, kD}), out({cu_q.back(), kN, kD}, 1);
+  TestTensor<float> lse({kN, cu_q.back()});
+  q.fill_normal(rng);
+  k.fill_normal(rng, 2.f);
+  v.fill_normal(rng);
+  VarlenOptions options;
+  options.backend = AttentionBackend::int8;
+  options.causal = true;
+  options.lse = lse.view();
+  attention_forward_varlen(q.view(), k.view(), v.view(), cu_q, cu_k, out.view(), options);
+  EXPECT_EQ(out.damaged_canaries(), 0);
+  for (std::size_t s = 0; s < q_lens.size(); ++s) {
+    if (q_lens[s] == 0) continue;
+    TestTensor<float> qs({1, q_lens[s], kN, kD}), ks({1, k_lens[s], kNkv, kD}),
+        vs({1, k_lens[s], kNkv, kD}), outs({1, q_lens[s], kN, kD});
+    TestTensor<float> lses({1, kN, q_lens[s]});
+    for (std::int64_t i = 0; i < qs.size(); ++i) qs.at(i) = q.at(cu_q[s] * kN * kD + i);
+    for (std::int64_t i = 0; i < ks.size(); ++i) {
+      ks.at(i) = k.at(cu_k[s] * kNkv * kD + i);
+      vs.at(i) = v.at(cu_k[s] * kNkv * kD + i);
+    }
+    AttentionOptions dense;
+    dense.backend = AttentionBackend::int8;
+    dense.causal = true;
+    dense.lse = lses.view();
+    attention_forward(qs.view(), ks.view(), vs.view(), outs.view(), dense);
+    for (std::int64_t i = 0; i < outs.size(); ++i) {
+      ASSERT_EQ(out.at(cu_q[s] * kN * kD + i), outs.at(i)) << "sequence " << s << " element " << i;
+    }
+    for (std::int64_t h = 0; h < kN; ++h) {
+      for (std::int64_t i = 0; i < q_lens[s]; ++i) {
+        ASSERT_EQ(lse.at(h * cu_q.back() + cu_q[s] + i), lses.at(h * q_lens[s] + i));
+      }
+    }
+  }
+}
+
 TEST(AttentionInt8, SelectAndBadInput) {
   TestTensor<float> q({1, 8, 2, 64}), k({1, 10, 2, 64}), v({1, 10, 2, 64}), out({1, 8, 2, 64});
   AttentionOptions options;
@@ -313,6 +364,14 @@ TEST(AttentionInt8, SelectAndBadInput) {
   const AttentionChoice choice = select_attention(q.view(), k.view(), v.view(), options);
   EXPECT_EQ(choice.backend, AttentionBackend::int8);
   EXPECT_NE(choice.detail.find("chunk=4"), std::string::npos) << choice.detail;
+  // Opt-in only: automatic never picks int8, DITOPS_ATTN_BACKEND=int8 forces it.
+  AttentionOptions automatic;
+  EXPECT_NE(select_attention(q.view(), k.view(), v.view(), automatic).backend,
+            AttentionBackend::int8);
+  ASSERT_EQ(setenv("DITOPS_ATTN_BACKEND", "int8", 1), 0);
+  EXPECT_EQ(select_attention(q.view(), k.view(), v.view(), automatic).backend,
+            AttentionBackend::int8);
+  unsetenv("DITOPS_ATTN_BACKEND");
   for (int chunk : {0, 3, 8, -1}) {
     options.int8_chunk = chunk;
     expect_rejected([&] { attention_forward(q.view(), k.view(), v.view(), out.view(), options); },
