@@ -4,7 +4,9 @@
 //                    [--block-size 128] [--chunk 1|2|4] [--opt NAME[,NAME...]] [--hw FILE.json]
 //                    [--trace FILE.json] [--csv FILE.csv] [--svg FILE.svg] [--json]
 //   ditops-sim sweep [--batch 1,2,4,8,16,24,48] [--kv 512,2048,4096] [--chunk 1,2,4]
-//                    [same options] [--json]
+//                    [same options] [--cpu BENCH.json [--cpu-threads 2]] [--json]
+//                    --cpu puts the CPU kernel's chunk ratios for the same grid beside the
+//                    simulator's: BENCH.json is ditops_bench's --benchmark_out of mla_grid.
 //   ditops-sim hw    [--hw FILE.json]
 //   every command also takes --set NAME=VALUE[,...] to override hardware parameters
 //
@@ -13,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -51,7 +54,7 @@ const char* const kUsage =
     "                        [--svg FILE.svg] [--json]\n"
     "       ditops-sim sweep [--batch 1,2,4,8,16,24,48] [--kv 512,2048,4096] [--chunk 1,2,4]\n"
     "                        [--heads ..] [--q-len ..] [--cores ..] [--block-size ..] [--opt ..]\n"
-    "                        [--hw FILE.json] [--json]\n"
+    "                        [--hw FILE.json] [--cpu BENCH.json [--cpu-threads 2]] [--json]\n"
     "       ditops-sim hw    [--hw FILE.json]   (prints the hardware parameters as JSON)\n"
     "  --set NAME=VALUE[,NAME=VALUE...] overrides hardware parameters after --hw\n";
 
@@ -96,6 +99,8 @@ Options parse_args(int argc, char** argv) {
                "--block-size", "--chunk", "--opt",   "--hw",    "--set"};
     if (options.command == "mla") {
       for (const char* flag : {"--trace", "--csv", "--svg"}) allowed.emplace_back(flag);
+    } else {
+      for (const char* flag : {"--cpu", "--cpu-threads"}) allowed.emplace_back(flag);
     }
   }
   for (int i = 2; i < argc; ++i) {
@@ -261,6 +266,51 @@ int run_mla(const Options& options) {
   return 0;
 }
 
+/// CPU MLA decode times (us) by (batch, kv, heads, chunk, threads) from Google Benchmark JSON
+/// (mla_grid / mla_decode entries; the median when a configuration ran more than once).
+using CpuTimes = std::map<std::array<int, 5>, double>;
+
+CpuTimes load_cpu_times(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw UsageError("--cpu: cannot read '" + path + "'");
+  nlohmann::json document;
+  try {
+    document = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception&) {
+    throw UsageError("--cpu: '" + path + "' is not Google Benchmark JSON");
+  }
+  std::map<std::array<int, 5>, std::vector<double>> samples;
+  for (const auto& entry : document.value("benchmarks", nlohmann::json::array())) {
+    const std::string name = entry.value("run_name", entry.value("name", ""));
+    if (name.rfind("mla_", 0) != 0 || entry.value("run_type", "iteration") != "iteration") continue;
+    std::map<std::string, int> args;
+    std::size_t start = name.find('/');
+    while (start != std::string::npos) {
+      const std::size_t end = name.find('/', start + 1);
+      const std::string part = name.substr(start + 1, end - start - 1);
+      const std::size_t colon = part.find(':');
+      if (colon != std::string::npos && part.find_first_not_of("0123456789", colon + 1) ==
+                                            std::string::npos) {
+        args[part.substr(0, colon)] = std::stoi(part.substr(colon + 1));
+      }
+      start = end;
+    }
+    if (args.count("splits") && args["splits"] != 0) continue;  // forced one-split runs
+    const double factor = entry.value("time_unit", "ns") == "us"   ? 1.0
+                          : entry.value("time_unit", "ns") == "ms" ? 1e3
+                                                                   : 1e-3;
+    samples[{args["b"], args["kv"], args["h"], args["chunk"], args["threads"]}].push_back(
+        entry.value("real_time", 0.0) * factor);
+  }
+  CpuTimes times;
+  for (auto& [key, values] : samples) {
+    std::sort(values.begin(), values.end());
+    times[key] = values[values.size() / 2];
+  }
+  if (times.empty()) throw UsageError("--cpu: no mla_grid or mla_decode entries in '" + path + "'");
+  return times;
+}
+
 int run_sweep(const Options& options) {
   const sim::HwParams hw = load_hw(options);
   const sim::MlaConfig base = base_config(options, hw);
@@ -285,6 +335,17 @@ int run_sweep(const Options& options) {
       }
     }
   }
+  // The CPU kernel's times for the same grid (--cpu), at --cpu-threads threads.
+  CpuTimes cpu;
+  const auto cpu_file = options.values.find("--cpu");
+  if (cpu_file != options.values.end()) cpu = load_cpu_times(cpu_file->second);
+  const auto threads_flag = options.values.find("--cpu-threads");
+  const int cpu_threads =
+      threads_flag == options.values.end() ? 2 : parse_int("--cpu-threads", threads_flag->second);
+  const auto cpu_time = [&](int batch, int kv, int chunk) {
+    const auto found = cpu.find({batch, kv, base.heads, chunk, cpu_threads});
+    return found == cpu.end() ? -1.0 : found->second;
+  };
   struct Row {
     int batch, kv, chunk;
     sim::Summary summary;
@@ -335,6 +396,14 @@ int run_sweep(const Options& options) {
       item["pipes"] = summary["pipes"];
       item["bubbles"] = summary["bubbles"];
       item["instructions"] = row.summary.instructions;
+      const double cpu_us = cpu_time(row.batch, row.kv, row.chunk),
+                   cpu_reference = cpu_time(row.batch, row.kv, reference_chunk);
+      if (cpu_us > 0) {
+        item["cpu_time_us"] = cpu_us;
+        if (cpu_reference > 0) {
+          item["cpu_ratio_to_chunk" + std::to_string(reference_chunk)] = cpu_us / cpu_reference;
+        }
+      }
       array.push_back(item);
     }
     std::cout << array.dump(2) << '\n';
@@ -347,8 +416,15 @@ int run_sweep(const Options& options) {
   std::printf("ditops-sim sweep: %s\n", header.c_str());
   std::printf("time in us; (xN) = time / time at chunk=%d; AIC/AIV = compute-pipe idle share\n\n",
               reference_chunk);
+  if (!cpu.empty()) {
+    std::printf("CPU: %s, %d thread(s), heads %d; ratio = time / time at chunk=%d\n\n",
+                cpu_file->second.c_str(), cpu_threads, base.heads, reference_chunk);
+  }
   std::printf("batch     kv");
-  for (const int chunk : chunks) std::printf("  | chunk=%d  us    ratio  AIC idle AIV idle", chunk);
+  for (const int chunk : chunks) {
+    std::printf("  | chunk=%d  us    ratio  AIC idle AIV idle", chunk);
+    if (!cpu.empty()) std::printf("  CPU us   ratio");
+  }
   std::printf("\n");
   for (std::size_t i = 0; i < rows.size(); i += chunks.size()) {
     std::printf("%5d %6d", rows[i].batch, rows[i].kv);
@@ -357,6 +433,14 @@ int run_sweep(const Options& options) {
       std::printf("  | %11.2f  (x%.3f)  %5.1f%%   %5.1f%%", row.summary.time_us,
                   row.summary.time_us / reference_time(row), 100.0 * row.summary.bubbles[0].idle,
                   100.0 * row.summary.bubbles[1].idle);
+      if (cpu.empty()) continue;
+      const double cpu_us = cpu_time(row.batch, row.kv, row.chunk),
+                   cpu_reference = cpu_time(row.batch, row.kv, reference_chunk);
+      if (cpu_us > 0 && cpu_reference > 0) {
+        std::printf(" %8.1f (x%.3f)", cpu_us, cpu_us / cpu_reference);
+      } else {
+        std::printf("        -        -");
+      }
     }
     std::printf("\n");
   }

@@ -174,6 +174,47 @@ TEST_F(Cli, SweepTableShowsRatiosToChunk1) {
   EXPECT_NE(result.out.find("(x1.000)"), std::string::npos);
 }
 
+// --cpu: the CPU kernel's chunk ratios beside the simulator's, from Google Benchmark JSON
+// (times in us, the median of repeated runs; entries of other heads or threads ignored).
+TEST_F(Cli, SweepPutsCpuRatiosBesideTheSimulators) {
+  nlohmann::json bench;
+  bench["benchmarks"] = nlohmann::json::array();
+  auto entry = [&](int batch, int chunk, int threads, double us) {
+    bench["benchmarks"].push_back(
+        {{"name", "mla_grid/b:" + std::to_string(batch) + "/kv:512/h:128/chunk:" +
+                      std::to_string(chunk) + "/threads:" + std::to_string(threads) +
+                      "/splits:0/min_time:0.050/real_time"},
+         {"run_type", "iteration"},
+         {"real_time", us},
+         {"time_unit", "us"}});
+  };
+  entry(1, 1, 2, 100.0);
+  entry(1, 2, 2, 90.0);
+  entry(1, 2, 2, 80.0);
+  entry(1, 2, 2, 70.0);  // median of 90, 80, 70: 80
+  entry(1, 4, 2, 50.0);
+  entry(1, 4, 1, 10.0);  // one thread: not the default --cpu-threads 2
+  const std::string path = write_tmp("cpu.json", bench.dump());
+  const CliRun result = run("sweep --batch 1 --kv 512 --cpu '" + path + "' --json");
+  ASSERT_EQ(result.status, 0) << result.err;
+  const nlohmann::json json = nlohmann::json::parse(result.out);
+  ASSERT_EQ(json.size(), 3u);
+  EXPECT_DOUBLE_EQ(json[0]["cpu_ratio_to_chunk1"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(json[1]["cpu_time_us"].get<double>(), 80.0);
+  EXPECT_DOUBLE_EQ(json[1]["cpu_ratio_to_chunk1"].get<double>(), 0.8);
+  EXPECT_DOUBLE_EQ(json[2]["cpu_ratio_to_chunk1"].get<double>(), 0.5);
+  const CliRun table = run("sweep --batch 1 --kv 512 --cpu '" + path + "'");
+  ASSERT_EQ(table.status, 0) << table.err;
+  EXPECT_NE(table.out.find("CPU us"), std::string::npos);
+  EXPECT_NE(table.out.find("(x0.800)"), std::string::npos);
+  const CliRun missing = run("sweep --batch 1 --kv 512 --cpu '" + path + ".none'");
+  EXPECT_EQ(missing.status, 2);
+  EXPECT_EQ(lines(missing.err), 1);
+  const CliRun empty = run("sweep --cpu '" + write_tmp("empty.json", "{}") + "'");
+  EXPECT_EQ(empty.status, 2);
+  EXPECT_NE(empty.err.find("no mla_grid"), std::string::npos);
+}
+
 TEST_F(Cli, MlaWritesTraceCsvAndSvg) {
   const std::string dir = env("DITOPS_SIM_TMP");
   const CliRun result = run("mla --batch 1 --kv 2048 --chunk 2 --trace '" + dir +
