@@ -61,15 +61,15 @@ inline I32<Arch> round_to_int(B<Arch> x) noexcept {
   return xsimd::nearbyint_as_int(x);
 }
 
-/// 255 * 2^(x - top) for x <= top (-inf gives 0): the u8 level of a softmax weight relative to
-/// the block's largest one. The level keeps 8 bits, so AVX-512 uses a degree-4 polynomial
-/// (relative error 4.2e-5, 0.01 of a level) with log2(255) folded into the shift, where the
-/// fp32 kernels need degree 6.
+constexpr float kLog2Of255 = 7.9943534368588578f;
+
+/// 2^y for y <= log2(255) (-inf gives 0): with y = s - (block max - log2 255), the u8 level of
+/// a softmax weight relative to the block's largest one. The level keeps 8 bits, so AVX-512
+/// uses a degree-4 polynomial (relative error 4.2e-5, 0.01 of a level) where the fp32 kernels
+/// need degree 6.
 template <class Arch>
-inline B<Arch> exp2_levels(B<Arch> x, float top) noexcept {
-  constexpr float kLog2Of255 = 7.9943534368588578f;
+inline B<Arch> exp2_level(B<Arch> y) noexcept {
   if constexpr (simd::kIsAvx512<Arch>) {
-    const B<Arch> y = x - B<Arch>(top - kLog2Of255);
     const __mmask16 in_range = _mm512_cmp_ps_mask(y, _mm512_set1_ps(-126.f), _CMP_GE_OQ);
     const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const B<Arch> f = y - B<Arch>(n);
@@ -80,7 +80,19 @@ inline B<Arch> exp2_levels(B<Arch> x, float top) noexcept {
     p = simd::fmadd<Arch>(p, f, B<Arch>(1.f));
     return _mm512_maskz_scalef_ps(in_range, p, n);
   } else {
-    return exp2_scores<Arch>(x - B<Arch>(top)) * B<Arch>(255.f);
+    return exp2_scores<Arch>(y - B<Arch>(kLog2Of255)) * B<Arch>(255.f);
+  }
+}
+
+/// Largest lane of an int32 vector.
+template <class Arch>
+inline std::int32_t reduce_max_int(I32<Arch> v) noexcept {
+  if constexpr (simd::kIsAvx512<Arch>) {
+    return _mm512_reduce_max_epi32(v);
+  } else {
+    alignas(64) std::int32_t lanes[I32<Arch>::size];
+    v.store_aligned(lanes);
+    return *std::max_element(lanes, lanes + I32<Arch>::size);
   }
 }
 
@@ -480,29 +492,39 @@ class Int8Runner {
 
   /// SM(b): per row, dequantize S (q factor * k scale) fused with the block max, mask, online
   /// max/sum, P = round(255 * 2^(s - block max)) as u8 with its factor 2^(block max - m) / 255.
-  /// The per-row scalars (new max, alpha, P factor) of a micro-tile are one vector (rows in
-  /// lanes): two vector exp2 per tile instead of two libm calls per row.
+  /// Unmasked tiles take the block max on the int32 scores (the factor is positive) and
+  /// dequantize and shift in one FMA; masked tiles mask fp32 scores kept on the stack. The
+  /// per-row scalars (new max, alpha, P factor) of a micro-tile are one vector (rows in lanes):
+  /// two vector exp2 per tile instead of two libm calls per row.
   void sm_stage(int block, int buffer) noexcept {
     const std::int64_t start = block_start(block);
     const float k_scale = op_.k_scale[global_block(block)];
     for (int t = 0; t < tiles_; ++t) {
       if (tile_keys_[buffer * kMaxRowGroup + t] == 0) continue;
-      alignas(64) float block_max[L] = {};
+      const bool masked = needs_mask_[buffer][t];
+      alignas(64) float block_max[L] = {}, factor[R];
+      alignas(64) float scores[R][kKvBlock];  // masked tiles only
       alignas(64) std::int32_t level_sum[R][L];
-      B<Arch> s[R][BV];
+      const std::int32_t* s_tile = s_ + (buffer * kRowsMax + t * R) * kKvBlock;
 #pragma GCC unroll 8
       for (int i = 0; i < R; ++i) {
-        const int index = t * R + i;
-        const std::int32_t* s_row = s_ + (buffer * kRowsMax + index) * kKvBlock;
-        const B<Arch> factor(q_factor_[index] * k_scale);
+        const std::int32_t* s_row = s_tile + i * kKvBlock;
+        factor[i] = q_factor_[t * R + i] * k_scale;
+        if (!masked) {
+          I32<Arch> top = I32<Arch>::load_aligned(s_row);
 #pragma GCC unroll 4
-        for (int c = 0; c < BV; ++c) {
-          s[i][c] = xsimd::to_float(I32<Arch>::load_aligned(s_row + c * L)) * factor;
+          for (int c = 1; c < BV; ++c) top = xsimd::max(top, I32<Arch>::load_aligned(s_row + c * L));
+          block_max[i] = factor[i] * static_cast<float>(reduce_max_int<Arch>(top));
+          continue;
         }
-        if (needs_mask_[buffer][t]) mask_scores<Arch>(p_, rows_[index], start, seq_.kv_len, s[i]);
-        B<Arch> top = s[i][0];
-#pragma GCC unroll 4
-        for (int c = 1; c < BV; ++c) top = xsimd::max(top, s[i][c]);
+        B<Arch> s[BV];
+        for (int c = 0; c < BV; ++c) {
+          s[c] = xsimd::to_float(I32<Arch>::load_aligned(s_row + c * L)) * B<Arch>(factor[i]);
+        }
+        mask_scores<Arch>(p_, rows_[t * R + i], start, seq_.kv_len, s);
+        B<Arch> top = s[0];
+        for (int c = 1; c < BV; ++c) top = xsimd::max(top, s[c]);
+        for (int c = 0; c < BV; ++c) s[c].store_aligned(scores[i] + c * L);
         block_max[i] = simd::reduce_max<Arch>(top);
       }
       // Rows in lanes. A row with nothing attended here (block max -inf) keeps its max, and
@@ -530,10 +552,16 @@ class Int8Runner {
         alpha_[slot_row] = alpha_lanes[i];
         p_factor_[slot_row] = p_factor_lanes[i];
         I32<Arch> sum(0);
+        const float shift = block_max[i] - kLog2Of255;
 #pragma GCC unroll 4
         for (int c = 0; c < BV; ++c) {
-          // exp2(-inf - -inf) is NaN for an inactive row: its levels are forced to 0.
-          const I32<Arch> level = round_to_int<Arch>(exp2_levels<Arch>(s[i][c], block_max[i]));
+          const B<Arch> y =
+              masked ? B<Arch>::load_aligned(scores[i] + c * L) - B<Arch>(shift)
+                     : simd::fmadd<Arch>(
+                           xsimd::to_float(I32<Arch>::load_aligned(s_tile + i * kKvBlock + c * L)),
+                           B<Arch>(factor[i]), B<Arch>(-shift));
+          // An inactive row (block max -inf) gives NaN here: its levels are forced to 0.
+          const I32<Arch> level = round_to_int<Arch>(exp2_level<Arch>(y));
           const I32<Arch> kept = block_max[i] > kMinusInf ? level : I32<Arch>(0);
           sum += kept;  // the weights PV will use, as their integers
           simd::store_low_bytes<Arch>(p_row + c * L, kept);
