@@ -135,7 +135,8 @@ void bf16_args(benchmark::internal::Benchmark* b) {
 /// int8 backend (range(2) = chunk) against flash fp32 on the same inputs (range(3) = flash = 1,
 /// reported with chunk 0: the same-process baseline bench-summary pairs with flash:0). K has
 /// per-channel offsets, as real models' keys do (the case smoothing exists for). Rate: int8
-/// operations (2 per multiply-add of Q·K^T and P·V) against the measured VNNI peak.
+/// operations (2 per multiply-add of Q·K^T and P·V) against the measured VNNI peak; accuracy:
+/// cosine similarity and relative L2 error of the output against flash fp32's.
 void BM_attention_int8(benchmark::State& state) {
   const Shape s = kShapes[state.range(0)];
   const int threads = static_cast<int>(state.range(1));
@@ -157,6 +158,21 @@ void BM_attention_int8(benchmark::State& state) {
   for (auto _ : state) {
     attention_forward(qv, kv, vv, ov, options);
     benchmark::ClobberMemory();
+  }
+  if (!flash) {  // accuracy at this shape, against flash fp32 (outside the timed loop)
+    std::vector<float> exact(out.size());
+    AttentionOptions fp32 = options;
+    fp32.backend = AttentionBackend::flash;
+    attention_forward(qv, kv, vv, view(exact.data(), {s.batch, s.q_len, s.heads, s.dim}), fp32);
+    double dot = 0, got2 = 0, want2 = 0, diff2 = 0;
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      dot += double(out[i]) * exact[i];
+      got2 += double(out[i]) * out[i];
+      want2 += double(exact[i]) * exact[i];
+      diff2 += (double(out[i]) - exact[i]) * (double(out[i]) - exact[i]);
+    }
+    state.counters["cos_vs_fp32"] = dot / std::sqrt(got2 * want2);
+    state.counters["rel_l2_vs_fp32"] = std::sqrt(diff2 / want2);
   }
   const Limits& limits = measured_limits(threads);
   state.SetLabel(std::string(s.name) + " " + backend_name(options.backend) +

@@ -32,6 +32,8 @@ struct Int8Case {
     return "b" + std::to_string(b) + " sq" + std::to_string(sq) + " sk" + std::to_string(sk) +
            " n" + std::to_string(n) + "/" + std::to_string(nkv) + " d" + std::to_string(dk) + "/" +
            std::to_string(dv) + (causal ? " causal" : "") + (additive_mask ? " mask" : "") +
+           (q_std != 1.f ? " q_std " + std::to_string(q_std).substr(0, 3) : "") +
+           (key_offset != 4.f ? " k_offset " + std::to_string(key_offset).substr(0, 3) : "") +
            " threads " + std::to_string(threads) + " chunk " + std::to_string(chunk) + " isa " +
            active_isa_name();
   }
