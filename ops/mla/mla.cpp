@@ -115,6 +115,7 @@ float* call_scratch(ScratchUse use, std::size_t floats) {
 
 using TaskKernel = decltype(&mla::mla_decode_task<xsimd::sse2>);
 using MergeKernel = decltype(&mla::mla_merge_splits<xsimd::sse2>);
+using PrepareKernel = decltype(&mla::mla_prepare_queries<xsimd::sse2>);
 
 /// Floats of one thread's workspace and where each part starts (64-byte aligned parts).
 struct WorkspaceLayout {
@@ -248,49 +249,33 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
   auto* offset_sums = reinterpret_cast<std::int32_t*>(q_pairs + padded_rows * (kNopeDim / 2));
   float* nope_factor = reinterpret_cast<float*>(offset_sums + padded_rows * kScaleGroups);
   float* rope_scaled = nope_factor + padded_rows;
-  const float log2_scale = scale * std::numbers::log2e_v<float>;
   const int threads = core::thread_count();
+  mla::QueryInputs query_inputs;
+  query_inputs.nope = q_nope.data;
+  query_inputs.nope_bf16 = q_nope.dtype == DType::bf16;
+  query_inputs.nope_strides[0] = q_nope.strides[0];
+  query_inputs.nope_strides[1] = q_nope.strides[1];
+  query_inputs.rope = q_rope.data;
+  query_inputs.rope_bf16 = q_rope.dtype == DType::bf16;
+  query_inputs.rope_strides[0] = q_rope.strides[0];
+  query_inputs.rope_strides[1] = q_rope.strides[1];
+  query_inputs.log2_scale = scale * std::numbers::log2e_v<float>;
+  query_inputs.heads = static_cast<int>(heads);
+  query_inputs.padded_heads = static_cast<int>(padded_heads);
+  const mla::PreparedQueries prepared{q_words, q_pairs, offset_sums, nope_factor, rope_scaled};
+  static const core::IsaTable<PrepareKernel> kPrepareKernels =
+      DITOPS_ISA_TABLE(mla::mla_prepare_queries);
+  const PrepareKernel prepare = kPrepareKernels.get();
   // Work in units of 16 heads of one sequence: a unit writes whole cache lines of the packed
-  // arrays, so two threads never share one.
-  const std::int64_t units_per_sequence = padded_heads / mla::kHeadPadding;
-  core::parallel_ranges(
-      batch * units_per_sequence, threads,
-      [&](std::int64_t first_unit, std::int64_t end_unit, int) {
-        float values[kNopeDim];
-        std::int8_t quantized[kNopeDim];
-        for (std::int64_t unit = first_unit; unit < end_unit; ++unit) {
-          const std::int64_t b = unit / units_per_sequence;
-          const std::int64_t first_head = unit % units_per_sequence * mla::kHeadPadding;
-          for (std::int64_t h = first_head; h < std::min(first_head + mla::kHeadPadding, heads);
-               ++h) {
-            const std::int64_t nope_at = b * q_nope.strides[0] + h * q_nope.strides[1];
-            for (int d = 0; d < kNopeDim; ++d) values[d] = element(q_nope, nope_at + d);
-            nope_factor[b * padded_heads + h] =
-                quantize_symmetric(values, kNopeDim, quantized) * log2_scale;
-            for (int word = 0; word < kNopeDim / 4; ++word) {
-              std::uint32_t packed;
-              std::memcpy(&packed, quantized + 4 * word, 4);
-              q_words[(b * (kNopeDim / 4) + word) * padded_heads + h] = packed;
-            }
-            for (int word = 0; word < kNopeDim / 2; ++word) {
-              const std::uint32_t low = static_cast<std::uint16_t>(quantized[2 * word]);
-              const std::uint32_t high = static_cast<std::uint16_t>(quantized[2 * word + 1]);
-              q_pairs[(b * (kNopeDim / 2) + word) * padded_heads + h] = low | high << 16;
-            }
-            for (int g = 0; g < kScaleGroups; ++g) {
-              std::int32_t sum = 0;
-              for (int d = g * mla::kGroupDim; d < (g + 1) * mla::kGroupDim; ++d)
-                sum += quantized[d];
-              offset_sums[(b * kScaleGroups + g) * padded_heads + h] = 128 * sum;
-            }
-            const std::int64_t rope_at = b * q_rope.strides[0] + h * q_rope.strides[1];
-            for (int d = 0; d < kRopeDim; ++d) {
-              rope_scaled[(b * kRopeDim + d) * padded_heads + h] =
-                  element(q_rope, rope_at + d) * log2_scale;
-            }
-          }
-        }
-      });
+  // arrays, so two threads never share one; one unit runs inline (no team for ~1 us of work).
+  const std::int64_t units = batch * (padded_heads / mla::kHeadPadding);
+  if (units == 1) {
+    prepare(query_inputs, prepared, 0, 1);
+  } else {
+    core::parallel_ranges(units, threads, [&](std::int64_t first, std::int64_t end, int) {
+      prepare(query_inputs, prepared, first, end);
+    });
+  }
 
   mla::MlaProblem problem;
   problem.heads = static_cast<int>(heads);
@@ -308,7 +293,7 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
   problem.rope_bf16 = cache.rope.dtype == DType::bf16;
   problem.rope_strides[0] = cache.rope.strides[0];
   problem.rope_strides[1] = cache.rope.strides[1];
-  problem.queries = {q_words, q_pairs, offset_sums, nope_factor, rope_scaled};
+  problem.queries = prepared;
   problem.out = out.data;
   problem.out_bf16 = out_bf16;
   problem.out_strides[0] = out.strides[0];

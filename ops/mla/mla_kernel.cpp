@@ -382,6 +382,75 @@ void write_output(const MlaProblem& p, int sequence, int head, const float* valu
 }  // namespace
 
 template <class Arch>
+void mla_prepare_queries(const QueryInputs& in, const PreparedQueries& out,
+                         std::int64_t first_unit, std::int64_t end_unit) noexcept {
+  using B = F32<Arch>;
+  using I = I32<Arch>;
+  constexpr int kLanes = static_cast<int>(B::size);
+  const std::int64_t hp = in.padded_heads;
+  const std::int64_t units_per_sequence = hp / kHeadPadding;
+  auto* words = const_cast<std::uint32_t*>(out.nope_words);
+  auto* pairs = const_cast<std::uint32_t*>(out.nope_pairs);
+  auto* offset_sums = const_cast<std::int32_t*>(out.offset_sums);
+  auto* factor = const_cast<float*>(out.nope_factor);
+  auto* rope = const_cast<float*>(out.rope);
+  for (std::int64_t unit = first_unit; unit < end_unit; ++unit) {
+    const std::int64_t b = unit / units_per_sequence;
+    const std::int64_t first_head = unit % units_per_sequence * kHeadPadding;
+    const std::int64_t end_head = std::min<std::int64_t>(first_head + kHeadPadding, in.heads);
+    for (std::int64_t h = first_head; h < end_head; ++h) {
+      B values[kNopeDim / kLanes];
+      const std::int64_t nope_at = b * in.nope_strides[0] + h * in.nope_strides[1];
+      B top(0.f);
+      for (int i = 0; i < kNopeDim / kLanes; ++i) {
+        values[i] = in.nope_bf16 ? simd::load<Arch>(static_cast<const bf16*>(in.nope) + nope_at + i * kLanes)
+                                 : simd::load<Arch>(static_cast<const float*>(in.nope) + nope_at + i * kLanes);
+        top = xsimd::max(top, xsimd::abs(values[i]));
+      }
+      // The cache format's rule (mla.hpp): scale = max|x| / 127, q = clamp(rne(x / scale)).
+      const float scale = simd::reduce_max<Arch>(top) / 127.f;
+      factor[b * hp + h] = scale > 0.f ? scale * in.log2_scale : 0.f;
+      alignas(64) std::int8_t quantized[kNopeDim];
+      I group_sum[kScaleGroups] = {I(0), I(0), I(0), I(0)};
+      for (int i = 0; i < kNopeDim / kLanes; ++i) {
+        const I q = scale > 0.f ? xsimd::max(xsimd::min(xsimd::nearbyint_as_int(values[i] / B(scale)),
+                                                        I(127)),
+                                             I(-127))
+                                : I(0);
+        group_sum[i * kLanes / kGroupDim] += q;
+        simd::store_low_bytes<Arch>(quantized + i * kLanes, q);
+      }
+      if constexpr (simd::kHasBf16Vnni<Arch>) {
+        for (int word = 0; word < kNopeDim / 4; ++word) {
+          std::memcpy(&words[(b * (kNopeDim / 4) + word) * hp + h], quantized + 4 * word, 4);
+        }
+        for (int g = 0; g < kScaleGroups; ++g) {
+          alignas(64) std::int32_t lanes[kLanes];
+          group_sum[g].store_aligned(lanes);
+          std::int32_t sum = 0;
+          for (int lane = 0; lane < kLanes; ++lane) sum += lanes[lane];
+          offset_sums[(b * kScaleGroups + g) * hp + h] = 128 * sum;
+        }
+      } else {
+        for (int word = 0; word < kNopeDim / 2; ++word) {
+          const std::uint32_t low = static_cast<std::uint16_t>(quantized[2 * word]);
+          const std::uint32_t high = static_cast<std::uint16_t>(quantized[2 * word + 1]);
+          pairs[(b * (kNopeDim / 2) + word) * hp + h] = low | high << 16;
+        }
+      }
+      const std::int64_t rope_at = b * in.rope_strides[0] + h * in.rope_strides[1];
+      for (int d = 0; d < kRopeDim; d += kLanes) {
+        alignas(64) float scaled[kLanes];
+        const B x = in.rope_bf16 ? simd::load<Arch>(static_cast<const bf16*>(in.rope) + rope_at + d)
+                                 : simd::load<Arch>(static_cast<const float*>(in.rope) + rope_at + d);
+        (x * B(in.log2_scale)).store_aligned(scaled);
+        for (int lane = 0; lane < kLanes; ++lane) rope[(b * kRopeDim + d + lane) * hp + h] = scaled[lane];
+      }
+    }
+  }
+}
+
+template <class Arch>
 void mla_decode_task(const MlaProblem& p, const MlaTask& task, const MlaWorkspace& ws) noexcept {
   using B = F32<Arch>;
   constexpr int kLanes = static_cast<int>(B::size);
@@ -481,6 +550,8 @@ void mla_merge_splits(const MlaProblem& p, int sequence, int splits, const float
   }
 }
 
+template void mla_prepare_queries<KernelArch>(const QueryInputs&, const PreparedQueries&,
+                                              std::int64_t, std::int64_t) noexcept;
 template void mla_decode_task<KernelArch>(const MlaProblem&, const MlaTask&,
                                           const MlaWorkspace&) noexcept;
 template void mla_merge_splits<KernelArch>(const MlaProblem&, int, int, const float*, const float*,

@@ -31,6 +31,27 @@ struct PreparedQueries {
   const float* rope = nullptr;                ///< [B][64][Hp]: q_rope * scale * log2(e)
 };
 
+/// The raw queries prepare reads (validated by mla.cpp); element strides, last dim contiguous.
+struct QueryInputs {
+  const void* nope = nullptr;  ///< [B, H, 512] f32 or bf16
+  bool nope_bf16 = false;
+  std::int64_t nope_strides[2] = {0, 0};  ///< sequence, head
+  const void* rope = nullptr;             ///< [B, H, 64] f32 or bf16
+  bool rope_bf16 = false;
+  std::int64_t rope_strides[2] = {0, 0};
+  float log2_scale = 0;  ///< softmax scale * log2(e)
+  int heads = 0, padded_heads = 0;
+};
+
+/// Fills `out` (whose arrays are written through) for the units [first_unit, end_unit) of 16
+/// heads of one sequence each (unit = sequence * Hp / 16 + head / 16): q_nope quantized
+/// symmetrically per (sequence, head) exactly as the cache format (mla.hpp), in the integer
+/// form this ISA's task kernel reads (VNNI words and offset sums, or int16 pairs); q_rope
+/// scaled. Padding heads must already be zero.
+template <class Arch>
+void mla_prepare_queries(const QueryInputs& in, const PreparedQueries& out,
+                         std::int64_t first_unit, std::int64_t end_unit) noexcept;
+
 struct MlaProblem {
   int heads = 0;
   int padded_heads = 0;  ///< heads rounded up to a multiple of kHeadPadding
