@@ -41,22 +41,3 @@ function(ditops_add_kernels target)
     target_sources(${objects} PRIVATE ${ARGN})
   endforeach()
 endfunction()
-
-# Kernels that need AVX512-BF16 (vdpbf16ps), which the avx512 dispatch level does not require:
-# one object library of their own (named ditops_isa_* so tools/check_isa_objects.sh guards it),
-# called only when cpu_info().avx512_bf16 says the CPU has the instructions.
-function(ditops_add_bf16_kernels target)
-  set(objects ${target}_isa_avx512_bf16)
-  if(NOT TARGET ${objects})
-    add_library(${objects} OBJECT)
-    target_compile_options(${objects} PRIVATE ${DITOPS_ISA_avx512_FLAGS} -mavx512bf16 -O2)
-    if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 13)
-      target_compile_options(${objects} PRIVATE -Wno-maybe-uninitialized -Wno-uninitialized)
-    endif()
-    target_include_directories(${objects} PRIVATE ${PROJECT_SOURCE_DIR}
-                               ${PROJECT_SOURCE_DIR}/include)
-    target_link_libraries(${objects} PRIVATE ditops_settings)
-    target_sources(${target} PRIVATE $<TARGET_OBJECTS:${objects}>)
-  endif()
-  target_sources(${objects} PRIVATE ${ARGN})
-endfunction()

@@ -46,8 +46,7 @@ const char* backend_name(AttentionBackend backend) noexcept {
 namespace attention {
 
 bool bf16_dot_available() noexcept {
-  static const bool available = cpu_info().avx512_bf16;
-  return available && core::active_isa() == core::Isa::avx512;
+  return core::kernel_variant() == core::kAvx512Bf16Variant;
 }
 
 namespace {

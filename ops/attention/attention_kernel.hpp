@@ -148,7 +148,7 @@ void int8_pack_head(const FlashProblem& problem, std::int64_t seq, std::int64_t 
 template <class Arch>
 void int8_task(const FlashProblem& problem, const FlashTask& task, float* scratch) noexcept;
 
-/// The flash_bf16 Q·K^T path (vdpbf16ps) exists in this build and CPU.
+/// The flash_bf16 Q·K^T path (vdpbf16ps) runs: the avx512 kernel variant with AVX512-BF16.
 bool bf16_dot_available() noexcept;
 
 }  // namespace ditops::attention

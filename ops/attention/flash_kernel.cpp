@@ -14,7 +14,6 @@
 #include <type_traits>
 
 #include "ops/attention/attention_kernel.hpp"
-#include "ops/attention/bf16_dot.hpp"
 #include "ops/attention/tile_rows.hpp"
 #include "ops/core/arch.hpp"
 #include "ops/core/simd.hpp"
@@ -65,6 +64,44 @@ inline void qk_packed(const float* q_tile, std::int64_t q_stride, const float* k
 #pragma GCC unroll 4
       for (int c = 0; c < C; ++c) scores[r * T::kBlockVecs + col + c] = acc[r][c];
     }
+  }
+}
+
+/// flash_bf16: S tile [kRows][kBlockVecs] = bf16 Q tile · K^T, with K^T packed as
+/// [ceil(dk / 2)][64 keys][2] bf16 words (pairs of consecutive d per key, zero padded). Each
+/// vdpbf16ps multiplies 16 key pairs by one broadcast query pair: 32 MACs at fp32 accumulation.
+template <class Arch>
+inline void qk_bf16(const std::uint16_t* q, std::int64_t q_stride, const std::uint16_t* kt,
+                    std::int64_t dk, B<Arch>* scores) noexcept {
+  using T = Tiles<Arch>;
+  constexpr int R = T::kRows, C = T::kBlockVecs;
+  static_assert(C == 4, "one pass covers the 64-key block");
+  __m512 acc[R][C];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+  const std::int64_t pairs = (dk + 1) / 2;
+  for (std::int64_t pair = 0; pair < pairs; ++pair) {
+    __m512i kv[C];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) kv[c] = _mm512_load_si512(kt + pair * 2 * kKvBlock + c * 32);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      std::uint32_t both;
+      std::memcpy(&both, q + r * q_stride + 2 * pair, sizeof both);
+      const __m512i qb = _mm512_set1_epi32(static_cast<int>(both));
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) {
+        acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)qb, (__m512bh)kv[c]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) scores[r * C + c] = acc[r][c];
   }
 }
 
@@ -256,12 +293,9 @@ class TaskRunner {
     const float* q_tile = q_tile_ + first_index * dk_padded_;
     if (p_.k_layout == KLayout::packed) {
       if (p_.bf16_dot) {
-        if constexpr (simd::kIsAvx512<Arch>) {
-          alignas(64) float raw[kMaxTileRows * kKvBlock];
-          const std::uint16_t* q_words = q_bf16_ + first_index * dk_padded_;
-          qk_tile_bf16(q_words, dk_padded_, kt_bf16_ + (block / kKvBlock) * dk_padded_ * kKvBlock,
-                       p_.dk, R, raw);
-          for (int i = 0; i < R * BV; ++i) scores[i] = B<Arch>::load_aligned(raw + i * L);
+        if constexpr (simd::kHasBf16Vnni<Arch>) {  // bf16_dot is set only for this variant
+          qk_bf16<Arch>(q_bf16_ + first_index * dk_padded_, dk_padded_,
+                        kt_bf16_ + (block / kKvBlock) * dk_padded_ * kKvBlock, p_.dk, scores);
         }
       } else {
         qk_packed<Arch>(q_tile, dk_padded_, kt_ + (block / kKvBlock) * p_.dk * kKvBlock, p_.dk,
