@@ -506,8 +506,8 @@ struct Int8Storage {
   std::unique_ptr<std::int8_t[], AlignedFree> k, v;
   std::unique_ptr<std::int32_t[], AlignedFree> k_sum;
   std::unique_ptr<float[], AlignedFree> k_scale, v_scale, k_mean;
-  std::vector<std::int64_t> first_block, order_offset;
-  std::vector<schedule::StageInstance> orders;
+  std::vector<std::int64_t> first_block;
+  std::vector<schedule::StageInstance> order;
 };
 
 /// K smoothing is on unless DITOPS_INT8_SMOOTH_K=0 (a diagnostic: it shows what smoothing
@@ -557,16 +557,10 @@ void prepare_int8(FlashProblem& p, Int8Storage& storage, int chunk, int threads)
       pack(p, h / p.kv_heads, h % p.kv_heads, op.k_mean ? storage.k_mean.get() + h * p.dk : nullptr);
     }
   });
-  // The shared schedule's cube order for every block count a row group can have.
-  storage.order_offset.assign(1, 0);
-  for (std::int64_t n = 0; n <= max_blocks; ++n) {
-    const schedule::Schedule plan = schedule::make_schedule(static_cast<int>(n), chunk);
-    storage.orders.insert(storage.orders.end(), plan.cube.begin(), plan.cube.end());
-    storage.order_offset.push_back(static_cast<std::int64_t>(storage.orders.size()));
-  }
-  op.orders = storage.orders.data();
-  op.order_offset = storage.order_offset.data();
-  op.max_blocks = max_blocks;
+  // The shared schedule's cube order for the longest sequence (shorter ones skip blocks).
+  storage.order = schedule::make_schedule(static_cast<int>(max_blocks), chunk).cube;
+  op.order = storage.order.data();
+  op.order_size = static_cast<std::int64_t>(storage.order.size());
 }
 
 /// Element offsets of one query row's output and LSE.

@@ -52,12 +52,11 @@ struct Int8Operands {
   const std::int8_t* v = nullptr;  ///< block g at g * 64 * dv_padded: [16 words][dv_padded][4]
   const float* v_scale = nullptr;  ///< block g at g * dv_padded: per channel
   const std::int64_t* first_block = nullptr;
-  /// The shared schedule's cube orders (QK, PV) for 0, 1, ... blocks, concatenated: n blocks
-  /// use [order_offset[n], order_offset[n + 1]). Plain arrays: kernel objects instantiate no
+  /// The shared schedule's cube order (QK, PV) for the longest sequence's blocks; a row group
+  /// with fewer blocks skips the later ones. A plain array: kernel objects instantiate no
   /// std::vector code (ODR guard).
-  const schedule::StageInstance* orders = nullptr;
-  const std::int64_t* order_offset = nullptr;
-  std::int64_t max_blocks = 0;  ///< orders exist for up to this many blocks
+  const schedule::StageInstance* order = nullptr;
+  std::int64_t order_size = 0;
   int chunk = 2;                ///< options.int8_chunk: QK blocks ahead of their PV
 };
 

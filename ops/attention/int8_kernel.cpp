@@ -404,24 +404,30 @@ class Int8Runner {
     }
     const std::int64_t blocks = (group_end - task_.kv_begin + kKvBlock - 1) / kKvBlock;
     // Walk the cube order; after each run of equal cube stages, run their vector mirrors.
-    const schedule::StageInstance* order = op_.orders + op_.order_offset[blocks];
-    const int size = static_cast<int>(op_.order_offset[blocks + 1] - op_.order_offset[blocks]);
-    int run_begin = 0;
+    // Walk the cube order for the sequence's blocks, keeping this group's `blocks` (the order
+    // for fewer blocks is that order without the later ones: ops/schedule, tested there);
+    // after each run of equal cube stages, run their vector mirrors.
+    const schedule::StageInstance* order = op_.order;
+    const std::int64_t size = op_.order_size;
+    const auto next_kept = [&](std::int64_t i) {
+      while (i < size && order[i].block >= blocks) ++i;
+      return i;
+    };
+    const auto buffer_of = [&](std::int64_t i) { return order[i].slot * op_.chunk + order[i].sub; };
+    std::int64_t run_begin = next_kept(0);
     while (run_begin < size) {
-      int run_end = run_begin + 1;
-      while (run_end < size && order[run_end].stage == order[run_begin].stage) ++run_end;
-      const bool is_qk = order[run_begin].stage == schedule::Stage::qk;
-      for (int i = run_begin; i < run_end; ++i) {
-        const int buffer = order[i].slot * op_.chunk + order[i].sub;
-        if (is_qk) {
-          qk_stage(order[i].block, buffer);
+      const schedule::Stage stage = order[run_begin].stage;
+      std::int64_t run_end = run_begin;
+      for (; run_end < size && order[run_end].stage == stage; run_end = next_kept(run_end + 1)) {
+        if (stage == schedule::Stage::qk) {
+          qk_stage(order[run_end].block, buffer_of(run_end));
         } else {
-          pv_up_stage(order[i].block, buffer);
+          pv_up_stage(order[run_end].block, buffer_of(run_end));
         }
       }
-      if (is_qk) {
-        for (int i = run_begin; i < run_end; ++i) {
-          sm_stage(order[i].block, order[i].slot * op_.chunk + order[i].sub);
+      if (stage == schedule::Stage::qk) {
+        for (std::int64_t i = run_begin; i < run_end; i = next_kept(i + 1)) {
+          sm_stage(order[i].block, buffer_of(i));
         }
       }
       run_begin = run_end;

@@ -39,6 +39,26 @@ TEST(Schedule, PartialLastGroupAndTinyInputs) {
   EXPECT_TRUE(make_schedule(0, 2).cube.empty());
 }
 
+// The int8 attention kernel runs row groups with fewer blocks than the longest sequence on
+// one order: the order for n blocks must be the longer order without its blocks >= n.
+TEST(Schedule, FewerBlocksAreTheLongerOrderFiltered) {
+  for (int chunk : {1, 2, 4}) {
+    const Schedule longest = make_schedule(13, chunk);
+    for (int n = 0; n <= 13; ++n) {
+      std::vector<StageInstance> filtered;
+      for (const StageInstance& item : longest.cube) {
+        if (item.block < n) filtered.push_back(item);
+      }
+      const Schedule own = make_schedule(n, chunk);
+      ASSERT_EQ(to_string(filtered), to_string(own.cube)) << "chunk " << chunk << " n " << n;
+      for (std::size_t i = 0; i < filtered.size(); ++i) {
+        EXPECT_EQ(filtered[i].slot, own.cube[i].slot);
+        EXPECT_EQ(filtered[i].sub, own.cube[i].sub);
+      }
+    }
+  }
+}
+
 TEST(Schedule, InterleavedCubeKeepsVectorGroups) {
   ScheduleOptions options;
   options.interleave_cube = true;
