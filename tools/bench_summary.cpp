@@ -48,7 +48,10 @@ std::string baseline_name(const std::string& name) {
     if (at == std::string::npos) continue;
     base.replace(at, ours.size(), theirs);
     const auto chunk = base.find("chunk:");
-    if (chunk != std::string::npos) base.replace(chunk + 6, 1, "0");
+    if (chunk != std::string::npos) {
+      const auto digits = base.find_first_not_of("0123456789", chunk + 6);
+      base.replace(chunk + 6, (digits == std::string::npos ? base.size() : digits) - chunk - 6, "0");
+    }
     return base;
   }
   return "";

@@ -273,39 +273,46 @@ using CpuTimes = std::map<std::array<int, 5>, double>;
 CpuTimes load_cpu_times(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw UsageError("--cpu: cannot read '" + path + "'");
-  nlohmann::json document;
-  try {
-    document = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception&) {
-    throw UsageError("--cpu: '" + path + "' is not Google Benchmark JSON");
-  }
+  const auto not_benchmark_json = [&] {
+    return UsageError("--cpu: '" + path + "' is not Google Benchmark JSON");
+  };
   std::map<std::array<int, 5>, std::vector<double>> samples;
-  for (const auto& entry : document.value("benchmarks", nlohmann::json::array())) {
-    const std::string name = entry.value("run_name", entry.value("name", ""));
-    if (name.rfind("mla_", 0) != 0 || entry.value("run_type", "iteration") != "iteration") continue;
-    std::map<std::string, int> args;
-    std::size_t start = name.find('/');
-    while (start != std::string::npos) {
-      const std::size_t end = name.find('/', start + 1);
-      const std::string part = name.substr(start + 1, end - start - 1);
-      const std::size_t colon = part.find(':');
-      if (colon != std::string::npos && part.find_first_not_of("0123456789", colon + 1) ==
-                                            std::string::npos) {
-        args[part.substr(0, colon)] = std::stoi(part.substr(colon + 1));
+  try {
+    const nlohmann::json document = nlohmann::json::parse(in);
+    if (!document.is_object()) throw not_benchmark_json();
+    const std::map<std::string, double> us_per_unit = {
+        {"ns", 1e-3}, {"us", 1.0}, {"ms", 1e3}, {"s", 1e6}};
+    for (const auto& entry : document.value("benchmarks", nlohmann::json::array())) {
+      const std::string name = entry.value("run_name", entry.value("name", std::string()));
+      if (name.rfind("mla_", 0) != 0) continue;
+      if (entry.value("run_type", std::string("iteration")) != "iteration") continue;
+      // Arguments "key:value" between slashes (mla_grid/b:1/kv:512/h:16/chunk:1/threads:1/...).
+      std::map<std::string, int> args;
+      std::size_t start = name.find('/');
+      while (start != std::string::npos) {
+        const std::size_t end = name.find('/', start + 1);
+        const std::string part = name.substr(start + 1, end - start - 1);
+        const std::size_t colon = part.find(':');
+        if (colon != std::string::npos && colon + 1 < part.size() && part.size() - colon < 10 &&
+            part.find_first_not_of("0123456789", colon + 1) == std::string::npos) {
+          args[part.substr(0, colon)] = std::stoi(part.substr(colon + 1));
+        }
+        start = end;
       }
-      start = end;
+      if (args.count("splits") != 0 && args["splits"] != 0) continue;  // forced split counts
+      const auto unit = us_per_unit.find(entry.value("time_unit", std::string("ns")));
+      if (unit == us_per_unit.end()) throw not_benchmark_json();
+      samples[{args["b"], args["kv"], args["h"], args["chunk"], args["threads"]}].push_back(
+          entry.value("real_time", 0.0) * unit->second);
     }
-    if (args.count("splits") && args["splits"] != 0) continue;  // forced one-split runs
-    const double factor = entry.value("time_unit", "ns") == "us"   ? 1.0
-                          : entry.value("time_unit", "ns") == "ms" ? 1e3
-                                                                   : 1e-3;
-    samples[{args["b"], args["kv"], args["h"], args["chunk"], args["threads"]}].push_back(
-        entry.value("real_time", 0.0) * factor);
+  } catch (const nlohmann::json::exception&) {
+    throw not_benchmark_json();
   }
   CpuTimes times;
-  for (auto& [key, values] : samples) {
+  for (auto& [key, values] : samples) {  // the median
     std::sort(values.begin(), values.end());
-    times[key] = values[values.size() / 2];
+    const std::size_t n = values.size();
+    times[key] = n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
   }
   if (times.empty()) throw UsageError("--cpu: no mla_grid or mla_decode entries in '" + path + "'");
   return times;
@@ -340,6 +347,9 @@ int run_sweep(const Options& options) {
   const auto cpu_file = options.values.find("--cpu");
   if (cpu_file != options.values.end()) cpu = load_cpu_times(cpu_file->second);
   const auto threads_flag = options.values.find("--cpu-threads");
+  if (threads_flag != options.values.end() && cpu.empty()) {
+    throw UsageError("--cpu-threads needs --cpu");
+  }
   const int cpu_threads =
       threads_flag == options.values.end() ? 2 : parse_int("--cpu-threads", threads_flag->second);
   const auto cpu_time = [&](int batch, int kv, int chunk) {

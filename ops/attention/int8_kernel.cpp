@@ -24,8 +24,8 @@
 // result against the fp64 reference.
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "ops/attention/attention_kernel.hpp"
 #include "ops/attention/tile_rows.hpp"
@@ -65,34 +65,13 @@ constexpr float kLog2Of255 = 7.9943534368588578f;
 
 /// 2^y for y <= log2(255) (-inf gives 0): with y = s - (block max - log2 255), the u8 level of
 /// a softmax weight relative to the block's largest one. The level keeps 8 bits, so AVX-512
-/// uses a degree-4 polynomial (relative error 4.2e-5, 0.01 of a level) where the fp32 kernels
-/// need degree 6.
+/// uses the degree-4 polynomial (0.01 of a level).
 template <class Arch>
 inline B<Arch> exp2_level(B<Arch> y) noexcept {
   if constexpr (simd::kIsAvx512<Arch>) {
-    const __mmask16 in_range = _mm512_cmp_ps_mask(y, _mm512_set1_ps(-126.f), _CMP_GE_OQ);
-    const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const B<Arch> f = y - B<Arch>(n);
-    B<Arch> p(9.618129107628477e-3f);
-    p = simd::fmadd<Arch>(p, f, B<Arch>(5.550410866482158e-2f));
-    p = simd::fmadd<Arch>(p, f, B<Arch>(2.402265069591007e-1f));
-    p = simd::fmadd<Arch>(p, f, B<Arch>(6.931471805599453e-1f));
-    p = simd::fmadd<Arch>(p, f, B<Arch>(1.f));
-    return _mm512_maskz_scalef_ps(in_range, p, n);
+    return exp2_scores<Arch, 4>(y);
   } else {
     return exp2_scores<Arch>(y - B<Arch>(kLog2Of255)) * B<Arch>(255.f);
-  }
-}
-
-/// Largest lane of an int32 vector.
-template <class Arch>
-inline std::int32_t reduce_max_int(I32<Arch> v) noexcept {
-  if constexpr (simd::kIsAvx512<Arch>) {
-    return _mm512_reduce_max_epi32(v);
-  } else {
-    alignas(64) std::int32_t lanes[I32<Arch>::size];
-    v.store_aligned(lanes);
-    return *std::max_element(lanes, lanes + I32<Arch>::size);
   }
 }
 
@@ -166,7 +145,7 @@ void pack_block(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, s
     }
   }
   const float k_max = simd::reduce_max<Arch>(k_top);
-  const float k_scale = k_max > 0.f ? k_max / 127.f : 1.f;
+  const float k_scale = simd::int8_scale(k_max);
   const_cast<float*>(op.k_scale)[global] = k_scale;
   std::memset(k_out, 0, static_cast<std::size_t>(op.dk_words * kKvBlock * 4));
   std::fill(k_sum, k_sum + kKvBlock, 0);
@@ -186,11 +165,7 @@ void pack_block(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, s
         std::memcpy(k_out + ((d / 4 + w) * kKvBlock + key) * 4, bytes + 4 * w, 4);
       }
     }
-    alignas(64) std::int32_t lanes[L];
-    sum.store_aligned(lanes);
-    std::int32_t total = 0;
-    for (int i = 0; i < L; ++i) total += lanes[i];
-    k_sum[key] = 128 * total;
+    k_sum[key] = 128 * simd::reduce_add<Arch>(sum);
   }
 
   // V: one scale per channel over the block's keys (running max in v_scale, key by key).
@@ -206,7 +181,9 @@ void pack_block(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, s
   }
   for (std::int64_t d = 0; d < p.dv_padded; d += L) {
     const B<Arch> top = B<Arch>::load_unaligned(v_scale + d);
-    xsimd::select(top > B<Arch>(0.f), top * B<Arch>(1.f / 127.f), B<Arch>(1.f))
+    // simd::int8_scale per lane: 1 where max / 127 is not a normal float.
+    const B<Arch> scale = top * B<Arch>(1.f / 127.f);
+    xsimd::select(scale >= B<Arch>(std::numeric_limits<float>::min()), scale, B<Arch>(1.f))
         .store_unaligned(v_scale + d);
   }
   std::int64_t key = 0;
@@ -374,10 +351,7 @@ class Int8Runner {
     // are N·D elements apart), and quantizing them one by one waited on every miss.
     for (int index = 0; index < row_count_; ++index) {
       rows_[index] = make_row<T>(p_, task_, seq_, first + index);
-      const char* q = static_cast<const char*>(rows_[index].q);
-      for (std::int64_t byte = 0; byte < p_.dk * static_cast<std::int64_t>(sizeof(T)); byte += 64) {
-        simd::prefetch(q + byte);
-      }
+      prefetch_row(static_cast<const T*>(rows_[index].q), p_.dk);
     }
     std::int64_t group_end = task_.kv_begin;
     for (int t = 0; t < tiles_; ++t) {
@@ -452,7 +426,7 @@ class Int8Runner {
       if (k_mean_) shift = simd::fmadd<Arch>(x, simd::load_chunk<Arch>(k_mean_, d, width), shift);
     }
     const float q_max = simd::reduce_max<Arch>(top);
-    const float factor = q_max > 0.f ? q_max / 127.f : 1.f;
+    const float factor = simd::int8_scale(q_max);
     q_factor_[index] = factor;
     lse_shift_[index] = simd::reduce_add<Arch>(shift);
     std::uint8_t* dst = q8_ + index * q_stride_;
@@ -520,7 +494,7 @@ class Int8Runner {
           I32<Arch> top = I32<Arch>::load_aligned(s_row);
 #pragma GCC unroll 4
           for (int c = 1; c < BV; ++c) top = xsimd::max(top, I32<Arch>::load_aligned(s_row + c * L));
-          block_max[i] = factor[i] * static_cast<float>(reduce_max_int<Arch>(top));
+          block_max[i] = factor[i] * static_cast<float>(simd::reduce_max<Arch>(top));
           continue;
         }
         B<Arch> s[BV];
@@ -567,7 +541,8 @@ class Int8Runner {
                            xsimd::to_float(I32<Arch>::load_aligned(s_tile + i * kKvBlock + c * L)),
                            B<Arch>(factor[i]), B<Arch>(-shift));
           // An inactive row (block max -inf) gives NaN here: its levels are forced to 0.
-          const I32<Arch> level = round_to_int<Arch>(exp2_level<Arch>(y));
+          // At most 255: y at the block max may round one ulp above log2(255).
+          const I32<Arch> level = xsimd::min(round_to_int<Arch>(exp2_level<Arch>(y)), I32<Arch>(255));
           const I32<Arch> kept = block_max[i] > kMinusInf ? level : I32<Arch>(0);
           sum += kept;  // the weights PV will use, as their integers
           simd::store_low_bytes<Arch>(p_row + c * L, kept);
@@ -650,8 +625,10 @@ class Int8Runner {
 };
 
 
-/// Smoothing mean (when `mean` is set) and every block of one (sequence, KV head): the mean
-/// pass leaves the head's keys in L2 for the quantizing pass.
+/// Smoothing mean (when `mean` is set) and every block of one (sequence, KV head): the
+/// quantizing pass finds the keys the mean pass read in L2 (short sequences) or L3. Every call
+/// quantizes all of K and V, in parallel over (sequence, KV head) only: a decode call with one
+/// KV head packs on one thread (the backend is for prefill-sized work).
 template <class Arch, class T>
 void pack_head(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, float* mean) {
   if (mean) key_mean<Arch, T>(p, seq, kv_head, mean);

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <ditops/tensor.hpp>
+#include <limits>
 #include <type_traits>
 #include <xsimd/xsimd.hpp>
 
@@ -284,6 +285,42 @@ inline I32<Arch> dot_u8s8(I32<Arch> acc, I32<Arch> a, I32<Arch> b) noexcept {
     }
     return acc + madd_int16<Arch>(a_even, b_even) + madd_int16<Arch>(a_odd, b_odd);
   }
+}
+
+/// Largest lane of an int32 vector.
+template <class Arch>
+inline std::int32_t reduce_max(I32<Arch> v) noexcept {
+  if constexpr (kIsAvx512<Arch>) {
+    return _mm512_reduce_max_epi32(v);
+  } else {
+    alignas(64) std::int32_t lanes[I32<Arch>::size];
+    v.store_aligned(lanes);
+    std::int32_t best = lanes[0];
+    for (std::size_t i = 1; i < I32<Arch>::size; ++i) best = lanes[i] > best ? lanes[i] : best;
+    return best;
+  }
+}
+
+/// Sum of the lanes of an int32 vector (wrapping, as the lanes' own adds).
+template <class Arch>
+inline std::int32_t reduce_add(I32<Arch> v) noexcept {
+  if constexpr (kIsAvx512<Arch>) {
+    return _mm512_reduce_add_epi32(v);
+  } else {
+    alignas(64) std::int32_t lanes[I32<Arch>::size];
+    v.store_aligned(lanes);
+    std::uint32_t sum = 0;
+    for (std::size_t i = 0; i < I32<Arch>::size; ++i) sum += static_cast<std::uint32_t>(lanes[i]);
+    return static_cast<std::int32_t>(sum);
+  }
+}
+
+/// The scale of symmetric int8 quantization of values whose largest magnitude is `top`:
+/// top / 127, or 1 when that is not a normal float (all zero, or so small that 1 / scale
+/// would overflow): every value then quantizes to 0.
+inline float int8_scale(float top) noexcept {
+  const float scale = top / 127.f;
+  return scale >= std::numeric_limits<float>::min() ? scale : 1.f;
 }
 
 /// The low byte of each int32 lane (values known to fit) to dst, F32<Arch>::size bytes.

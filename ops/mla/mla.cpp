@@ -36,7 +36,8 @@ constexpr std::int64_t kTasksPerThread = 2;
 constexpr double kImbalanceTolerance = 1.1;
 
 /// Symmetric int8 of n values: scale = max|x| / 127, q = clamp(rne(x / scale), -127, 127).
-/// The one definition of the cache format (mla.hpp), used for the cache and for q_nope.
+/// The cache format (mla.hpp), used by mla_fill_cache; mla_prepare_queries applies the same
+/// rule to q_nope with vector instructions (tests/mla checks both against the reference).
 float quantize_symmetric(const float* x, int n, std::int8_t* q) noexcept {
   float max_abs = 0.f;
   for (int i = 0; i < n; ++i) max_abs = std::max(max_abs, std::fabs(x[i]));

@@ -180,7 +180,7 @@ inline void score_tile(const MlaProblem& p, const PreparedQueries& q, int vector
               static_cast<int>(ws.key_pack[(token0 + t) * (kNopeDim / 4) + word]));
 #pragma GCC unroll 16
           for (int v = 0; v < kVectors; ++v) {
-            acc[t][v] = _mm512_dpbusd_epi32(acc[t][v], key, query[v]);
+            acc[t][v] = simd::dot_u8s8<Arch>(acc[t][v], key, query[v]);
           }
         }
       }
@@ -411,13 +411,11 @@ void mla_prepare_queries(const QueryInputs& in, const PreparedQueries& out,
       const float scale = simd::reduce_max<Arch>(top) / 127.f;
       factor[b * hp + h] = scale > 0.f ? scale * in.log2_scale : 0.f;
       alignas(64) std::int8_t quantized[kNopeDim];
-      I group_sum[kScaleGroups] = {I(0), I(0), I(0), I(0)};
       for (int i = 0; i < kNopeDim / kLanes; ++i) {
         const I q = scale > 0.f ? xsimd::max(xsimd::min(xsimd::nearbyint_as_int(values[i] / B(scale)),
                                                         I(127)),
                                              I(-127))
                                 : I(0);
-        group_sum[i * kLanes / kGroupDim] += q;
         simd::store_low_bytes<Arch>(quantized + i * kLanes, q);
       }
       if constexpr (simd::kHasBf16Vnni<Arch>) {
@@ -425,11 +423,11 @@ void mla_prepare_queries(const QueryInputs& in, const PreparedQueries& out,
           std::memcpy(&words[(b * (kNopeDim / 4) + word) * hp + h], quantized + 4 * word, 4);
         }
         for (int g = 0; g < kScaleGroups; ++g) {
-          alignas(64) std::int32_t lanes[kLanes];
-          group_sum[g].store_aligned(lanes);
-          std::int32_t sum = 0;
-          for (int lane = 0; lane < kLanes; ++lane) sum += lanes[lane];
-          offset_sums[(b * kScaleGroups + g) * hp + h] = 128 * sum;
+          I sum(0);
+          for (int i = g * kGroupDim; i < (g + 1) * kGroupDim; i += kLanes) {
+            sum += _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(quantized + i)));
+          }
+          offset_sums[(b * kScaleGroups + g) * hp + h] = 128 * simd::reduce_add<Arch>(sum);
         }
       } else {
         for (int word = 0; word < kNopeDim / 2; ++word) {

@@ -192,7 +192,8 @@ TEST_F(Cli, SweepPutsCpuRatiosBesideTheSimulators) {
   entry(1, 2, 2, 90.0);
   entry(1, 2, 2, 80.0);
   entry(1, 2, 2, 70.0);  // median of 90, 80, 70: 80
-  entry(1, 4, 2, 50.0);
+  entry(1, 4, 2, 40.0);
+  entry(1, 4, 2, 60.0);  // median of two: their mean, 50
   entry(1, 4, 1, 10.0);  // one thread: not the default --cpu-threads 2
   const std::string path = write_tmp("cpu.json", bench.dump());
   const CliRun result = run("sweep --batch 1 --kv 512 --cpu '" + path + "' --json");
@@ -213,6 +214,10 @@ TEST_F(Cli, SweepPutsCpuRatiosBesideTheSimulators) {
   const CliRun empty = run("sweep --cpu '" + write_tmp("empty.json", "{}") + "'");
   EXPECT_EQ(empty.status, 2);
   EXPECT_NE(empty.err.find("no mla_grid"), std::string::npos);
+  expect_usage_error("sweep --cpu '" + write_tmp("array.json", "[1, 2]") + "'", "Google Benchmark");
+  expect_usage_error("sweep --cpu '" + write_tmp("bad_name.json", R"({"benchmarks": [{"name": 3}]})") + "'",
+                     "Google Benchmark");
+  expect_usage_error("sweep --cpu-threads 1", "--cpu-threads needs --cpu");
 }
 
 TEST_F(Cli, MlaWritesTraceCsvAndSvg) {
