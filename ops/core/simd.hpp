@@ -265,8 +265,10 @@ inline I32<Arch> dot_u8s8(I32<Arch> acc, I32<Arch> a, I32<Arch> b) noexcept {
     // Inline asm, not _mm512_dpbusd_epi32: around the intrinsic GCC 12 copied every
     // accumulator to a scratch register and back (2 moves per vpdpbusd) and, with 24
     // accumulators, stored them to the stack each iteration (1.5x slower int8 attention).
+    // Register operands only: given "vm", GCC reloaded a vector reused by several rows from
+    // memory for every instruction (MLA QK: 3x the loads).
     __m512i sum = acc;
-    asm("vpdpbusd %2, %1, %0" : "+v"(sum) : "v"(static_cast<__m512i>(a)), "vm"(static_cast<__m512i>(b)));
+    asm("vpdpbusd %2, %1, %0" : "+v"(sum) : "v"(static_cast<__m512i>(a)), "v"(static_cast<__m512i>(b)));
     return sum;
   } else {
     const I32<Arch> low_bytes(0x00ff00ff);

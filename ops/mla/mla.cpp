@@ -120,7 +120,8 @@ using PrepareKernel = decltype(&mla::mla_prepare_queries<xsimd::sse2>);
 
 /// Floats of one thread's workspace and where each part starts (64-byte aligned parts).
 struct WorkspaceLayout {
-  std::size_t out_acc, scores, alpha, row_max, row_sum, key_pack, rope_pack, value_tile, total;
+  std::size_t out_acc, scores, alpha, row_max, row_sum, key_pack, rope_pack, value_pack, levels,
+      level_factor, level_sum, total;
   WorkspaceLayout(std::size_t heads, std::size_t padded_heads, std::size_t block_size,
                   std::size_t chunk) {
     std::size_t next = 0;
@@ -136,13 +137,24 @@ struct WorkspaceLayout {
     row_sum = part(padded_heads);
     key_pack = part(kNopeDim / 2 * block_size);  // int16 pairs: the larger of the two forms
     rope_pack = part(kRopeDim * block_size);
-    value_tile = part(block_size * 64);  // 4 vectors of 16 columns (the widest ISA)
+    value_pack = part(block_size * kNopeDim / 4);  // int8: a quarter float per byte
+    levels = part(kScaleGroups * block_size / 4 * padded_heads);
+    level_factor = part(kScaleGroups * padded_heads);
+    level_sum = part(kScaleGroups * padded_heads);
     total = next;
   }
   mla::MlaWorkspace at(float* base) const {
-    return {base + out_acc,   base + scores,    base + alpha,
-            base + row_max,   base + row_sum,   reinterpret_cast<std::uint32_t*>(base + key_pack),
-            base + rope_pack, base + value_tile};
+    return {base + out_acc,
+            base + scores,
+            base + alpha,
+            base + row_max,
+            base + row_sum,
+            reinterpret_cast<std::uint32_t*>(base + key_pack),
+            base + rope_pack,
+            reinterpret_cast<std::int8_t*>(base + value_pack),
+            reinterpret_cast<std::uint32_t*>(base + levels),
+            base + level_factor,
+            base + level_sum};
   }
 };
 

@@ -13,14 +13,17 @@
 // the sign bit) and 128 * sum(q) per group is subtracted (oneDNN's s8s8 compensation, here
 // per head instead of per key so no key row sums are needed). Without VNNI, pairs of int16
 // through pmaddwd give the same int32. S_rope is fp32 on the packed rope.
-// PV: fp32 FMAs on value columns dequantized once per block (shared by all heads), 4 heads x
+// PV: int8 dot products, as the int8 attention backend's. V is the block's int8 nope rows
+// themselves, interleaved 4 tokens per 32-bit lane once per block; each token's key scale is
+// folded into its weight, and the weights of a block are quantized per (head, scale group) to
+// u8 levels against the block's largest (each within 1/510 of that one), so vpdpbusd sums 4
+// tokens of 4 columns x heads exactly and one factor per (head, group) dequantizes. 6 heads x
 // 4 vectors of output in registers; UP (rescale the running output by alpha, add) is the
 // epilogue of the same register tile, as PV(b) and UP(b) are adjacent in the merged order.
-// Why fp32 P·V: a bf16 variant (exact int8 V as bf16, P * key scale rounded to bf16, two
-// tokens per vdpbf16ps) was measured on this machine's AVX512-BF16 Xeon at 1.45x *slower* at
-// 128 heads (B=4 kv=2048, 1 thread: 17.5-20.0 ms vs 12.0-12.9 ms CPU time) and adds 2^-9
-// relative error per weight; fp32 FMAs issue on two ports, vdpbf16ps apparently not. int8 P
-// (u8 with a fixed 1/255 scale) would lose small weights outright and was not pursued.
+// The softmax sum stays the fp32 sum of the unquantized weights.
+// Measured before (one thread, B=4 kv=2048): fp32 FMAs on values dequantized per block, 11.3
+// ms at 128 heads; a bf16 variant was 1.45x slower than that (vdpbf16ps runs at half the FMA
+// rate here).
 
 #include "ops/mla/mla_kernel.hpp"
 
@@ -42,31 +45,6 @@ using simd::I32;
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 /// Key bytes as unsigned for vpdpbusd: x ^ 0x80 == x + 128 in two's complement.
 constexpr std::uint32_t kSignFlip = 0x80808080u;
-
-/// PV register tile: 4 heads x 4 vectors of output columns (16 accumulators).
-constexpr int kValueTileHeads = 4;
-constexpr int kValueTileVectors = 4;
-
-/// F32<Arch>::size int8 values as floats.
-template <class Arch>
-inline F32<Arch> load_int8(const std::int8_t* src) noexcept {
-  if constexpr (simd::kIsAvx512<Arch>) {
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
-  } else if constexpr (simd::kIsAvx2<Arch>) {
-    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src));
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-  } else {
-    std::int32_t word;
-    std::memcpy(&word, src, sizeof word);
-    // SSE2 has no sign-extending byte load: place each byte in the top of a 32-bit lane and
-    // shift it back down arithmetically.
-    __m128i lanes = _mm_cvtsi32_si128(word);
-    lanes = _mm_unpacklo_epi8(lanes, lanes);
-    lanes = _mm_unpacklo_epi16(lanes, lanes);
-    return _mm_cvtepi32_ps(_mm_srai_epi32(lanes, 24));
-  }
-}
 
 /// The 4 bytes at `src` as one int32 (a broadcastable pair of int16 or quad of int8).
 template <class T>
@@ -298,72 +276,153 @@ void sm_stage(const MlaProblem& p, int tokens, const MlaWorkspace& ws, float* sc
   }
 }
 
-/// kHeads heads x kValueTileVectors vectors of columns: O = alpha * O + P · V over the block.
-template <class Arch, int kHeads>
-inline void value_tile(const MlaProblem& p, int head0, int column0, int tokens, const float* probs,
-                       const float* alpha, const MlaWorkspace& ws) noexcept {
-  using B = F32<Arch>;
-  constexpr int kLanes = static_cast<int>(B::size);
-  constexpr int kWidth = kValueTileVectors * kLanes;
-  B acc[kHeads][kValueTileVectors];
-#pragma GCC unroll 16
-  for (int h = 0; h < kHeads; ++h) {
-#pragma GCC unroll 16
-    for (int j = 0; j < kValueTileVectors; ++j) acc[h][j] = B(0.f);
-  }
-  for (int t = 0; t < tokens; ++t) {
-    B value[kValueTileVectors];
-#pragma GCC unroll 16
-    for (int j = 0; j < kValueTileVectors; ++j) {
-      value[j] = B::load_aligned(ws.value_tile + t * kWidth + j * kLanes);
+/// PV register tile: kPvHeads heads x kPvVectors vectors of output columns. With VNNI 6 x 4
+/// int32 accumulators fill 24 of 32 zmm; the pmaddwd emulation needs two widened copies of
+/// each value vector, so fewer.
+template <class Arch>
+constexpr int kPvHeads = simd::kHasBf16Vnni<Arch> ? 6 : simd::kIsAvx512<Arch> ? 4 : 2;
+template <class Arch>
+constexpr int kPvVectors = simd::kHasBf16Vnni<Arch> ? 4 : 2;
+
+/// The block's nope rows as value words for vpdpbusd, 4 tokens per 32-bit lane:
+/// pack[word][column][4] = nope[4 word + 0..3][column]; tokens past the block end are 0.
+template <class Arch>
+void pack_values(const MlaProblem& p, const BlockRows& rows, std::int8_t* pack) noexcept {
+  const int words = (rows.tokens + 3) / 4;
+  for (int word = 0; word < words; ++word) {
+    const std::int8_t* row[4];
+    alignas(16) static constexpr std::int8_t kZeros[kNopeDim] = {};
+    for (int k = 0; k < 4; ++k) {
+      const int token = 4 * word + k;
+      row[k] = token < rows.tokens ? rows.nope + token * p.nope_strides[1] : kZeros;
     }
-#pragma GCC unroll 16
-    for (int h = 0; h < kHeads; ++h) {
-      const B prob(probs[t * p.padded_heads + head0 + h]);
-#pragma GCC unroll 16
-      for (int j = 0; j < kValueTileVectors; ++j) {
-        acc[h][j] = simd::fmadd<Arch>(prob, value[j], acc[h][j]);
-      }
-    }
-  }
-#pragma GCC unroll 16
-  for (int h = 0; h < kHeads; ++h) {
-    float* out = ws.out_acc + (head0 + h) * kNopeDim + column0;
-    const B rescale(alpha[head0 + h]);
-#pragma GCC unroll 16
-    for (int j = 0; j < kValueTileVectors; ++j) {
-      const B old = B::load_aligned(out + j * kLanes);
-      simd::fmadd<Arch>(old, rescale, acc[h][j]).store_aligned(out + j * kLanes);
+    // 16 columns of 4 rows to 16 words: two rounds of byte/word unpacking (SSE2, every level).
+    for (int column = 0; column < kNopeDim; column += 16) {
+      const auto load = [&](int k) {
+        return _mm_loadu_si128(reinterpret_cast<const __m128i*>(row[k] + column));
+      };
+      const __m128i r0 = load(0), r1 = load(1), r2 = load(2), r3 = load(3);
+      const __m128i low01 = _mm_unpacklo_epi8(r0, r1), high01 = _mm_unpackhi_epi8(r0, r1);
+      const __m128i low23 = _mm_unpacklo_epi8(r2, r3), high23 = _mm_unpackhi_epi8(r2, r3);
+      auto* dst = reinterpret_cast<__m128i*>(pack + (word * kNopeDim + column) * 4);
+      _mm_store_si128(dst + 0, _mm_unpacklo_epi16(low01, low23));
+      _mm_store_si128(dst + 1, _mm_unpackhi_epi16(low01, low23));
+      _mm_store_si128(dst + 2, _mm_unpacklo_epi16(high01, high23));
+      _mm_store_si128(dst + 3, _mm_unpackhi_epi16(high01, high23));
     }
   }
 }
 
-/// PV(b) then UP(b): the block's value columns, dequantized once for all heads.
+/// P of one block as u8 levels per (scale group, head): the weight of token t in columns of
+/// group g is P[t][h] * key scale(t, g), quantized against the block's largest one:
+/// level = round(255 * w / max w), w = factor * level with factor = max w / 255 (0 for an
+/// all-zero head). levels: [group][word][Hp] words of 4 tokens; factor: [group][Hp]. The
+/// group's running softmax sum (UP: alpha * sum + this block's) adds the weights as quantized,
+/// factor * level / key scale: the output stays a convex combination of the values, where the
+/// exact sum would shrink it by the weights that round to 0.
+template <class Arch>
+void quantize_weights(const MlaProblem& p, const BlockRows& rows, const float* probs,
+                      const float* alpha, const MlaWorkspace& ws) noexcept {
+  using B = F32<Arch>;
+  using I = I32<Arch>;
+  constexpr int kLanes = static_cast<int>(B::size);
+  const int hp = p.padded_heads;
+  const int words = (rows.tokens + 3) / 4;
+  const int words_max = p.block_size / 4;
+  float inverse_scale[kMaxBlockSize];
+  for (int g = 0; g < p.scale_groups; ++g) {
+    const auto scale = [&](int t) { return rows.scale[t * p.scale_strides[1] + g]; };
+    for (int t = 0; t < rows.tokens; ++t) inverse_scale[t] = scale(t) > 0.f ? 1.f / scale(t) : 0.f;
+    for (int head0 = 0; head0 < hp; head0 += kLanes) {
+      B top(0.f);
+      for (int t = 0; t < rows.tokens; ++t) {
+        top = xsimd::max(top, B::load_unaligned(probs + t * hp + head0) * B(scale(t)));
+      }
+      const B factor = top * B(1.f / 255.f);
+      factor.store_unaligned(ws.level_factor + g * hp + head0);
+      const B inverse = xsimd::select(top > B(0.f), B(255.f) / top, B(0.f));
+      B level_sum(0.f);  // sum of level / key scale: the weights PV uses, as softmax terms
+      for (int word = 0; word < words; ++word) {
+        I packed(0);
+        for (int k = 0; k < 4 && 4 * word + k < rows.tokens; ++k) {
+          const int t = 4 * word + k;
+          const B w = B::load_unaligned(probs + t * hp + head0) * B(scale(t)) * inverse;
+          const I level = xsimd::min(xsimd::nearbyint_as_int(w), I(255));
+          level_sum = simd::fmadd<Arch>(xsimd::to_float(level), B(inverse_scale[t]), level_sum);
+          packed = packed | (level << (8 * k));
+        }
+        packed.store_unaligned(reinterpret_cast<std::int32_t*>(ws.levels) +
+                               (g * words_max + word) * hp + head0);
+      }
+      float* sum = ws.level_sum + g * hp + head0;
+      simd::fmadd<Arch>(B::load_unaligned(sum), B::load_unaligned(alpha + head0), level_sum * factor)
+          .store_unaligned(sum);
+    }
+  }
+}
+
+/// kHeads heads x kPvVectors vectors of columns from column0: O = alpha * O + factor * (levels
+/// · values), the int32 dot products exact.
+template <class Arch, int kHeads>
+inline void value_tile(const MlaProblem& p, int head0, int column0, int words, int group,
+                       const float* alpha, const MlaWorkspace& ws) noexcept {
+  using B = F32<Arch>;
+  using I = I32<Arch>;
+  using Reg = typename I::register_type;
+  constexpr int kLanes = static_cast<int>(B::size);
+  constexpr int V = kPvVectors<Arch>;
+  const int hp = p.padded_heads;
+  const auto* levels =
+      reinterpret_cast<const std::int32_t*>(ws.levels) + group * (p.block_size / 4) * hp + head0;
+  Reg acc[kHeads][V];
+#pragma GCC unroll 8
+  for (int h = 0; h < kHeads; ++h) {
+#pragma GCC unroll 4
+    for (int j = 0; j < V; ++j) acc[h][j] = I(0);
+  }
+  for (int word = 0; word < words; ++word) {
+    Reg value[V];
+    const auto* column = reinterpret_cast<const std::int32_t*>(ws.value_pack) + word * kNopeDim + column0;
+#pragma GCC unroll 4
+    for (int j = 0; j < V; ++j) value[j] = I::load_aligned(column + j * kLanes);
+#pragma GCC unroll 8
+    for (int h = 0; h < kHeads; ++h) {
+      const Reg weight = I(levels[word * hp + h]);
+#pragma GCC unroll 4
+      for (int j = 0; j < V; ++j) acc[h][j] = simd::dot_u8s8<Arch>(acc[h][j], weight, value[j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int h = 0; h < kHeads; ++h) {
+    float* out = ws.out_acc + (head0 + h) * kNopeDim + column0;
+    const B rescale(alpha[head0 + h]), factor(ws.level_factor[group * hp + head0 + h]);
+#pragma GCC unroll 4
+    for (int j = 0; j < V; ++j) {
+      const B old = B::load_aligned(out + j * kLanes) * rescale;
+      simd::fmadd<Arch>(xsimd::to_float(I(acc[h][j])), factor, old).store_aligned(out + j * kLanes);
+    }
+  }
+}
+
+/// PV(b) then UP(b): the block's rows packed as value words and its weights as u8 levels, once
+/// for all heads; then int8 dot products per register tile.
 template <class Arch>
 void pv_up_stage(const MlaProblem& p, const BlockRows& rows, const float* probs, const float* alpha,
                  const MlaWorkspace& ws) noexcept {
-  using B = F32<Arch>;
-  constexpr int kLanes = static_cast<int>(B::size);
-  constexpr int kWidth = kValueTileVectors * kLanes;
+  constexpr int kLanes = static_cast<int>(F32<Arch>::size);
+  constexpr int kWidth = kPvVectors<Arch> * kLanes;
+  static_assert(kGroupDim % kWidth == 0, "a tile never straddles scale groups");
+  pack_values<Arch>(p, rows, ws.value_pack);
+  quantize_weights<Arch>(p, rows, probs, alpha, ws);
+  const int words = (rows.tokens + 3) / 4;
   const int group_width = kNopeDim / p.scale_groups;
   for (int column0 = 0; column0 < kNopeDim; column0 += kWidth) {
-    const int group = column0 / group_width;  // a tile never straddles groups (128 % kWidth == 0)
-    for (int t = 0; t < rows.tokens; ++t) {
-      const std::int8_t* key = rows.nope + t * p.nope_strides[1] + column0;
-      const B scale(rows.scale[t * p.scale_strides[1] + group]);
-#pragma GCC unroll 16
-      for (int j = 0; j < kValueTileVectors; ++j) {
-        (load_int8<Arch>(key + j * kLanes) * scale)
-            .store_aligned(ws.value_tile + t * kWidth + j * kLanes);
-      }
-    }
+    const int group = column0 / group_width;
     int head = 0;
-    for (; head + kValueTileHeads <= p.heads; head += kValueTileHeads) {
-      value_tile<Arch, kValueTileHeads>(p, head, column0, rows.tokens, probs, alpha, ws);
+    for (; head + kPvHeads<Arch> <= p.heads; head += kPvHeads<Arch>) {
+      value_tile<Arch, kPvHeads<Arch>>(p, head, column0, words, group, alpha, ws);
     }
-    for (; head < p.heads; ++head) {
-      value_tile<Arch, 1>(p, head, column0, rows.tokens, probs, alpha, ws);
-    }
+    for (; head < p.heads; ++head) value_tile<Arch, 1>(p, head, column0, words, group, alpha, ws);
   }
 }
 
@@ -462,6 +521,7 @@ void mla_decode_task(const MlaProblem& p, const MlaTask& task, const MlaWorkspac
   for (int h = 0; h < p.padded_heads; ++h) {
     ws.row_max[h] = kMinusInf;
     ws.row_sum[h] = 0.f;
+    for (int g = 0; g < kScaleGroups; ++g) ws.level_sum[g * p.padded_heads + h] = 0.f;
   }
   for (int h = 0; h < p.heads; ++h) {
     for (int i = 0; i < kNopeDim; i += kLanes) B(0.f).store_aligned(ws.out_acc + h * kNopeDim + i);
@@ -501,19 +561,23 @@ void mla_decode_task(const MlaProblem& p, const MlaTask& task, const MlaWorkspac
     }
     run_begin = run_end;
   }
+  const int group_width = kNopeDim / p.scale_groups;
   for (int h = 0; h < p.heads; ++h) {
-    const float* values = ws.out_acc + h * kNopeDim;
-    const float inverse_sum = 1.f / ws.row_sum[h];
+    float* values = ws.out_acc + h * kNopeDim;
+    for (int i = 0; i < kNopeDim; i += kLanes) {  // normalize by the group's sum of weights
+      const B inverse_sum(1.f / ws.level_sum[i / group_width * p.padded_heads + h]);
+      (B::load_aligned(values + i) * inverse_sum).store_aligned(values + i);
+    }
     if (task.splits == 1) {
       if (p.out_bf16) {
-        write_output<Arch, bf16>(p, task.sequence, h, values, inverse_sum);
+        write_output<Arch, bf16>(p, task.sequence, h, values, 1.f);
       } else {
-        write_output<Arch, float>(p, task.sequence, h, values, inverse_sum);
+        write_output<Arch, float>(p, task.sequence, h, values, 1.f);
       }
     } else {
       float* partial = task.partial_out + h * kNopeDim;
       for (int i = 0; i < kNopeDim; i += kLanes) {
-        (B::load_aligned(values + i) * B(inverse_sum)).store_unaligned(partial + i);
+        B::load_aligned(values + i).store_unaligned(partial + i);
       }
       task.partial_lse[h] = ws.row_max[h] + std::log2(ws.row_sum[h]);
     }

@@ -16,6 +16,8 @@ inline constexpr int kRopeDim = kMlaRopeDim;
 /// so S_nope is 4 exact int32 partial dot products, each dequantized with its key scale.
 inline constexpr int kScaleGroups = 4;
 inline constexpr int kGroupDim = kNopeDim / kScaleGroups;
+/// Largest paged block (tokens); mla.cpp accepts 64 and 128.
+inline constexpr int kMaxBlockSize = 128;
 /// Heads are padded to whole vectors of the widest ISA (16 fp32 lanes).
 inline constexpr int kHeadPadding = 16;
 
@@ -98,7 +100,10 @@ struct MlaWorkspace {
   float* row_sum = nullptr;           ///< [Hp] running sum of exp2
   std::uint32_t* key_pack = nullptr;  ///< [block_size][256] words: the block's keys for QK
   float* rope_pack = nullptr;         ///< [block_size][64] the block's rope in f32
-  float* value_tile = nullptr;        ///< [block_size][64] dequantized value columns
+  std::int8_t* value_pack = nullptr;  ///< [block_size / 4][512][4] the block's rows for PV
+  std::uint32_t* levels = nullptr;    ///< [4 groups][block_size / 4][Hp] u8 weights, 4 per word
+  float* level_factor = nullptr;      ///< [4 groups][Hp] weight = factor * level
+  float* level_sum = nullptr;         ///< [4 groups][Hp] running sum of the quantized weights
 };
 
 /// Runs one task: the schedule's stage order over its blocks, then writes out (or the partial).

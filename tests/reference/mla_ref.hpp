@@ -34,6 +34,13 @@ inline std::vector<double> quantize_like_library(const std::vector<float>& value
 struct MlaReference {
   std::vector<double> out;    ///< [B, H, 512]
   std::vector<double> bound;  ///< [B, H]: worst-case |out - ref| per element from quantizing q
+  /// [B, H, 512]: worst-case |out - ref| from quantizing the softmax weights for P·V as the
+  /// library does (mla.hpp): per paged block, head and scale group g, the weights
+  /// w_t = p_t * s_t,g are rounded to levels of max w / 255 (error <= half a level each), and
+  /// the output is the quantized numerator over the sum of the quantized weights w~_t / s_t.
+  /// With eN[d] = sum_t (level_t / 2) |q_t[d]| and eD = sum_t (level_t / 2) / s_t:
+  /// |out~ - out| <= (eN[d] + max_t |v_t[d]| eD) / (D - eD), D = sum_t p_t.
+  std::vector<double> p_bound;
 };
 
 /// block_table: [B, max_blocks]; cache tensors [num_blocks, block_size, ...].
@@ -49,6 +56,7 @@ MlaReference mla_reference(const TestTensor<Q>& q_nope, const TestTensor<Q>& q_r
   MlaReference ref;
   ref.out.assign(static_cast<std::size_t>(batch * heads * kRefNope), 0.0);
   ref.bound.assign(static_cast<std::size_t>(batch * heads), 0.0);
+  ref.p_bound.assign(static_cast<std::size_t>(batch * heads * kRefNope), 0.0);
   for (std::int64_t b = 0; b < batch; ++b) {
     const std::int64_t length = seq_lens[b];
     // Dequantized latent rows of the sequence, in token order.
@@ -105,6 +113,40 @@ MlaReference mla_reference(const TestTensor<Q>& q_nope, const TestTensor<Q>& q_r
           max_value = std::max(max_value, std::fabs(v));
         }
         ref.out[(b * heads + h) * kRefNope + d] = length ? acc / sum : 0.0;
+      }
+      // P·V weight quantization (see MlaReference::p_bound), per scale group and paged block.
+      const std::int64_t group_dim = kRefNope / groups;
+      for (std::int64_t g = 0; g < groups; ++g) {
+        std::vector<double> error_n(static_cast<std::size_t>(group_dim), 0.0);
+        std::vector<double> value_max(static_cast<std::size_t>(group_dim), 0.0);
+        double error_d = 0;
+        for (std::int64_t first = 0; first < length; first += block_size) {
+          const std::int64_t end = std::min(length, first + block_size);
+          const auto row_of = [&](std::int64_t t) {
+            return static_cast<std::int64_t>(block_table.value(b * max_blocks + t / block_size)) *
+                       block_size +
+                   t % block_size;
+          };
+          double top = 0;
+          for (std::int64_t t = first; t < end; ++t) {
+            top = std::max(top, logits[t] * nope_scale.value(row_of(t) * groups + g));
+          }
+          const double half_level = top / 255.0 / 2.0;
+          for (std::int64_t t = first; t < end; ++t) {
+            const double s = nope_scale.value(row_of(t) * groups + g);
+            if (!(s > 0)) continue;
+            error_d += half_level / s;
+            for (std::int64_t d = 0; d < group_dim; ++d) {
+              const double q8 = nope.value(row_of(t) * kRefNope + g * group_dim + d);
+              error_n[d] += half_level * std::fabs(q8);
+              value_max[d] = std::max(value_max[d], std::fabs(q8 * s));
+            }
+          }
+        }
+        for (std::int64_t d = 0; d < group_dim; ++d) {
+          ref.p_bound[(b * heads + h) * kRefNope + g * group_dim + d] =
+              length ? (error_n[d] + value_max[d] * error_d) / (sum - error_d) : 0.0;
+        }
       }
       // Logits perturbed by at most e move each softmax weight by a factor within e^(+-2e),
       // so every output element moves by at most (e^(2e) - 1) * max|v|.
