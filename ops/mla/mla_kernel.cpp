@@ -106,7 +106,9 @@ void convert_block(const MlaProblem& p, const BlockRows& rows, const MlaWorkspac
 
 /// Base-2 scores of kTokens tokens x kVectors vectors of heads (heads in lanes: each score
 /// row of a token is a few vectors, and the softmax over tokens is vertical).
-/// scores: [token][padded_heads].
+/// scores: [token][padded_heads]. S_rope is written first; each 128-value group's exact int32
+/// S_nope is then dequantized into it (the tile's scores wait in L1 between groups, so the
+/// registers hold only the int32 accumulators and one row of query vectors).
 template <class Arch, int kTokens, int kVectors>
 inline void score_tile(const MlaProblem& p, const PreparedQueries& q, int vector0, int token0,
                        const BlockRows& rows, const MlaWorkspace& ws, float* scores) noexcept {
@@ -115,30 +117,38 @@ inline void score_tile(const MlaProblem& p, const PreparedQueries& q, int vector
   constexpr int kLanes = static_cast<int>(B::size);
   const int hp = p.padded_heads;
   const int head0 = vector0 * kLanes;
-  B score[kTokens][kVectors];
-  // S_rope in fp32.
+  float* tile = scores + token0 * hp + head0;
+  {  // S_rope in fp32.
+    B score[kTokens][kVectors];
 #pragma GCC unroll 16
-  for (int t = 0; t < kTokens; ++t) {
+    for (int t = 0; t < kTokens; ++t) {
 #pragma GCC unroll 16
-    for (int v = 0; v < kVectors; ++v) score[t][v] = B(0.f);
-  }
-  for (int d = 0; d < kRopeDim; ++d) {
-    B query[kVectors];
+      for (int v = 0; v < kVectors; ++v) score[t][v] = B(0.f);
+    }
+    for (int d = 0; d < kRopeDim; ++d) {
+      B query[kVectors];
 #pragma GCC unroll 16
-    for (int v = 0; v < kVectors; ++v) {
-      query[v] = B::load_unaligned(q.rope + d * hp + head0 + v * kLanes);
+      for (int v = 0; v < kVectors; ++v) {
+        query[v] = B::load_unaligned(q.rope + d * hp + head0 + v * kLanes);
+      }
+#pragma GCC unroll 16
+      for (int t = 0; t < kTokens; ++t) {
+        const B key(ws.rope_pack[(token0 + t) * kRopeDim + d]);
+#pragma GCC unroll 16
+        for (int v = 0; v < kVectors; ++v)
+          score[t][v] = simd::fmadd<Arch>(query[v], key, score[t][v]);
+      }
     }
 #pragma GCC unroll 16
     for (int t = 0; t < kTokens; ++t) {
-      const B key(ws.rope_pack[(token0 + t) * kRopeDim + d]);
 #pragma GCC unroll 16
-      for (int v = 0; v < kVectors; ++v)
-        score[t][v] = simd::fmadd<Arch>(query[v], key, score[t][v]);
+      for (int v = 0; v < kVectors; ++v) score[t][v].store_unaligned(tile + t * hp + v * kLanes);
     }
   }
   // S_nope: exact int32 per 128-value group, dequantized with q scale * k scale(group).
   for (int g = 0; g < kScaleGroups; ++g) {
-    I acc[kTokens][kVectors];
+    using Reg = typename I::register_type;
+    Reg acc[kTokens][kVectors];
 #pragma GCC unroll 16
     for (int t = 0; t < kTokens; ++t) {
 #pragma GCC unroll 16
@@ -147,15 +157,15 @@ inline void score_tile(const MlaProblem& p, const PreparedQueries& q, int vector
     if constexpr (simd::kHasBf16Vnni<Arch>) {
       constexpr int kWords = kGroupDim / 4;
       for (int word = g * kWords; word < (g + 1) * kWords; ++word) {
-        __m512i query[kVectors];
+        Reg query[kVectors];
 #pragma GCC unroll 16
         for (int v = 0; v < kVectors; ++v) {
-          query[v] = _mm512_loadu_si512(q.nope_words + word * hp + head0 + v * kLanes);
+          query[v] = I::load_unaligned(reinterpret_cast<const std::int32_t*>(q.nope_words) +
+                                       word * hp + head0 + v * kLanes);
         }
 #pragma GCC unroll 16
         for (int t = 0; t < kTokens; ++t) {
-          const __m512i key = _mm512_set1_epi32(
-              static_cast<int>(ws.key_pack[(token0 + t) * (kNopeDim / 4) + word]));
+          const Reg key = I(static_cast<std::int32_t>(ws.key_pack[(token0 + t) * (kNopeDim / 4) + word]));
 #pragma GCC unroll 16
           for (int v = 0; v < kVectors; ++v) {
             acc[t][v] = simd::dot_u8s8<Arch>(acc[t][v], key, query[v]);
@@ -166,7 +176,7 @@ inline void score_tile(const MlaProblem& p, const PreparedQueries& q, int vector
       for (int v = 0; v < kVectors; ++v) {
         const I offset = I::load_unaligned(q.offset_sums + g * hp + head0 + v * kLanes);
 #pragma GCC unroll 16
-        for (int t = 0; t < kTokens; ++t) acc[t][v] -= offset;
+        for (int t = 0; t < kTokens; ++t) acc[t][v] = I(acc[t][v]) - offset;
       }
     } else {
       constexpr int kWords = kGroupDim / 2;
@@ -181,7 +191,9 @@ inline void score_tile(const MlaProblem& p, const PreparedQueries& q, int vector
         for (int t = 0; t < kTokens; ++t) {
           const I key(static_cast<std::int32_t>(ws.key_pack[(token0 + t) * (kNopeDim / 2) + word]));
 #pragma GCC unroll 16
-          for (int v = 0; v < kVectors; ++v) acc[t][v] += simd::madd_int16<Arch>(query[v], key);
+          for (int v = 0; v < kVectors; ++v) {
+            acc[t][v] = I(acc[t][v]) + simd::madd_int16<Arch>(query[v], key);
+          }
         }
       }
     }
@@ -192,24 +204,21 @@ inline void score_tile(const MlaProblem& p, const PreparedQueries& q, int vector
 #pragma GCC unroll 16
       for (int v = 0; v < kVectors; ++v) {
         const B factor = B::load_unaligned(q.nope_factor + head0 + v * kLanes) * key_scale;
-        score[t][v] = simd::fmadd<Arch>(xsimd::to_float(acc[t][v]), factor, score[t][v]);
+        float* at = tile + t * hp + v * kLanes;
+        simd::fmadd<Arch>(xsimd::to_float(I(acc[t][v])), factor, B::load_unaligned(at))
+            .store_unaligned(at);
       }
-    }
-  }
-#pragma GCC unroll 16
-  for (int t = 0; t < kTokens; ++t) {
-#pragma GCC unroll 16
-    for (int v = 0; v < kVectors; ++v) {
-      score[t][v].store_unaligned(scores + (token0 + t) * hp + head0 + v * kLanes);
     }
   }
 }
 
-/// Register tiles (tokens x head vectors): the 32 zmm registers hold 3 x 4 score and int32
-/// tiles plus 4 query vectors; AVX2/SSE (16 registers) a 2 x 2 tile. Single head vectors
-/// (16 heads on AVX-512) use more tokens to keep the dpbusd chains independent.
+/// Register tiles (tokens x head vectors): with VNNI the 32 zmm registers hold a 6 x 4 int32
+/// tile plus 4 query vectors and a key (each query vector loaded once per 6 tokens: at 128
+/// heads a sequence's queries, 64 KiB, stream from L2, and 3 tokens per load measured 1.3x
+/// slower); plain AVX-512 3 x 4, AVX2/SSE (16 registers) 2 x 2. Single head vectors (16 heads
+/// on AVX-512) use more tokens to keep the dpbusd chains independent.
 template <class Arch>
-constexpr int kWideTokens = simd::kIsAvx512<Arch> ? 3 : 2;
+constexpr int kWideTokens = simd::kHasBf16Vnni<Arch> ? 6 : simd::kIsAvx512<Arch> ? 3 : 2;
 template <class Arch>
 constexpr int kWideVectors = simd::kIsAvx512<Arch> ? 4 : 2;
 template <class Arch>
