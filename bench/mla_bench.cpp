@@ -9,9 +9,9 @@
 //                   {16,128} x chunk {1,2,4} x threads {1,2} (several minutes).
 // Counters: GB/s of cache read and its fraction of the measured bandwidth (frac_bw: the limit
 // for 16 heads), GOP/s of the dot products (2 * B * kv * H * (576 + 512)) and their fraction of
-// the measured VNNI peak (frac_vnni: the limit for 128 heads, where MLA decode is compute-bound)
-// and of the FP32 FMA peak (frac_fma; P·V runs in fp32). Small cases (B * kv * 656 B below the
-// last-level cache) read the cache from cache, so their GB/s can exceed memory bandwidth.
+// the measured VNNI peak (frac_vnni: the limit for 128 heads, where MLA decode is compute-bound;
+// Q·K^T and P·V both run as vpdpbusd). Small cases (B * kv * 656 B below the last-level cache)
+// read the cache from cache, so their GB/s can exceed memory bandwidth.
 
 #include <algorithm>
 #include <ditops/mla.hpp>
@@ -93,9 +93,6 @@ void BM_mla_decode(benchmark::State& state) {
   report_flops(state, ops, limits.vnni_ops, threads);
   state.counters["frac_vnni"] = state.counters["frac_peak"];
   state.counters.erase("frac_peak");
-  state.counters["frac_fma"] =
-      benchmark::Counter(ops * static_cast<double>(state.iterations()) / limits.fma_flops,
-                         benchmark::Counter::kIsRate);
   set_num_threads(0);
 }
 

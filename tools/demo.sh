@@ -32,6 +32,12 @@ if [ -x "$build/tools/ditops-sim" ]; then
       --svg "out/sim_chunk${chunk}.svg" | tee "out/sim_chunk${chunk}.txt"
   done
   "$build/tools/ditops-sim" sweep | tee out/sim_sweep.txt
+  echo "== CPU MLA decode chunk 1/2/4 beside the simulator's (128 heads, kv 2048, 2 threads) =="
+  "$build/bench/ditops_bench" --benchmark_filter='mla_grid/b:(1|4|16)/kv:2048/h:128/chunk:[124]/threads:2/' \
+    --benchmark_repetitions=3 --benchmark_out=out/mla_chunks.json --benchmark_out_format=json \
+    > out/mla_chunks.txt
+  "$build/tools/ditops-sim" sweep --batch 1,4,16 --kv 2048 --cpu out/mla_chunks.json \
+    | tee out/sim_vs_cpu.txt
 fi
 
 {
@@ -62,6 +68,11 @@ fi
     echo "## Simulator sweep"
     echo '```'
     cat out/sim_sweep.txt
+    echo '```'
+    echo
+    echo "## MLA decode chunk ratios: CPU kernel (median of 3) beside the simulator"
+    echo '```'
+    cat out/sim_vs_cpu.txt
     echo '```'
   fi
 } > out/summary.md
