@@ -43,6 +43,23 @@ std::vector<T> normal_buffer(std::int64_t elements, unsigned seed) {
   return data;
 }
 
+/// Normal q, k, v and an output of a shape, BSND, with their views.
+template <class T>
+struct AttentionInputs {
+  std::vector<T> q, k, v, out;
+  TensorView qv, kv, vv, ov;
+  explicit AttentionInputs(const Shape& s)
+      : q(normal_buffer<T>(s.batch * s.q_len * s.heads * s.dim, 1)),
+        k(normal_buffer<T>(s.batch * s.kv_len * s.kv_heads * s.dim, 2)),
+        v(normal_buffer<T>(s.batch * s.kv_len * s.kv_heads * s.dim, 3)),
+        out(q.size()) {
+    qv = view(q.data(), {s.batch, s.q_len, s.heads, s.dim});
+    kv = view(k.data(), {s.batch, s.kv_len, s.kv_heads, s.dim});
+    vv = view(v.data(), {s.batch, s.kv_len, s.kv_heads, s.dim});
+    ov = view(out.data(), {s.batch, s.q_len, s.heads, s.dim});
+  }
+};
+
 /// range(0): shape; range(1): threads; range(2): eigen = 1 runs the reference backend (the
 /// same-process baseline bench-summary pairs with eigen:0).
 template <class T, AttentionBackend kBackend>
@@ -51,19 +68,12 @@ void BM_attention(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(1));
   const bool reference = state.range(2) != 0;
   set_num_threads(threads);
-  auto q = normal_buffer<T>(s.batch * s.q_len * s.heads * s.dim, 1);
-  auto k = normal_buffer<T>(s.batch * s.kv_len * s.kv_heads * s.dim, 2);
-  auto v = normal_buffer<T>(s.batch * s.kv_len * s.kv_heads * s.dim, 3);
-  std::vector<T> out(q.size());
+  AttentionInputs<T> in(s);
   AttentionOptions options;
   options.causal = s.causal;
   options.backend = reference ? AttentionBackend::reference : kBackend;
-  const TensorView qv = view(q.data(), {s.batch, s.q_len, s.heads, s.dim});
-  const TensorView kv = view(k.data(), {s.batch, s.kv_len, s.kv_heads, s.dim});
-  const TensorView vv = view(v.data(), {s.batch, s.kv_len, s.kv_heads, s.dim});
-  const TensorView ov = view(out.data(), {s.batch, s.q_len, s.heads, s.dim});
   for (auto _ : state) {
-    attention_forward(qv, kv, vv, ov, options);
+    attention_forward(in.qv, in.kv, in.vv, in.ov, options);
     benchmark::ClobberMemory();
   }
   const Limits& limits = measured_limits(threads);
@@ -142,28 +152,23 @@ void BM_attention_int8(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(1));
   const bool flash = state.range(3) != 0;
   set_num_threads(threads);
-  auto q = normal_buffer<float>(s.batch * s.q_len * s.heads * s.dim, 1);
-  auto k = normal_buffer<float>(s.batch * s.kv_len * s.kv_heads * s.dim, 2);
-  auto v = normal_buffer<float>(s.batch * s.kv_len * s.kv_heads * s.dim, 3);
-  for (std::size_t i = 0; i < k.size(); ++i) k[i] += static_cast<float>(i % s.dim % 7) - 3.f;
-  std::vector<float> out(q.size());
+  AttentionInputs<float> in(s);
+  for (std::size_t i = 0; i < in.k.size(); ++i) in.k[i] += static_cast<float>(i % s.dim % 7) - 3.f;
   AttentionOptions options;
   options.causal = s.causal;
   options.backend = flash ? AttentionBackend::flash : AttentionBackend::int8;
   options.int8_chunk = flash ? 2 : static_cast<int>(state.range(2));
-  const TensorView qv = view(q.data(), {s.batch, s.q_len, s.heads, s.dim});
-  const TensorView kv = view(k.data(), {s.batch, s.kv_len, s.kv_heads, s.dim});
-  const TensorView vv = view(v.data(), {s.batch, s.kv_len, s.kv_heads, s.dim});
-  const TensorView ov = view(out.data(), {s.batch, s.q_len, s.heads, s.dim});
   for (auto _ : state) {
-    attention_forward(qv, kv, vv, ov, options);
+    attention_forward(in.qv, in.kv, in.vv, in.ov, options);
     benchmark::ClobberMemory();
   }
   if (!flash) {  // accuracy at this shape, against flash fp32 (outside the timed loop)
+    const std::vector<float>& out = in.out;
     std::vector<float> exact(out.size());
     AttentionOptions fp32 = options;
     fp32.backend = AttentionBackend::flash;
-    attention_forward(qv, kv, vv, view(exact.data(), {s.batch, s.q_len, s.heads, s.dim}), fp32);
+    attention_forward(in.qv, in.kv, in.vv,
+                      view(exact.data(), {s.batch, s.q_len, s.heads, s.dim}), fp32);
     double dot = 0, got2 = 0, want2 = 0, diff2 = 0;
     for (std::size_t i = 0; i < out.size(); ++i) {
       dot += double(out[i]) * exact[i];

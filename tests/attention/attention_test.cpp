@@ -78,13 +78,11 @@ struct DenseCase {
   }
 
   std::vector<std::int64_t> shape(std::int64_t s, std::int64_t heads, std::int64_t d) const {
-    return head_first ? std::vector<std::int64_t>{b, heads, s, d}
-                      : std::vector<std::int64_t>{b, s, heads, d};
+    return attention_shape(head_first, b, s, heads, d);
   }
   std::int64_t index(std::int64_t bi, std::int64_t s, std::int64_t h, std::int64_t d,
                      std::int64_t len, std::int64_t heads, std::int64_t dim) const {
-    return head_first ? ((bi * heads + h) * len + s) * dim + d
-                      : ((bi * len + s) * heads + h) * dim + d;
+    return attention_index(head_first, bi, s, h, d, len, heads, dim);
   }
 
   template <class T>

@@ -31,13 +31,11 @@ struct Int8Case {
   bool key_padding = false;    ///< boolean [B, 1, 1, Sk] mask: keys >= Sk / 2 + b are padding
 
   std::vector<std::int64_t> shape(std::int64_t len, std::int64_t heads, std::int64_t dim) const {
-    return head_first ? std::vector<std::int64_t>{b, heads, len, dim}
-                      : std::vector<std::int64_t>{b, len, heads, dim};
+    return attention_shape(head_first, b, len, heads, dim);
   }
   std::int64_t index(std::int64_t bi, std::int64_t pos, std::int64_t h, std::int64_t d,
                      std::int64_t len, std::int64_t heads, std::int64_t dim) const {
-    return head_first ? ((bi * heads + h) * len + pos) * dim + d
-                      : ((bi * len + pos) * heads + h) * dim + d;
+    return attention_index(head_first, bi, pos, h, d, len, heads, dim);
   }
 
   std::string describe() const {

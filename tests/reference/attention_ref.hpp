@@ -9,6 +9,21 @@
 
 namespace ditops::test {
 
+/// Shape and row-major element index of a [B, S, N, D] tensor (BSND), or [B, N, S, D] with
+/// head_first (BNSD): the two layouts of attention_forward.
+inline std::vector<std::int64_t> attention_shape(bool head_first, std::int64_t batch,
+                                                 std::int64_t len, std::int64_t heads,
+                                                 std::int64_t dim) {
+  return head_first ? std::vector<std::int64_t>{batch, heads, len, dim}
+                    : std::vector<std::int64_t>{batch, len, heads, dim};
+}
+inline std::int64_t attention_index(bool head_first, std::int64_t b, std::int64_t pos,
+                                    std::int64_t h, std::int64_t d, std::int64_t len,
+                                    std::int64_t heads, std::int64_t dim) {
+  return head_first ? ((b * heads + h) * len + pos) * dim + d
+                    : ((b * len + pos) * heads + h) * dim + d;
+}
+
 struct AttentionRefProblem {
   std::int64_t batch = 1, q_len = 1, kv_len = 1, heads = 1, kv_heads = 1, dk = 1, dv = 1;
   double scale = 1;
