@@ -167,8 +167,8 @@ void BM_attention_int8(benchmark::State& state) {
     std::vector<float> exact(out.size());
     AttentionOptions fp32 = options;
     fp32.backend = AttentionBackend::flash;
-    attention_forward(in.qv, in.kv, in.vv,
-                      view(exact.data(), {s.batch, s.q_len, s.heads, s.dim}), fp32);
+    attention_forward(in.qv, in.kv, in.vv, view(exact.data(), {s.batch, s.q_len, s.heads, s.dim}),
+                      fp32);
     double dot = 0, got2 = 0, want2 = 0, diff2 = 0;
     for (std::size_t i = 0; i < out.size(); ++i) {
       dot += double(out[i]) * exact[i];

@@ -42,15 +42,16 @@ double fraction_of(const json& entry) {
 /// at "chunk:0" (the int8 attention backend against flash fp32, which has no chunk).
 std::string baseline_name(const std::string& name) {
   std::string base = name;
-  for (const auto& [ours, theirs] : {std::pair<std::string, std::string>{"eigen:0", "eigen:1"},
-                                     {"flash:0", "flash:1"}}) {
+  for (const auto& [ours, theirs] :
+       {std::pair<std::string, std::string>{"eigen:0", "eigen:1"}, {"flash:0", "flash:1"}}) {
     const auto at = base.find(ours);
     if (at == std::string::npos) continue;
     base.replace(at, ours.size(), theirs);
     const auto chunk = base.find("chunk:");
     if (chunk != std::string::npos) {
       const auto digits = base.find_first_not_of("0123456789", chunk + 6);
-      base.replace(chunk + 6, (digits == std::string::npos ? base.size() : digits) - chunk - 6, "0");
+      base.replace(chunk + 6, (digits == std::string::npos ? base.size() : digits) - chunk - 6,
+                   "0");
     }
     return base;
   }

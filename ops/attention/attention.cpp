@@ -45,9 +45,7 @@ const char* backend_name(AttentionBackend backend) noexcept {
 
 namespace attention {
 
-bool bf16_dot_available() noexcept {
-  return core::kernel_variant() == core::kAvx512Bf16Variant;
-}
+bool bf16_dot_available() noexcept { return core::kernel_variant() == core::kAvx512Bf16Variant; }
 
 namespace {
 
@@ -212,8 +210,8 @@ Call validate_dense(const char* name, const TensorView& q, const TensorView& k, 
   }
   call.requested = options.backend;
   if (!schedule::valid_chunk(options.int8_chunk)) {
-    core::fail(name, "options.int8_chunk (" + std::to_string(options.int8_chunk) +
-                         ") must be 1, 2 or 4");
+    core::fail(name,
+               "options.int8_chunk (" + std::to_string(options.int8_chunk) + ") must be 1, 2 or 4");
   }
   call.int8_chunk = options.int8_chunk;
   call.key = "b" + std::to_string(batch) + " sq" + std::to_string(q_len) + " sk" +
@@ -554,7 +552,8 @@ void prepare_int8(FlashProblem& p, Int8Storage& storage, int chunk, int threads)
   const PackKernel pack = pack_kernels.get();
   core::parallel_ranges(heads_total, threads, [&](std::int64_t begin, std::int64_t end, int) {
     for (std::int64_t h = begin; h < end; ++h) {
-      pack(p, h / p.kv_heads, h % p.kv_heads, op.k_mean ? storage.k_mean.get() + h * p.dk : nullptr);
+      pack(p, h / p.kv_heads, h % p.kv_heads,
+           op.k_mean ? storage.k_mean.get() + h * p.dk : nullptr);
     }
   });
   // The shared schedule's cube order for the longest sequence (shorter ones skip blocks).
@@ -972,12 +971,11 @@ AttentionChoice select_attention(const TensorView& q, const TensorView& k, const
     p.lse_strides = attention::Strides{p.heads * p.q_len, 1, p.q_len};
   }
   const auto choice = attention::choose(call, core::thread_count(), false);
-  std::string detail =
-      choice.config.backend == AttentionBackend::int8
-          ? "int8 chunk=" + std::to_string(call.int8_chunk) +
-                " row_group=" + std::to_string(attention::kMaxRowGroup / call.int8_chunk) +
-                (attention::smooth_keys() ? " smooth_k" : " smooth_k=off")
-          : choice.config.describe();
+  std::string detail = choice.config.backend == AttentionBackend::int8
+                           ? "int8 chunk=" + std::to_string(call.int8_chunk) + " row_group=" +
+                                 std::to_string(attention::kMaxRowGroup / call.int8_chunk) +
+                                 (attention::smooth_keys() ? " smooth_k" : " smooth_k=off")
+                           : choice.config.describe();
   detail += " kv_block=" + std::to_string(attention::kKvBlock) +
             " isa=" + core::isa_name(core::active_isa());
   if (choice.forced) detail += " (forced)";

@@ -44,20 +44,20 @@ enum class KLayout : std::uint8_t { packed, direct };
 /// K is smoothed (its per-(sequence, KV head) mean subtracted, which leaves the softmax as it
 /// was) and quantized per block, V per block and channel; see int8_kernel.cpp.
 struct Int8Operands {
-  std::int64_t dk_words = 0;         ///< ceil(dk / 4): 4 int8 of one key per 32-bit word
-  const std::int8_t* k = nullptr;    ///< block g at g * dk_words * 256: [dk_words][64 keys][4]
+  std::int64_t dk_words = 0;            ///< ceil(dk / 4): 4 int8 of one key per 32-bit word
+  const std::int8_t* k = nullptr;       ///< block g at g * dk_words * 256: [dk_words][64 keys][4]
   const std::int32_t* k_sum = nullptr;  ///< block g at g * 64: 128 * sum_d k per key
   const float* k_scale = nullptr;       ///< [g]: value = int8 * scale
-  const float* k_mean = nullptr;  ///< [seq * kv_heads + h][dk] subtracted before quantizing
-  const std::int8_t* v = nullptr;  ///< block g at g * 64 * dv_padded: [16 words][dv_padded][4]
-  const float* v_scale = nullptr;  ///< block g at g * dv_padded: per channel
+  const float* k_mean = nullptr;        ///< [seq * kv_heads + h][dk] subtracted before quantizing
+  const std::int8_t* v = nullptr;       ///< block g at g * 64 * dv_padded: [16 words][dv_padded][4]
+  const float* v_scale = nullptr;       ///< block g at g * dv_padded: per channel
   const std::int64_t* first_block = nullptr;
   /// The shared schedule's cube order (QK, PV) for the longest sequence's blocks; a row group
   /// with fewer blocks skips the later ones. A plain array: kernel objects instantiate no
   /// std::vector code (ODR guard).
   const schedule::StageInstance* order = nullptr;
   std::int64_t order_size = 0;
-  int chunk = 2;                ///< options.int8_chunk: QK blocks ahead of their PV
+  int chunk = 2;  ///< options.int8_chunk: QK blocks ahead of their PV
 };
 
 struct FlashProblem {
@@ -128,12 +128,12 @@ inline std::int64_t int8_scratch_bytes(const FlashProblem& p) noexcept {
   const std::int64_t rows = kMaxRowGroup * kMaxTileRows;
   const std::int64_t buffers = 2 * 4;  // ping-pong slots x the largest chunk
   const std::int64_t q_stride = (p.int8.dk_words * 4 + 63) / 64 * 64;
-  return rows * q_stride                                   // Q as u8
-         + rows * (4 + kMaxLanes) * 4                      // q factor, LSE shift, max, sums
-         + rows * p.dv_padded * 4                          // O
-         + buffers * rows * kKvBlock * 5                   // S (int32) and P (u8)
-         + buffers * rows * 2 * 4                          // P factor, alpha
-         + buffers * kMaxRowGroup * 8 + 256;               // keys per tile; alignment
+  return rows * q_stride                      // Q as u8
+         + rows * (4 + kMaxLanes) * 4         // q factor, LSE shift, max, sums
+         + rows * p.dv_padded * 4             // O
+         + buffers * rows * kKvBlock * 5      // S (int32) and P (u8)
+         + buffers * rows * 2 * 4             // P factor, alpha
+         + buffers * kMaxRowGroup * 8 + 256;  // keys per tile; alignment
 }
 
 /// Quantizes the keys and values of one (sequence, KV head) into the Int8Operands arrays

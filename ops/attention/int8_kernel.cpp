@@ -1,6 +1,6 @@
 // int8 attention (SPEC.md item 5), compiled once per ISA level (cmake/DitopsKernels.cmake).
 //
-// Operands (int8_pack_block, once per call): K minus its per-(sequence, KV head) mean
+// Operands (int8_pack_head, once per call): K minus its per-(sequence, KV head) mean
 // (SageAttention's smoothing: q·(k - mean) differs from q·k by a per-row constant, so the
 // softmax is unchanged and only the LSE needs q·mean back), quantized symmetrically per block
 // of 64 keys and stored four d per 32-bit word, keys in lanes; V quantized per block and
@@ -115,7 +115,8 @@ void key_mean(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, flo
   const B<Arch> inverse(s.kv_len > 0 ? 1.f / static_cast<float>(s.kv_len) : 0.f);
   for (std::int64_t d = 0; d < p.dk; d += L) {
     const std::int64_t width = std::min<std::int64_t>(L, p.dk - d);
-    simd::store_chunk<Arch>(mean, d, width, simd::load_chunk<Arch>(mean, d, width) * inverse, false);
+    simd::store_chunk<Arch>(mean, d, width, simd::load_chunk<Arch>(mean, d, width) * inverse,
+                            false);
   }
 }
 
@@ -197,7 +198,8 @@ void pack_block(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, s
           return _mm512_cvtepi32_epi8(round_to_int<Arch>(
               simd::load_chunk<Arch>(v + row * p.v_strides.seq, d, width) * inverse));
         };
-        const __m128i k0 = bytes(key), k1 = bytes(key + 1), k2 = bytes(key + 2), k3 = bytes(key + 3);
+        const __m128i k0 = bytes(key), k1 = bytes(key + 1), k2 = bytes(key + 2),
+                      k3 = bytes(key + 3);
         const __m128i k01_low = _mm_unpacklo_epi8(k0, k1), k01_high = _mm_unpackhi_epi8(k0, k1);
         const __m128i k23_low = _mm_unpacklo_epi8(k2, k3), k23_high = _mm_unpackhi_epi8(k2, k3);
         auto* dst = reinterpret_cast<__m128i*>(v_out + ((key / 4) * p.dv_padded + d) * 4);
@@ -266,7 +268,8 @@ inline void qk_tile(const std::uint8_t* q, std::int64_t q_stride, const std::int
   for (int c = 0; c < V; ++c) {
     const I32<Arch> offset = I32<Arch>::load_aligned(k_sum + c * L);
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) (I32<Arch>(acc[r][c]) - offset).store_aligned(s + r * kKvBlock + c * L);
+    for (int r = 0; r < R; ++r)
+      (I32<Arch>(acc[r][c]) - offset).store_aligned(s + r * kKvBlock + c * L);
   }
 }
 
@@ -488,7 +491,8 @@ class Int8Runner {
         if (!masked) {
           I32<Arch> top = I32<Arch>::load_aligned(s_row);
 #pragma GCC unroll 4
-          for (int c = 1; c < BV; ++c) top = xsimd::max(top, I32<Arch>::load_aligned(s_row + c * L));
+          for (int c = 1; c < BV; ++c)
+            top = xsimd::max(top, I32<Arch>::load_aligned(s_row + c * L));
           block_max[i] = factor[i] * static_cast<float>(simd::reduce_max<Arch>(top));
           continue;
         }
@@ -537,7 +541,8 @@ class Int8Runner {
                            B<Arch>(factor[i]), B<Arch>(-shift));
           // An inactive row (block max -inf) gives NaN here: its levels are forced to 0.
           // At most 255: y at the block max may round one ulp above log2(255).
-          const I32<Arch> level = xsimd::min(round_to_int<Arch>(exp2_level<Arch>(y)), I32<Arch>(255));
+          const I32<Arch> level =
+              xsimd::min(round_to_int<Arch>(exp2_level<Arch>(y)), I32<Arch>(255));
           const I32<Arch> kept = block_max[i] > kMinusInf ? level : I32<Arch>(0);
           sum += kept;  // the weights PV will use, as their integers
           simd::store_low_bytes<Arch>(p_row + c * L, kept);
@@ -618,7 +623,6 @@ class Int8Runner {
   float *p_factor_, *alpha_;
   std::int64_t* tile_keys_;
 };
-
 
 /// Smoothing mean (when `mean` is set) and every block of one (sequence, KV head): the
 /// quantizing pass finds the keys the mean pass read in L2 (short sequences) or L3. Every call

@@ -62,8 +62,8 @@ RowRef make_row(const FlashProblem& p, const FlashTask& task, const Sequence& se
           (seq.q_row0 + pos) * p.q_strides.seq + head * p.q_strides.head;
   row.out = static_cast<T*>(p.out) + task.seq * p.out_strides.batch +
             (seq.q_row0 + pos) * p.out_strides.seq + head * p.out_strides.head;
-  row.lse = p.lse ? p.lse + task.seq * p.lse_strides.batch + (seq.q_row0 + pos) * p.lse_strides.seq +
-                        head * p.lse_strides.head
+  row.lse = p.lse ? p.lse + task.seq * p.lse_strides.batch +
+                        (seq.q_row0 + pos) * p.lse_strides.seq + head * p.lse_strides.head
                   : nullptr;
   if (p.mask_kind != MaskKind::none) {
     const std::int64_t offset =
@@ -188,11 +188,12 @@ inline void mask_scores(const FlashProblem& p, const RowRef& row, std::int64_t b
     const std::int64_t count = std::min<std::int64_t>(kLanes, kv_len - key);
     if (row.mask != nullptr && count > 0) {
       if (p.mask_kind == MaskKind::boolean) {
-        valid = valid & load_bool_mask<Arch>(static_cast<const std::uint8_t*>(row.mask) + key, count);
+        valid =
+            valid & load_bool_mask<Arch>(static_cast<const std::uint8_t*>(row.mask) + key, count);
       } else {
         const float* m = static_cast<const float*>(row.mask) + key;
-        const B<Arch> bias = count < kLanes ? simd::load_partial<Arch>(m, count, 0.f)
-                                            : B<Arch>::load_unaligned(m);
+        const B<Arch> bias =
+            count < kLanes ? simd::load_partial<Arch>(m, count, 0.f) : B<Arch>::load_unaligned(m);
         s[c] = simd::fmadd<Arch>(bias, B<Arch>(kLog2e), s[c]);
       }
     }

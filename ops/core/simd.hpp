@@ -268,7 +268,9 @@ inline I32<Arch> dot_u8s8(I32<Arch> acc, I32<Arch> a, I32<Arch> b) noexcept {
     // Register operands only: given "vm", GCC reloaded a vector reused by several rows from
     // memory for every instruction (MLA QK: 3x the loads).
     __m512i sum = acc;
-    asm("vpdpbusd %2, %1, %0" : "+v"(sum) : "v"(static_cast<__m512i>(a)), "v"(static_cast<__m512i>(b)));
+    asm("vpdpbusd %2, %1, %0"
+        : "+v"(sum)
+        : "v"(static_cast<__m512i>(a)), "v"(static_cast<__m512i>(b)));
     return sum;
   } else {
     const I32<Arch> low_bytes(0x00ff00ff);
@@ -334,7 +336,8 @@ inline void store_low_bytes(void* dst, I32<Arch> v) noexcept {
     alignas(64) std::int32_t lanes[I32<Arch>::size];
     v.store_aligned(lanes);
     auto* bytes = static_cast<std::uint8_t*>(dst);
-    for (std::size_t i = 0; i < I32<Arch>::size; ++i) bytes[i] = static_cast<std::uint8_t>(lanes[i]);
+    for (std::size_t i = 0; i < I32<Arch>::size; ++i)
+      bytes[i] = static_cast<std::uint8_t>(lanes[i]);
   }
 }
 

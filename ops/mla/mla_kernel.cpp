@@ -165,7 +165,8 @@ inline void score_tile(const MlaProblem& p, const PreparedQueries& q, int vector
         }
 #pragma GCC unroll 16
         for (int t = 0; t < kTokens; ++t) {
-          const Reg key = I(static_cast<std::int32_t>(ws.key_pack[(token0 + t) * (kNopeDim / 4) + word]));
+          const Reg key =
+              I(static_cast<std::int32_t>(ws.key_pack[(token0 + t) * (kNopeDim / 4) + word]));
 #pragma GCC unroll 16
           for (int v = 0; v < kVectors; ++v) {
             acc[t][v] = simd::dot_u8s8<Arch>(acc[t][v], key, query[v]);
@@ -218,7 +219,9 @@ inline void score_tile(const MlaProblem& p, const PreparedQueries& q, int vector
 /// slower); plain AVX-512 3 x 4, AVX2/SSE (16 registers) 2 x 2. Single head vectors (16 heads
 /// on AVX-512) use more tokens to keep the dpbusd chains independent.
 template <class Arch>
-constexpr int kWideTokens = simd::kHasBf16Vnni<Arch> ? 6 : simd::kIsAvx512<Arch> ? 3 : 2;
+constexpr int kWideTokens = simd::kHasBf16Vnni<Arch> ? 6
+                            : simd::kIsAvx512<Arch>  ? 3
+                                                     : 2;
 template <class Arch>
 constexpr int kWideVectors = simd::kIsAvx512<Arch> ? 4 : 2;
 template <class Arch>
@@ -289,7 +292,9 @@ void sm_stage(const MlaProblem& p, int tokens, const MlaWorkspace& ws, float* sc
 /// int32 accumulators fill 24 of 32 zmm; the pmaddwd emulation needs two widened copies of
 /// each value vector, so fewer.
 template <class Arch>
-constexpr int kPvHeads = simd::kHasBf16Vnni<Arch> ? 6 : simd::kIsAvx512<Arch> ? 4 : 2;
+constexpr int kPvHeads = simd::kHasBf16Vnni<Arch> ? 6
+                         : simd::kIsAvx512<Arch>  ? 4
+                                                  : 2;
 template <class Arch>
 constexpr int kPvVectors = simd::kHasBf16Vnni<Arch> ? 4 : 2;
 
@@ -364,7 +369,8 @@ void quantize_weights(const MlaProblem& p, const BlockRows& rows, const float* p
                                (g * words_max + word) * hp + head0);
       }
       float* sum = ws.level_sum + g * hp + head0;
-      simd::fmadd<Arch>(B::load_unaligned(sum), B::load_unaligned(alpha + head0), level_sum * factor)
+      simd::fmadd<Arch>(B::load_unaligned(sum), B::load_unaligned(alpha + head0),
+                        level_sum * factor)
           .store_unaligned(sum);
     }
   }
@@ -391,7 +397,8 @@ inline void value_tile(const MlaProblem& p, int head0, int column0, int words, i
   }
   for (int word = 0; word < words; ++word) {
     Reg value[V];
-    const auto* column = reinterpret_cast<const std::int32_t*>(ws.value_pack) + word * kNopeDim + column0;
+    const auto* column =
+        reinterpret_cast<const std::int32_t*>(ws.value_pack) + word * kNopeDim + column0;
 #pragma GCC unroll 4
     for (int j = 0; j < V; ++j) value[j] = I::load_aligned(column + j * kLanes);
 #pragma GCC unroll 8
@@ -450,8 +457,8 @@ void write_output(const MlaProblem& p, int sequence, int head, const float* valu
 }  // namespace
 
 template <class Arch>
-void mla_prepare_queries(const QueryInputs& in, const PreparedQueries& out,
-                         std::int64_t first_unit, std::int64_t end_unit) noexcept {
+void mla_prepare_queries(const QueryInputs& in, const PreparedQueries& out, std::int64_t first_unit,
+                         std::int64_t end_unit) noexcept {
   using B = F32<Arch>;
   using I = I32<Arch>;
   constexpr int kLanes = static_cast<int>(B::size);
@@ -471,8 +478,10 @@ void mla_prepare_queries(const QueryInputs& in, const PreparedQueries& out,
       const std::int64_t nope_at = b * in.nope_strides[0] + h * in.nope_strides[1];
       B top(0.f);
       for (int i = 0; i < kNopeDim / kLanes; ++i) {
-        values[i] = in.nope_bf16 ? simd::load<Arch>(static_cast<const bf16*>(in.nope) + nope_at + i * kLanes)
-                                 : simd::load<Arch>(static_cast<const float*>(in.nope) + nope_at + i * kLanes);
+        values[i] =
+            in.nope_bf16
+                ? simd::load<Arch>(static_cast<const bf16*>(in.nope) + nope_at + i * kLanes)
+                : simd::load<Arch>(static_cast<const float*>(in.nope) + nope_at + i * kLanes);
         top = xsimd::max(top, xsimd::abs(values[i]));
       }
       // The cache format's rule (mla.hpp): scale = max|x| / 127, q = clamp(rne(x / scale)).
@@ -480,10 +489,11 @@ void mla_prepare_queries(const QueryInputs& in, const PreparedQueries& out,
       factor[b * hp + h] = scale > 0.f ? scale * in.log2_scale : 0.f;
       alignas(64) std::int8_t quantized[kNopeDim];
       for (int i = 0; i < kNopeDim / kLanes; ++i) {
-        const I q = scale > 0.f ? xsimd::max(xsimd::min(xsimd::nearbyint_as_int(values[i] / B(scale)),
-                                                        I(127)),
-                                             I(-127))
-                                : I(0);
+        const I q =
+            scale > 0.f
+                ? xsimd::max(xsimd::min(xsimd::nearbyint_as_int(values[i] / B(scale)), I(127)),
+                             I(-127))
+                : I(0);
         simd::store_low_bytes<Arch>(quantized + i * kLanes, q);
       }
       if constexpr (simd::kHasBf16Vnni<Arch>) {
@@ -493,7 +503,8 @@ void mla_prepare_queries(const QueryInputs& in, const PreparedQueries& out,
         for (int g = 0; g < kScaleGroups; ++g) {
           I sum(0);
           for (int i = g * kGroupDim; i < (g + 1) * kGroupDim; i += kLanes) {
-            sum += _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(quantized + i)));
+            sum += _mm512_cvtepi8_epi32(
+                _mm_load_si128(reinterpret_cast<const __m128i*>(quantized + i)));
           }
           offset_sums[(b * kScaleGroups + g) * hp + h] = 128 * simd::reduce_add<Arch>(sum);
         }
@@ -507,10 +518,12 @@ void mla_prepare_queries(const QueryInputs& in, const PreparedQueries& out,
       const std::int64_t rope_at = b * in.rope_strides[0] + h * in.rope_strides[1];
       for (int d = 0; d < kRopeDim; d += kLanes) {
         alignas(64) float scaled[kLanes];
-        const B x = in.rope_bf16 ? simd::load<Arch>(static_cast<const bf16*>(in.rope) + rope_at + d)
-                                 : simd::load<Arch>(static_cast<const float*>(in.rope) + rope_at + d);
+        const B x = in.rope_bf16
+                        ? simd::load<Arch>(static_cast<const bf16*>(in.rope) + rope_at + d)
+                        : simd::load<Arch>(static_cast<const float*>(in.rope) + rope_at + d);
         (x * B(in.log2_scale)).store_aligned(scaled);
-        for (int lane = 0; lane < kLanes; ++lane) rope[(b * kRopeDim + d + lane) * hp + h] = scaled[lane];
+        for (int lane = 0; lane < kLanes; ++lane)
+          rope[(b * kRopeDim + d + lane) * hp + h] = scaled[lane];
       }
     }
   }

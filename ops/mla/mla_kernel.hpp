@@ -51,8 +51,8 @@ struct QueryInputs {
 /// form this ISA's task kernel reads (VNNI words and offset sums, or int16 pairs); q_rope
 /// scaled. Padding heads must already be zero.
 template <class Arch>
-void mla_prepare_queries(const QueryInputs& in, const PreparedQueries& out,
-                         std::int64_t first_unit, std::int64_t end_unit) noexcept;
+void mla_prepare_queries(const QueryInputs& in, const PreparedQueries& out, std::int64_t first_unit,
+                         std::int64_t end_unit) noexcept;
 
 struct MlaProblem {
   int heads = 0;

@@ -51,23 +51,26 @@ struct Int8Case {
 };
 
 struct Accuracy {
-  double cosine = 0;      ///< over the whole output
-  double worst_row = 1;   ///< smallest cosine of one output row (rows with a nonzero reference)
-  double rel_l2 = 0;      ///< ||out - ref|| / ||ref||
-  double lse_error = 0;   ///< largest |lse - ref| (natural log)
+  double cosine = 0;     ///< over the whole output
+  double worst_row = 1;  ///< smallest cosine of one output row (rows with a nonzero reference)
+  double rel_l2 = 0;     ///< ||out - ref|| / ||ref||
+  double lse_error = 0;  ///< largest |lse - ref| (natural log)
   std::int64_t empty_rows_wrong = 0;  ///< fully masked rows not 0 / -inf
 };
 
-/// Inputs of a case: Q ~ N(0, q_std), K ~ N(0, 1) + offset[channel] with offsets ~ N(0, key_offset),
-/// V ~ N(0, 1) + offsets ~ N(0, 1).
+/// Inputs of a case: Q ~ N(0, q_std), K ~ N(0, 1) + offset[channel] with offsets ~ N(0,
+/// key_offset), V ~ N(0, 1) + offsets ~ N(0, 1).
 template <class T>
 struct Inputs {
   TestTensor<T> q, k, v;
   TestTensor<float> mask;
   TestTensor<std::uint8_t> padding;
   Inputs(const Int8Case& c, std::mt19937& rng)
-      : q(c.shape(c.sq, c.n, c.dk)), k(c.shape(c.sk, c.nkv, c.dk)), v(c.shape(c.sk, c.nkv, c.dv)),
-        mask({c.sq, c.sk}), padding({c.b, 1, 1, c.sk}) {
+      : q(c.shape(c.sq, c.n, c.dk)),
+        k(c.shape(c.sk, c.nkv, c.dk)),
+        v(c.shape(c.sk, c.nkv, c.dv)),
+        mask({c.sq, c.sk}),
+        padding({c.b, 1, 1, c.sk}) {
     std::normal_distribution<float> unit(0.f, 1.f), key_offset(0.f, c.key_offset);
     std::vector<float> k_offsets(c.dk), v_offsets(c.dv);
     for (float& o : k_offsets) o = key_offset(rng);
@@ -156,7 +159,8 @@ Accuracy run_int8(const Int8Case& c, Inputs<T>& in, const AttentionRefResult& re
       for (std::int64_t h = 0; h < c.n; ++h) {
         double row_dot = 0, row_got = 0, row_ref = 0;
         for (std::int64_t d = 0; d < c.dv; ++d) {
-          const double got = got_at(b, i, h, d), want = ref.out[((b * c.sq + i) * c.n + h) * c.dv + d];
+          const double got = got_at(b, i, h, d),
+                       want = ref.out[((b * c.sq + i) * c.n + h) * c.dv + d];
           row_dot += got * want;
           row_got += got * got;
           row_ref += want * want;

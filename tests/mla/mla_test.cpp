@@ -149,7 +149,8 @@ void check_config(const MlaConfig& c, std::mt19937& rng,
         // plus fp32 rounding; against fp32 q: within both quantization bounds.
         std::int64_t outside_tight = 0, outside = 0;
         for (std::int64_t i = 0; i < out.size(); ++i) {
-          const double tight_bound = tight.p_bound[i] + tol.atol + tol.rtol * std::fabs(tight.out[i]);
+          const double tight_bound =
+              tight.p_bound[i] + tol.atol + tol.rtol * std::fabs(tight.out[i]);
           if (!(std::fabs(out.value(i) - tight.out[i]) <= tight_bound)) ++outside_tight;
           const double bound = exact_q.bound[i / kNope] + exact_q.p_bound[i] + tol.atol +
                                tol.rtol * std::fabs(exact_q.out[i]);

@@ -181,9 +181,9 @@ TEST_F(Cli, SweepPutsCpuRatiosBesideTheSimulators) {
   bench["benchmarks"] = nlohmann::json::array();
   auto entry = [&](int batch, int chunk, int threads, double us) {
     bench["benchmarks"].push_back(
-        {{"name", "mla_grid/b:" + std::to_string(batch) + "/kv:512/h:128/chunk:" +
-                      std::to_string(chunk) + "/threads:" + std::to_string(threads) +
-                      "/splits:0/min_time:0.050/real_time"},
+        {{"name", "mla_grid/b:" + std::to_string(batch) +
+                      "/kv:512/h:128/chunk:" + std::to_string(chunk) +
+                      "/threads:" + std::to_string(threads) + "/splits:0/min_time:0.050/real_time"},
          {"run_type", "iteration"},
          {"real_time", us},
          {"time_unit", "us"}});
@@ -215,8 +215,9 @@ TEST_F(Cli, SweepPutsCpuRatiosBesideTheSimulators) {
   EXPECT_EQ(empty.status, 2);
   EXPECT_NE(empty.err.find("no mla_grid"), std::string::npos);
   expect_usage_error("sweep --cpu '" + write_tmp("array.json", "[1, 2]") + "'", "Google Benchmark");
-  expect_usage_error("sweep --cpu '" + write_tmp("bad_name.json", R"({"benchmarks": [{"name": 3}]})") + "'",
-                     "Google Benchmark");
+  expect_usage_error(
+      "sweep --cpu '" + write_tmp("bad_name.json", R"({"benchmarks": [{"name": 3}]})") + "'",
+      "Google Benchmark");
   expect_usage_error("sweep --cpu-threads 1", "--cpu-threads needs --cpu");
 }
 
