@@ -48,13 +48,6 @@ struct Int8Tiles {
   static_assert(kRows <= kMaxTileRows && kBlockVecs % kPassVecs == 0);
 };
 
-/// 4 bytes at src as one int32 lane value (a broadcastable word of 4 int8 or u8).
-inline std::int32_t load_word(const void* src) noexcept {
-  std::int32_t word;
-  std::memcpy(&word, src, sizeof word);
-  return word;
-}
-
 /// round(x) as int32 lanes (ties to even, the current rounding mode).
 template <class Arch>
 inline I32<Arch> round_to_int(B<Arch> x) noexcept {
@@ -225,37 +218,6 @@ void pack_block(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, s
   }
 }
 
-/// The int8 register tile both matrix stages share: acc[r][c] += the u8 words of row r (rows
-/// row_stride bytes apart, word w at byte 4 w) times the s8 vectors of word w (word_bytes
-/// apart, V consecutive vectors), exact int32. Accumulators are plain register arrays: GCC kept
-/// arrays of xsimd integer batches in memory here (a store and a reload around every
-/// vpdpbusd).
-template <class Arch, int V>
-[[gnu::always_inline]] inline void dot_tile(
-    const std::uint8_t* rows, std::int64_t row_stride, const std::int8_t* vectors,
-    std::int64_t word_bytes, std::int64_t words,
-    typename I32<Arch>::register_type (&acc)[Int8Tiles<Arch>::kRows][V]) noexcept {
-  constexpr int R = Int8Tiles<Arch>::kRows, L = Int8Tiles<Arch>::kLanes;
-  using Reg = typename I32<Arch>::register_type;
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 4
-    for (int c = 0; c < V; ++c) acc[r][c] = I32<Arch>(0);
-  }
-  for (std::int64_t word = 0; word < words; ++word) {
-    Reg vector[V];
-    const auto* at = reinterpret_cast<const std::int32_t*>(vectors + word * word_bytes);
-#pragma GCC unroll 4
-    for (int c = 0; c < V; ++c) vector[c] = I32<Arch>::load_aligned(at + c * L);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const Reg row = I32<Arch>(load_word(rows + r * row_stride + word * 4));
-#pragma GCC unroll 4
-      for (int c = 0; c < V; ++c) acc[r][c] = simd::dot_u8s8<Arch>(acc[r][c], row, vector[c]);
-    }
-  }
-}
-
 /// S[kRows][V * lanes] (rows 64 apart) = u8 Q rows (q_stride apart) · s8 K words at `k`
 /// (keys in lanes, [word][64 keys][4]) minus k_sum, exact int32.
 template <class Arch, int V>
@@ -263,7 +225,7 @@ inline void qk_tile(const std::uint8_t* q, std::int64_t q_stride, const std::int
                     std::int64_t words, const std::int32_t* k_sum, std::int32_t* s) noexcept {
   constexpr int R = Int8Tiles<Arch>::kRows, L = Int8Tiles<Arch>::kLanes;
   typename I32<Arch>::register_type acc[R][V];
-  dot_tile<Arch, V>(q, q_stride, k, kKvBlock * 4, words, acc);
+  simd::dot_tile_u8s8<Arch, R, V>(q, q_stride, 4, k, kKvBlock * 4, words, acc);
 #pragma GCC unroll 4
   for (int c = 0; c < V; ++c) {
     const I32<Arch> offset = I32<Arch>::load_aligned(k_sum + c * L);
@@ -283,7 +245,7 @@ inline void pv_tile(const std::uint8_t* p, const std::int8_t* v, std::int64_t v_
                     const float* p_factor, float* o, std::int64_t o_stride) noexcept {
   constexpr int R = Int8Tiles<Arch>::kRows, L = Int8Tiles<Arch>::kLanes;
   typename I32<Arch>::register_type acc[R][V];
-  dot_tile<Arch, V>(p, kKvBlock, v, v_stride * 4, words, acc);
+  simd::dot_tile_u8s8<Arch, R, V>(p, kKvBlock, 4, v, v_stride * 4, words, acc);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const B<Arch> keep(alpha[r]), factor(p_factor[r]);

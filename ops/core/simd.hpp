@@ -10,6 +10,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <ditops/tensor.hpp>
 #include <limits>
 #include <type_traits>
@@ -288,6 +289,39 @@ inline I32<Arch> dot_u8s8(I32<Arch> acc, I32<Arch> a, I32<Arch> b) noexcept {
       b_odd = _mm_srai_epi16(b, 8);
     }
     return acc + madd_int16<Arch>(a_even, b_even) + madd_int16<Arch>(a_odd, b_odd);
+  }
+}
+
+/// The int8 register tile of the int8 attention and MLA kernels: acc[r][c] += the u8 word of
+/// row r at word w (rows + r * row_bytes + w * word_row_bytes) times the V consecutive s8
+/// vectors of word w (vectors + w * word_bytes), exact int32, for w < words. Accumulators are
+/// plain register arrays: GCC kept arrays of xsimd integer batches in memory (a store and a
+/// reload around every vpdpbusd).
+template <class Arch, int R, int V>
+[[gnu::always_inline]] inline void dot_tile_u8s8(
+    const std::uint8_t* rows, std::int64_t row_bytes, std::int64_t word_row_bytes,
+    const std::int8_t* vectors, std::int64_t word_bytes, std::int64_t words,
+    typename I32<Arch>::register_type (&acc)[R][V]) noexcept {
+  using Reg = typename I32<Arch>::register_type;
+  constexpr std::int64_t kLanes = I32<Arch>::size;
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int c = 0; c < V; ++c) acc[r][c] = I32<Arch>(0);
+  }
+  for (std::int64_t word = 0; word < words; ++word) {
+    Reg vector[V];
+    const auto* at = reinterpret_cast<const std::int32_t*>(vectors + word * word_bytes);
+#pragma GCC unroll 4
+    for (int c = 0; c < V; ++c) vector[c] = I32<Arch>::load_aligned(at + c * kLanes);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      std::int32_t bytes;
+      std::memcpy(&bytes, rows + r * row_bytes + word * word_row_bytes, sizeof bytes);
+      const Reg row = I32<Arch>(bytes);
+#pragma GCC unroll 4
+      for (int c = 0; c < V; ++c) acc[r][c] = dot_u8s8<Arch>(acc[r][c], row, vector[c]);
+    }
   }
 }
 

@@ -387,27 +387,11 @@ inline void value_tile(const MlaProblem& p, int head0, int column0, int words, i
   constexpr int kLanes = static_cast<int>(B::size);
   constexpr int V = kPvVectors<Arch>;
   const int hp = p.padded_heads;
-  const auto* levels =
-      reinterpret_cast<const std::int32_t*>(ws.levels) + group * (p.block_size / 4) * hp + head0;
+  const auto* levels = reinterpret_cast<const std::uint8_t*>(
+      ws.levels + group * (p.block_size / 4) * hp + head0);  // word w of head h: [w][hp]
   Reg acc[kHeads][V];
-#pragma GCC unroll 8
-  for (int h = 0; h < kHeads; ++h) {
-#pragma GCC unroll 4
-    for (int j = 0; j < V; ++j) acc[h][j] = I(0);
-  }
-  for (int word = 0; word < words; ++word) {
-    Reg value[V];
-    const auto* column =
-        reinterpret_cast<const std::int32_t*>(ws.value_pack) + word * kNopeDim + column0;
-#pragma GCC unroll 4
-    for (int j = 0; j < V; ++j) value[j] = I::load_aligned(column + j * kLanes);
-#pragma GCC unroll 8
-    for (int h = 0; h < kHeads; ++h) {
-      const Reg weight = I(levels[word * hp + h]);
-#pragma GCC unroll 4
-      for (int j = 0; j < V; ++j) acc[h][j] = simd::dot_u8s8<Arch>(acc[h][j], weight, value[j]);
-    }
-  }
+  simd::dot_tile_u8s8<Arch, kHeads, V>(levels, 4, hp * 4, ws.value_pack + column0 * 4, kNopeDim * 4,
+                                       words, acc);
 #pragma GCC unroll 8
   for (int h = 0; h < kHeads; ++h) {
     float* out = ws.out_acc + (head0 + h) * kNopeDim + column0;
