@@ -145,7 +145,7 @@ void bf16_args(benchmark::internal::Benchmark* b) {
 /// int8 backend (range(2) = chunk) against flash fp32 on the same inputs (range(3) = flash = 1,
 /// reported with chunk 0: the same-process baseline bench-summary pairs with flash:0). K has
 /// per-channel offsets, as real models' keys do (the case smoothing exists for). Rate: int8
-/// operations (2 per multiply-add of Q·K^T and P·V) against the measured VNNI peak; accuracy:
+/// operations (2 per multiply-add of Q·K^T and P·V) against the measured int8 peak; accuracy:
 /// cosine similarity and relative L2 error of the output against flash fp32's.
 void BM_attention_int8(benchmark::State& state) {
   const Shape s = kShapes[state.range(0)];
@@ -179,19 +179,12 @@ void BM_attention_int8(benchmark::State& state) {
     state.counters["cos_vs_fp32"] = dot / std::sqrt(got2 * want2);
     state.counters["rel_l2_vs_fp32"] = std::sqrt(diff2 / want2);
   }
-  const Limits& limits = measured_limits(threads);
   state.SetLabel(std::string(s.name) + " " + backend_name(options.backend) +
                  (flash ? "" : " chunk " + std::to_string(options.int8_chunk)));
   if (flash) {
-    report_flops(state, attention_flops(s), limits.fma_flops, threads);
+    report_flops(state, attention_flops(s), measured_limits(threads).fma_flops, threads);
   } else {
-    const double ops = attention_flops(s) * static_cast<double>(state.iterations());
-    state.counters["GOP/s"] = benchmark::Counter(ops / 1e9, benchmark::Counter::kIsRate);
-    if (limits.vnni_ops > 0) {
-      state.counters["frac_peak"] =
-          benchmark::Counter(ops / limits.vnni_ops, benchmark::Counter::kIsRate);
-    }
-    state.counters["threads"] = threads;
+    report_int8_ops(state, attention_flops(s), threads);
   }
 }
 

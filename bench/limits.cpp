@@ -7,10 +7,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
-#include <ditops/runtime.hpp>
 #include <map>
 #include <memory>
 #include <mutex>
+
+#include "ops/core/isa.hpp"
 
 namespace ditops::bench {
 namespace {
@@ -57,19 +58,34 @@ int copies_to_defeat_cache(std::int64_t bytes) {
   return static_cast<int>(std::max<std::int64_t>(2, (needed + bytes - 1) / bytes));
 }
 
-double probe_fma(int threads) {
-  const CpuInfo info = cpu_info();
-  if (info.avx512) return compute_probe(threads, fma_loop_avx512);
-  if (info.avx2) return compute_probe(threads, fma_loop_avx2);
-  return 0;
+PeakProbe fma_probe() {
+  switch (core::active_isa()) {
+    case core::Isa::avx512:
+      return {fma_loop_avx512, "zmm vfmadd231ps"};
+    case core::Isa::avx2:
+      return {fma_loop_avx2, "ymm vfmadd231ps"};
+    default:
+      return {};  // the scalar and sse4.2 kernels have no FMA
+  }
 }
 
-double probe_bf16(int threads) {
-  return cpu_info().avx512_bf16 ? compute_probe(threads, bf16_loop_avx512) : 0;
+PeakProbe bf16_probe() {
+  if (core::kernel_variant() != core::kAvx512Bf16Variant) return {};
+  return {bf16_loop_avx512, "zmm vdpbf16ps"};
 }
 
-double probe_vnni(int threads) {
-  return cpu_info().avx512_vnni ? compute_probe(threads, vnni_loop_avx512) : 0;
+PeakProbe int8_probe() {
+  if (core::kernel_variant() == core::kAvx512Bf16Variant) {
+    return {vnni_loop_avx512, "zmm vpdpbusd"};
+  }
+  if (core::active_isa() >= core::Isa::avx2) {
+    return {int8_loop_avx2, "ymm vpmaddubsw + vpmaddwd + vpaddd"};
+  }
+  return {};
+}
+
+double run_probe(const PeakProbe& probe, int threads) {
+  return probe.loop == nullptr ? 0 : compute_probe(threads, probe.loop);
 }
 
 double probe_triad(int threads) {
@@ -128,8 +144,9 @@ const Limits& measured_limits(int threads) {
   auto it = cache.find(threads);
   if (it == cache.end()) {
     it = cache
-             .emplace(threads, Limits{probe_fma(threads), probe_bf16(threads), probe_vnni(threads),
-                                      probe_triad(threads)})
+             .emplace(threads,
+                      Limits{run_probe(fma_probe(), threads), run_probe(bf16_probe(), threads),
+                             run_probe(int8_probe(), threads), probe_triad(threads)})
              .first;
   }
   return it->second;

@@ -1,19 +1,14 @@
-// Peak probes compiled with AVX-512 (+BF16, VNNI) flags; called only when the CPU has them.
+// Peak probes compiled with AVX-512 (+BF16, VNNI) flags; called only when dispatch runs them
+// (bench/limits.cpp).
 // Twelve independent accumulators, each a named variable kept in a register (an array of
 // accumulators ends up on the stack, and the store-to-load latency then caps the probe at one
 // instruction per cycle), cover the 4-5 cycle latency of two vector pipes with room to spare.
-// The empty asm marks every accumulator as read and written each iteration so the compiler
-// can neither drop nor merge the chains.
+// DITOPS_KEEP marks every accumulator as read and written each iteration so the compiler can
+// neither drop nor merge the chains.
 
 #include <immintrin.h>
 
 #include "bench/limits.hpp"
-
-#define DITOPS_KEEP(acc)                                                                   \
-  __asm__ volatile(""                                                                      \
-                   : "+v"(acc##0), "+v"(acc##1), "+v"(acc##2), "+v"(acc##3), "+v"(acc##4), \
-                     "+v"(acc##5), "+v"(acc##6), "+v"(acc##7), "+v"(acc##8), "+v"(acc##9), \
-                     "+v"(acc##10), "+v"(acc##11))
 
 namespace ditops::bench {
 namespace {

@@ -53,24 +53,39 @@ class ColdBuffers {
   std::unique_ptr<T, Free> storage_;
 };
 
+/// A rate counter (`amount_per_iteration` per second, / 1e9) and its fraction of `limit` (per
+/// second). The fraction is left out where the CPU (as capped) lacks the limit (0): a counter of
+/// 0 is no fraction, and repeated runs turn it into a coefficient of variation of 0/0 = NaN,
+/// which is not JSON.
+inline void report_rate(benchmark::State& state, const char* rate_counter,
+                        const char* fraction_counter, double amount_per_iteration, double limit,
+                        int threads) {
+  const double amount = amount_per_iteration * static_cast<double>(state.iterations());
+  state.counters[rate_counter] = benchmark::Counter(amount / 1e9, benchmark::Counter::kIsRate);
+  if (limit > 0) {
+    state.counters[fraction_counter] =
+        benchmark::Counter(amount / limit, benchmark::Counter::kIsRate);
+  }
+  state.counters["threads"] = threads;
+}
+
 /// GB/s and the fraction of the measured memory bandwidth for `bytes_per_iteration`.
 inline void report_bandwidth(benchmark::State& state, double bytes_per_iteration, int threads) {
-  const double bytes = bytes_per_iteration * static_cast<double>(state.iterations());
-  state.counters["GB/s"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsRate);
-  state.counters["frac_bw"] =
-      benchmark::Counter(bytes / measured_limits(threads).bandwidth, benchmark::Counter::kIsRate);
-  state.counters["threads"] = threads;
+  report_rate(state, "GB/s", "frac_bw", bytes_per_iteration, measured_limits(threads).bandwidth,
+              threads);
 }
 
 /// GFLOP/s and the fraction of `peak` (FLOP/s) for `flops_per_iteration`.
 inline void report_flops(benchmark::State& state, double flops_per_iteration, double peak,
                          int threads) {
-  const double flops = flops_per_iteration * static_cast<double>(state.iterations());
-  state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsRate);
-  if (peak > 0) {
-    state.counters["frac_peak"] = benchmark::Counter(flops / peak, benchmark::Counter::kIsRate);
-  }
-  state.counters["threads"] = threads;
+  report_rate(state, "GFLOP/s", "frac_peak", flops_per_iteration, peak, threads);
+}
+
+/// GOP/s of int8 operations (2 per u8 x s8 multiply-add) and their fraction of the measured int8
+/// dot-product peak (frac_int8).
+inline void report_int8_ops(benchmark::State& state, double ops_per_iteration, int threads) {
+  report_rate(state, "GOP/s", "frac_int8", ops_per_iteration, measured_limits(threads).int8_ops,
+              threads);
 }
 
 }  // namespace ditops::bench
