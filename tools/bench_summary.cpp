@@ -1,20 +1,23 @@
 // bench-summary: turns Google Benchmark JSON (--benchmark_format=json) into the markdown tables
 // of out/summary.md and bench/RESULTS.md: each kernel's rate, its fraction of the measured
 // limit, and its ratio to the baseline run in the same process (the entry whose name differs
-// only in "eigen:1" / "backend:reference" style arguments).
+// only in "eigen:1" / "backend:reference" style arguments). Read through tools/bench_json.hpp:
+// NaN or infinite fields are left out with a warning. An entry with no rate counter (a limit
+// this CPU lacks) shows "-" as its rate; its label says why.
 //
 // Usage: bench-summary RESULTS.json [more.json...]
 
 #include <cstdio>
-#include <fstream>
+#include <iostream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "tools/bench_json.hpp"
+
 namespace {
 
-using nlohmann::json;
+using ditops::tools::BenchEntry;
 
 std::string format(double value, const char* spec) {
   char text[64];
@@ -22,21 +25,21 @@ std::string format(double value, const char* spec) {
   return text;
 }
 
-/// The rate counter an entry reports, in display order of preference.
-std::pair<std::string, double> rate_of(const json& entry) {
+/// The rate counter an entry reports, in display order of preference; "" where it has none (a
+/// limit the CPU lacks: its label says so).
+std::pair<std::string, double> rate_of(const BenchEntry& entry) {
   for (const char* unit : {"GFLOP/s", "GB/s", "GOP/s", "Minstr/s"}) {
-    if (entry.contains(unit)) return {unit, entry[unit].get<double>()};
+    if (entry.has(unit)) return {unit, entry.number(unit, 0)};
   }
   return {"", 0};
 }
 
-double fraction_of(const json& entry) {
-  for (const char* key : {"frac_bw", "frac_peak"}) {
-    if (entry.contains(key)) return entry[key].get<double>();
+double fraction_of(const BenchEntry& entry) {
+  for (const char* key : {"frac_bw", "frac_peak", "frac_int8"}) {
+    if (entry.has(key)) return entry.number(key, 0);
   }
   return -1;
 }
-
 /// Name of the baseline entry for `name`, or "" when it is itself a baseline or has none:
 /// "eigen:0" pairs with "eigen:1" (Eigen or reference backends), and "flash:0" with "flash:1"
 /// at "chunk:0" (the int8 attention backend against flash fp32, which has no chunk).
@@ -65,39 +68,36 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: bench-summary RESULTS.json [more.json...]\n");
     return 2;
   }
-  std::vector<json> entries;
-  std::map<std::string, double> seconds_by_name;
-  for (int i = 1; i < argc; ++i) {
-    std::ifstream file(argv[i]);
-    json document;
-    try {
-      document = json::parse(file);
-    } catch (const std::exception& error) {
-      std::fprintf(stderr, "bench-summary: %s: %s\n", argv[i], error.what());
-      return 2;
+  try {
+    std::vector<BenchEntry> entries;
+    std::map<std::string, double> seconds_by_name;
+    for (int i = 1; i < argc; ++i) {
+      for (BenchEntry& entry :
+           ditops::tools::read_bench_json(argv[i], "bench-summary: ", std::cerr)) {
+        if (entry.flag("error_occurred", false)) continue;
+        seconds_by_name[entry.name()] = entry.number("real_time", 0);
+        entries.push_back(std::move(entry));
+      }
     }
-    for (const json& entry : document.value("benchmarks", json::array())) {
-      if (entry.value("error_occurred", false)) continue;
-      entries.push_back(entry);
-      seconds_by_name[entry["name"]] = entry["real_time"].get<double>();
+    std::printf("| benchmark | what | rate | fraction of limit | vs baseline |\n");
+    std::printf("|---|---|---:|---:|---:|\n");
+    for (const BenchEntry& entry : entries) {
+      const std::string& name = entry.name();
+      if (name.find("eigen:1") != std::string::npos) continue;  // shown as the ratio column
+      const auto [unit, rate] = rate_of(entry);
+      const double fraction = fraction_of(entry);
+      std::string ratio = "";
+      const std::string baseline = baseline_name(name);
+      if (!baseline.empty() && seconds_by_name[baseline] > 0 && seconds_by_name[name] > 0) {
+        ratio = format(seconds_by_name[baseline] / seconds_by_name[name], "%.2fx");
+      }
+      std::printf("| %s | %s | %s | %s | %s |\n", name.c_str(), entry.text("label", "").c_str(),
+                  unit.empty() ? "-" : (format(rate, "%.1f") + " " + unit).c_str(),
+                  fraction >= 0 ? format(100 * fraction, "%.0f%%").c_str() : "", ratio.c_str());
     }
-  }
-  std::printf("| benchmark | what | rate | fraction of limit | vs baseline |\n");
-  std::printf("|---|---|---:|---:|---:|\n");
-  for (const json& entry : entries) {
-    const std::string name = entry["name"];
-    if (name.find("eigen:1") != std::string::npos) continue;  // shown as the ratio column
-    const auto [unit, rate] = rate_of(entry);
-    const double fraction = fraction_of(entry);
-    std::string ratio = "";
-    const std::string baseline = baseline_name(name);
-    if (!baseline.empty() && seconds_by_name.count(baseline)) {
-      ratio = format(seconds_by_name[baseline] / seconds_by_name[name], "%.2fx");
-    }
-    std::printf("| %s | %s | %s %s | %s | %s |\n", name.c_str(),
-                entry.value("label", std::string()).c_str(), format(rate, "%.1f").c_str(),
-                unit.c_str(), fraction >= 0 ? format(100 * fraction, "%.0f%%").c_str() : "",
-                ratio.c_str());
+  } catch (const ditops::tools::BenchJsonError& error) {
+    std::fprintf(stderr, "bench-summary: %s\n", error.what());
+    return 2;
   }
   return 0;
 }

@@ -33,6 +33,7 @@
 #include "sim/hw.hpp"
 #include "sim/mla.hpp"
 #include "sim/report.hpp"
+#include "tools/bench_json.hpp"
 
 namespace {
 
@@ -267,25 +268,21 @@ int run_mla(const Options& options) {
 }
 
 /// CPU MLA decode times (us) by (batch, kv, heads, chunk, threads) from Google Benchmark JSON
-/// (mla_grid / mla_decode entries; the median when a configuration ran more than once).
+/// (mla_grid / mla_decode entries; the median when a configuration ran more than once), read
+/// through tools/bench_json.hpp: NaN or infinite fields are left out with a warning.
 using CpuTimes = std::map<std::array<int, 5>, double>;
 
 CpuTimes load_cpu_times(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw UsageError("--cpu: cannot read '" + path + "'");
-  const auto not_benchmark_json = [&] {
-    return UsageError("--cpu: '" + path + "' is not Google Benchmark JSON");
-  };
   std::map<std::array<int, 5>, std::vector<double>> samples;
   try {
-    const nlohmann::json document = nlohmann::json::parse(in);
-    if (!document.is_object()) throw not_benchmark_json();
     const std::map<std::string, double> us_per_unit = {
         {"ns", 1e-3}, {"us", 1.0}, {"ms", 1e3}, {"s", 1e6}};
-    for (const auto& entry : document.value("benchmarks", nlohmann::json::array())) {
-      const std::string name = entry.value("run_name", entry.value("name", std::string()));
+    for (const auto& entry :
+         ditops::tools::read_bench_json(path, "ditops-sim: --cpu: ", std::cerr)) {
+      const std::string name = entry.text("run_name", entry.name());
       if (name.rfind("mla_", 0) != 0) continue;
-      if (entry.value("run_type", std::string("iteration")) != "iteration") continue;
+      if (entry.text("run_type", "iteration") != "iteration") continue;
+      if (entry.flag("error_occurred", false) || !entry.has("real_time")) continue;
       // Arguments "key:value" between slashes (mla_grid/b:1/kv:512/h:16/chunk:1/threads:1/...).
       std::map<std::string, int> args;
       std::size_t start = name.find('/');
@@ -300,13 +297,16 @@ CpuTimes load_cpu_times(const std::string& path) {
         start = end;
       }
       if (args.count("splits") != 0 && args["splits"] != 0) continue;  // forced split counts
-      const auto unit = us_per_unit.find(entry.value("time_unit", std::string("ns")));
-      if (unit == us_per_unit.end()) throw not_benchmark_json();
+      const std::string unit_name = entry.text("time_unit", "ns");
+      const auto unit = us_per_unit.find(unit_name);
+      if (unit == us_per_unit.end()) {
+        entry.fail("time_unit", "is '" + unit_name + "', not ns, us, ms or s");
+      }
       samples[{args["b"], args["kv"], args["h"], args["chunk"], args["threads"]}].push_back(
-          entry.value("real_time", 0.0) * unit->second);
+          entry.number("real_time", 0) * unit->second);
     }
-  } catch (const nlohmann::json::exception&) {
-    throw not_benchmark_json();
+  } catch (const ditops::tools::BenchJsonError& error) {
+    throw UsageError(std::string("--cpu: ") + error.what());
   }
   CpuTimes times;
   for (auto& [key, values] : samples) {  // the median

@@ -217,8 +217,55 @@ TEST_F(Cli, SweepPutsCpuRatiosBesideTheSimulators) {
   expect_usage_error("sweep --cpu '" + write_tmp("array.json", "[1, 2]") + "'", "Google Benchmark");
   expect_usage_error(
       "sweep --cpu '" + write_tmp("bad_name.json", R"({"benchmarks": [{"name": 3}]})") + "'",
-      "Google Benchmark");
+      "entry '#0': field 'name' is not a string");
   expect_usage_error("sweep --cpu-threads 1", "--cpu-threads needs --cpu");
+}
+
+// Google Benchmark writes the coefficient of variation of a counter that is 0 in every
+// repetition as NaN (0/0), which is not JSON: such fields are left out with one warning line
+// each, never the file. A string that says NaN is not a number token and stays.
+TEST_F(Cli, SweepCpuLeavesOutNonFiniteFieldsWithAWarning) {
+  const std::string name = "mla_grid/b:1/kv:512/h:128/chunk:";
+  const auto entry = [&](int chunk, const std::string& run_type, const std::string& extra) {
+    return R"({"name": ")" + name + std::to_string(chunk) +
+           R"(/threads:2/real_time", "run_type": ")" + run_type + R"(", "real_time": )" +
+           std::to_string(100 - 10 * chunk) +
+           R"(, "time_unit": "us", "label": "NaN is a word here")" + extra + "}";
+  };
+  const std::string path =
+      write_tmp("cpu_nan.json",
+                R"({"benchmarks": [)" + entry(1, "iteration", R"(, "frac_int8": NaN)") + "," +
+                    entry(2, "iteration", "") + "," +
+                    entry(4, "aggregate", R"(, "frac_int8": -nan, "GOP/s": Infinity)") + "]}");
+  const CliRun result = run("sweep --batch 1 --kv 512 --chunk 1,2 --cpu '" + path + "' --json");
+  ASSERT_EQ(result.status, 0) << result.err;
+  EXPECT_EQ(lines(result.err), 3) << result.err;
+  EXPECT_NE(result.err.find("'" + path + "': entry '" + name +
+                            "1/threads:2/real_time': field 'frac_int8'"),
+            std::string::npos)
+      << result.err;
+  EXPECT_NE(result.err.find("field 'GOP/s'"), std::string::npos) << result.err;
+  const nlohmann::json json = nlohmann::json::parse(result.out);
+  ASSERT_EQ(json.size(), 2u);
+  EXPECT_DOUBLE_EQ(json[1]["cpu_ratio_to_chunk1"].get<double>(), 80.0 / 90.0);
+}
+
+TEST_F(Cli, SweepCpuRejectsMalformedFilesAndNamesTheEntryAndField) {
+  expect_usage_error("sweep --cpu '" +
+                         write_tmp("truncated.json", R"({"benchmarks": [{"name": "mla_grid/b:1")") +
+                         "'",
+                     "is not Google Benchmark JSON");
+  const std::string entry =
+      R"({"benchmarks": [{"name": "mla_grid/b:1/kv:512/h:128/chunk:1/threads:2", )";
+  expect_usage_error(
+      "sweep --cpu '" +
+          write_tmp("unit.json", entry + R"("real_time": 5, "time_unit": "fortnights"}]})") + "'",
+      "entry 'mla_grid/b:1/kv:512/h:128/chunk:1/threads:2': field 'time_unit'");
+  expect_usage_error(
+      "sweep --cpu '" + write_tmp("type.json", entry + R"("real_time": "fast"}]})") + "'",
+      "entry 'mla_grid/b:1/kv:512/h:128/chunk:1/threads:2': field 'real_time' is not a number");
+  expect_usage_error("sweep --cpu '" + write_tmp("entry.json", R"({"benchmarks": [3]})") + "'",
+                     "entry #0 is not an object");
 }
 
 TEST_F(Cli, MlaWritesTraceCsvAndSvg) {
