@@ -2,78 +2,246 @@
 # The main job: builds Release and writes a report to out/: the machine's measured limits, the
 # kernel benchmark summary (throughput as a fraction of those limits, ratio to the baseline run
 # in the same process) and the simulator's pipeline report for the int8 MLA decode kernel.
+#
+# Usage: tools/demo.sh [--full | --tiny] [--out DIR] [--build-dir DIR]
+#   (no flag)        the quick report: under 5 minutes on 2 cores from a fresh clone, build
+#                    included. 2 threads; RMSNorm, fused add+RMSNorm and RoPE on one shape each,
+#                    attention on the FLUX S=2048 shapes (int8 at chunk 2), the MLA decode subset,
+#                    and the CPU MLA chunk ratios at kv 2048, batch 1/4/16, beside the simulator's.
+#   --full           the long grids as well (about 10 more minutes): RMSNorm and RoPE on every
+#                    shape and dtype at 1 and 2 threads, int8 attention at chunk 1/2/4 on three
+#                    FLUX shapes, and the CPU chunk ratios over the simulator sweep's whole grid.
+#   --tiny           one small case per family with minimal times: checks that the pipeline
+#                    works (tests/tools/demo_pipeline_test.sh runs it); its figures mean little.
+#   --out DIR        where the report goes (default: out/ in the repository). DIR must be new,
+#                    empty, or an earlier demo run's (it holds the file .ditops-demo); the demo
+#                    replaces only its own files there. Anything else is refused with status 2.
+#   --build-dir DIR  a build tree already built (ditops-info, ditops_bench, ditops-sim and
+#                    bench-summary): no package install, no configure, no build.
+#
+# The sections (build, machine, benchmarks, simulator, cpu-vs-simulator, summary) run one after
+# the other, each with its log in DIR/logs/. A section that fails is recorded at the end of
+# DIR/summary.md (its name, exit status and the last lines of its log), the sections after it
+# still run where they can, and the script exits 1 at the end if any failed.
 set -euo pipefail
+
+usage() {
+  echo "usage: tools/demo.sh [--full | --tiny] [--out DIR] [--build-dir DIR]" >&2
+  exit 2
+}
+
+mode=quick
+out=""
+build=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --full | --tiny)
+      [ "$mode" = quick ] || { echo "tools/demo.sh: --full and --tiny exclude each other" >&2; usage; }
+      mode=${1#--}
+      ;;
+    --out | --build-dir)
+      [ $# -ge 2 ] || usage
+      # Relative to where the user ran the script (it works from the repository root).
+      if [ "$1" = --out ]; then out=$(realpath -m -- "$2"); else build=$(realpath -m -- "$2"); fi
+      shift
+      ;;
+    -h | --help) usage ;;
+    *)
+      echo "tools/demo.sh: unknown argument '$1'" >&2
+      usage
+      ;;
+  esac
+  shift
+done
 cd "$(dirname "$0")/.."
-source tools/setup.sh
-ditops_ensure_packages
 
-cmake --preset release
-# Only what the report needs (the tests are tools/test.sh's job): keeps the demo under 5 minutes.
-cmake --build --preset release --target ditops-info ditops_bench ditops-sim bench-summary
-build=build/release
-mkdir -p out
+# The output directory must be the demo's: out/ in the repository (ignored by git), or one that
+# is new, empty or marked by an earlier run. Only the demo's own files in it are replaced.
+marker=.ditops-demo
+if [ -z "$out" ]; then
+  out=$PWD/out
+elif [ -e "$out" ] && [ ! -d "$out" ]; then
+  echo "tools/demo.sh: --out $out exists and is not a directory; refusing to write there" >&2
+  exit 2
+elif [ -d "$out" ] && [ ! -f "$out/$marker" ] && [ -n "$(ls -A -- "$out")" ]; then
+  echo "tools/demo.sh: --out $out is not empty and not a demo output directory (no $marker);" \
+    "refusing to write there" >&2
+  exit 2
+fi
+mkdir -p "$out/logs"
+echo "tools/demo.sh output directory: each run replaces the demo's own files here" >"$out/$marker"
+rm -f -- "$out"/{machine.txt,bench.json,bench.txt,mla_chunks.json,mla_chunks.txt} \
+  "$out"/{sim_sweep.txt,sim_vs_cpu.txt,summary.md} "$out"/sim_chunk[124]* "$out"/logs/*.log
 
-"$build/tools/ditops-info" | tee out/machine.txt
+# What each mode measures. Attention on 2 threads: flash fp32 and flash_bf16 on FLUX S=2048
+# (causal and not) beside the reference baseline, int8 beside flash fp32. CPU MLA chunk ratios:
+# 128 heads, 2 threads, median of 3 repetitions (ditops-sim takes the median).
+attention='attention_(flash_(f32|bf16)/shape:[01]/threads:2/|int8/shape:0/threads:2/chunk:[02]/)'
+case "$mode" in
+  quick)
+    norm='BM_(rms_norm<(float|bf16)>|add_rms_norm<float>)/shape:0/threads:2/'
+    rope='BM_rope<(float|bf16)>/seq:0/interleaved:[01]/threads:2/'
+    bench_filter="peak|triad|$norm|$rope|$attention|mla_decode/"
+    min_time=0.1
+    sweep_grid=(--batch "1,4,16" --kv 2048)
+    chunk_filter='mla_grid/b:(1|4|16)/kv:2048/h:128/chunk:[124]/threads:2/'
+    ;;
+  full)
+    attention='attention_(flash_(f32|bf16)/shape:[01]|int8/shape:[0-2])/threads:2/'
+    bench_filter="peak|triad|rms_norm|rope|$attention|mla_decode/"
+    min_time=0.2
+    sweep_grid=()
+    chunk_filter='mla_grid/b:[0-9]+/kv:[0-9]+/h:128/chunk:[124]/threads:2/'
+    ;;
+  tiny)
+    bench_filter='peak|triad|BM_rms_norm<float>/shape:1/threads:2/|BM_rope<float>/seq:0/interleaved:0/threads:2/|attention_flash_f32/shape:5/threads:2/|mla_decode/b:1/kv:2048/h:16/chunk:2/threads:2/splits:0'
+    min_time=0.01
+    sweep_grid=(--batch 1 --kv 512 --heads 16)
+    chunk_filter='mla_grid/b:1/kv:512/h:16/chunk:[124]/threads:2/'
+    ;;
+esac
 
-echo "== benchmarks (roofline, RMSNorm, RoPE, attention, MLA decode) =="
-# Attention: the quick FLUX shapes only (S=2048, 24 heads, D=128, causal and not, 2 threads;
-# flash fp32, flash_bf16 and the reference baseline; int8 chunk 1/2/4 beside flash fp32):
-# about 15 s on 2 cores.
-attention='attention_(flash_(f32|bf16)/shape:[01]|int8/shape:0)/threads:2/'
-"$build/bench/ditops_bench" --benchmark_filter="peak|triad|rms_norm|rope|$attention|mla_decode/" \
-  --benchmark_min_time=0.2 --benchmark_out=out/bench.json --benchmark_out_format=json \
-  | tee out/bench.txt
+section_build() {
+  source tools/setup.sh
+  ditops_ensure_packages
+  cmake --preset release
+  # One target for the four tools: make builds the targets named on its command line one after
+  # the other, but the dependencies of one target in parallel.
+  cmake --build --preset release --target demo-tools
+}
 
-if [ -x "$build/tools/ditops-sim" ]; then
-  echo "== simulator: int8 MLA decode, batch 1, kv 2048 =="
+section_check_build() {
+  for tool in tools/ditops-info bench/ditops_bench tools/ditops-sim tools/bench-summary; do
+    if [ ! -x "$build/$tool" ]; then
+      echo "$build/$tool is not built (cmake --build $build first)" >&2
+      return 1
+    fi
+  done
+}
+
+section_machine() {
+  "$build/tools/ditops-info" | tee "$out/machine.txt"
+}
+
+section_benchmarks() {
+  "$build/bench/ditops_bench" --benchmark_filter="$bench_filter" --benchmark_min_time="$min_time" \
+    --benchmark_out="$out/bench.json" --benchmark_out_format=json | tee "$out/bench.txt"
+}
+
+section_simulator() {
   for chunk in 1 2 4; do
     "$build/tools/ditops-sim" mla --batch 1 --kv 2048 --chunk "$chunk" \
-      --trace "out/sim_chunk${chunk}_trace.json" --csv "out/sim_chunk${chunk}.csv" \
-      --svg "out/sim_chunk${chunk}.svg" | tee "out/sim_chunk${chunk}.txt"
+      --trace "$out/sim_chunk${chunk}_trace.json" --csv "$out/sim_chunk${chunk}.csv" \
+      --svg "$out/sim_chunk${chunk}.svg" | tee "$out/sim_chunk${chunk}.txt"
   done
-  "$build/tools/ditops-sim" sweep | tee out/sim_sweep.txt
-  echo "== CPU MLA decode chunk 1/2/4 beside the simulator's (128 heads, kv 2048, 2 threads) =="
-  "$build/bench/ditops_bench" --benchmark_filter='mla_grid/b:(1|4|16)/kv:2048/h:128/chunk:[124]/threads:2/' \
-    --benchmark_repetitions=3 --benchmark_out=out/mla_chunks.json --benchmark_out_format=json \
-    > out/mla_chunks.txt
-  "$build/tools/ditops-sim" sweep --batch 1,4,16 --kv 2048 --cpu out/mla_chunks.json \
-    | tee out/sim_vs_cpu.txt
-fi
+  "$build/tools/ditops-sim" sweep "${sweep_grid[@]}" | tee "$out/sim_sweep.txt"
+}
 
-{
-  echo "# ditops demo report"
-  echo
+section_cpu_vs_simulator() {
+  "$build/bench/ditops_bench" --benchmark_filter="$chunk_filter" --benchmark_repetitions=3 \
+    --benchmark_out="$out/mla_chunks.json" --benchmark_out_format=json >"$out/mla_chunks.txt"
+  "$build/tools/ditops-sim" sweep "${sweep_grid[@]}" --cpu "$out/mla_chunks.json" |
+    tee "$out/sim_vs_cpu.txt"
+}
+
+# `file` in a code block, or a note where its section did not write it.
+code_block() {
   echo '```'
-  cat out/machine.txt
+  if [ -f "$1" ]; then cat "$1"; else echo "(not written: see the failed sections at the end)"; fi
   echo '```'
-  echo
-  echo "## Kernels (fraction of this machine's measured limits; ratio to the same-run baseline)"
-  echo
-  "$build/tools/bench-summary" out/bench.json
-  echo
-  echo "## Attention (GFLOP/s; fraction of the FP32 FMA peak, BF16 peak for flash_bf16, VNNI peak for int8)"
-  echo
-  "$build/tools/bench-summary" out/bench.json | grep -E '^\|( *-| *[Kk]ernel| *[Bb]enchmark| *[Nn]ame)|attention' || true
-  if [ -f out/sim_sweep.txt ]; then
+}
+
+section_summary() {
+  {
+    echo "# ditops demo report ($mode)"
+    echo
+    code_block "$out/machine.txt"
+    if [ -f "$out/bench.json" ]; then
+      local table
+      table=$("$build/tools/bench-summary" "$out/bench.json")
+      echo
+      echo "## Kernels (fraction of this machine's measured limits; ratio to the same-run baseline)"
+      echo
+      echo "$table"
+      echo
+      echo "## Attention (GFLOP/s; fraction of the FP32 FMA peak, BF16 peak for flash_bf16," \
+        "int8 peak for int8: vpdpbusd with AVX512-VNNI, else vpmaddubsw)"
+      echo
+      grep -E '^\|( *-| *benchmark)|attention' <<<"$table" || true
+    fi
     echo
     echo "## Simulator: int8 MLA decode, batch 1, kv 2048"
     for chunk in 1 2 4; do
       echo
-      echo "### chunk $chunk (trace out/sim_chunk${chunk}_trace.json, Gantt out/sim_chunk${chunk}.svg)"
-      echo '```'
-      cat "out/sim_chunk${chunk}.txt"
-      echo '```'
+      echo "### chunk $chunk (trace sim_chunk${chunk}_trace.json, Gantt sim_chunk${chunk}.svg)"
+      code_block "$out/sim_chunk${chunk}.txt"
     done
     echo
     echo "## Simulator sweep"
-    echo '```'
-    cat out/sim_sweep.txt
-    echo '```'
+    code_block "$out/sim_sweep.txt"
     echo
     echo "## MLA decode chunk ratios: CPU kernel (median of 3) beside the simulator"
-    echo '```'
-    cat out/sim_vs_cpu.txt
-    echo '```'
+    code_block "$out/sim_vs_cpu.txt"
+  } >"$out/summary.md"
+}
+
+# Runs one section in a subshell with errexit and pipefail in force (a function called as the
+# condition of `if` or `||` would run with errexit off), its output on the terminal and in its
+# log; records its time and, where it fails, its name and status.
+failed=()
+timings=()
+run_section() {
+  local name=$1 start=$SECONDS status
+  shift
+  echo "== $name =="
+  set +e
+  (
+    set -euo pipefail
+    "$@"
+  ) 2>&1 | tee "$out/logs/$name.log"
+  status=${PIPESTATUS[0]}
+  set -e
+  timings+=("$name: $((SECONDS - start)) s")
+  if [ "$status" -ne 0 ]; then
+    failed+=("$name $status")
+    echo "tools/demo.sh: section '$name' failed with exit status $status" \
+      "(log: $out/logs/$name.log)" >&2
   fi
-} > out/summary.md
-echo "tools/demo.sh: report written to out/summary.md"
+}
+
+if [ -n "$build" ]; then
+  run_section build section_check_build
+else
+  build=$PWD/build/release
+  run_section build section_build
+fi
+run_section machine section_machine
+run_section benchmarks section_benchmarks
+run_section simulator section_simulator
+run_section cpu-vs-simulator section_cpu_vs_simulator
+run_section summary section_summary
+
+{
+  echo
+  echo "## Time per section"
+  echo
+  printf -- '- %s\n' "${timings[@]}"
+  if [ ${#failed[@]} -gt 0 ]; then
+    echo
+    echo "## Sections that failed"
+    for entry in "${failed[@]}"; do
+      name=${entry% *}
+      echo
+      echo "### $name: exit status ${entry##* } (last lines of logs/$name.log)"
+      echo '```'
+      tail -n 20 "$out/logs/$name.log"
+      echo '```'
+    done
+  fi
+} >>"$out/summary.md"
+
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "tools/demo.sh: report written to $out/summary.md; failed sections: ${failed[*]%% *}" >&2
+  exit 1
+fi
+echo "tools/demo.sh: report written to $out/summary.md in $SECONDS s"

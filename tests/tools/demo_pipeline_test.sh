@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# tools/demo.sh's whole pipeline on its tiny setting against an already built tree, once as an
+# AVX2 machine and once as the x86-64 baseline (DITOPS_ISA=avx2, DITOPS_ISA=scalar): the script
+# must exit 0 and write summary.md, every .json file it writes must be strict JSON (a counter of
+# 0 over repetitions once wrote NaN, which made ditops-sim reject the benchmark output), and
+# below AVX2 the summary must say the FMA peak is not on this CPU.
+# Usage: demo_pipeline_test.sh BUILD_DIR STRICT_JSON_CHECK WORK_DIR   (ctest passes them)
+set -euo pipefail
+[ $# -eq 3 ] || { echo "usage: $0 BUILD_DIR STRICT_JSON_CHECK WORK_DIR" >&2; exit 2; }
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=$1 check=$2 work=$3
+mkdir -p "$work"
+
+failures=0
+fail() {
+  echo "FAIL: $*"
+  failures=$((failures + 1))
+}
+
+for isa in avx2 scalar; do
+  out=$work/demo-$isa
+  log=$work/demo-$isa.log
+  status=0
+  DITOPS_ISA=$isa "$root/tools/demo.sh" --tiny --out "$out" --build-dir "$build" >"$log" 2>&1 ||
+    status=$?
+  if [ "$status" -ne 0 ]; then
+    fail "DITOPS_ISA=$isa: tools/demo.sh exited with status $status; the end of $log:"
+    tail -n 40 "$log"
+  fi
+  [ -f "$out/summary.md" ] || fail "DITOPS_ISA=$isa: no $out/summary.md"
+  for file in bench.json mla_chunks.json; do
+    [ -f "$out/$file" ] || fail "DITOPS_ISA=$isa: no $out/$file"
+  done
+  mapfile -t files < <(find "$out" -name '*.json' | sort)
+  if [ ${#files[@]} -gt 0 ] && ! "$check" "${files[@]}"; then
+    fail "DITOPS_ISA=$isa: not every .json file tools/demo.sh wrote is strict JSON"
+  fi
+done
+
+if ! grep -q 'peak_fp32_fma/2/.*| not on this CPU' "$work/demo-scalar/summary.md"; then
+  fail "DITOPS_ISA=scalar: summary.md does not say the FMA peak is not on this CPU"
+fi
+
+if [ "$failures" -ne 0 ]; then
+  echo "demo pipeline: $failures failure(s)"
+  exit 1
+fi
+echo "demo pipeline: passed (DITOPS_ISA=avx2 and scalar)"
