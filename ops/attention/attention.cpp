@@ -446,8 +446,9 @@ void pack_operands(FlashProblem& p, Packed& packed, int threads) {
                 for (std::int64_t d = 0; d < p.dk; d += 16) __builtin_prefetch(row + d);
               }
               for (std::int64_t d = 0; d < p.dk; ++d) {
+                float* panel_row = kt + key0 * p.dk + d * kPanel;
                 for (std::int64_t key = key0; key < group_end; ++key) {
-                  kt[d * kKvBlock + key] = k_data[k_row0 + key * p.k_strides.seq + d];
+                  panel_row[key - key0] = k_data[k_row0 + key * p.k_strides.seq + d];
                 }
               }
             }
@@ -457,7 +458,8 @@ void pack_operands(FlashProblem& p, Packed& packed, int threads) {
             for (std::int64_t key = 0; key < keys; ++key) {
               const std::int64_t row = k_row0 + key * p.k_strides.seq;
               for (std::int64_t d = 0; d < p.dk; ++d) {
-                kt[d * kKvBlock + key] = load_element(p.dtype, p.k, row + d);
+                kt[key / kPanel * p.dk * kPanel + d * kPanel + key % kPanel] =
+                    load_element(p.dtype, p.k, row + d);
               }
             }
           }
@@ -465,10 +467,10 @@ void pack_operands(FlashProblem& p, Packed& packed, int threads) {
             float* vp = packed.v.get() + packed.v_offset[slot] + first_key * p.dv_padded;
             const std::int64_t v_row0 = job.seq * p.v_strides.batch + job.head * p.v_strides.head +
                                         (s.k_row0 + first_key) * p.v_strides.seq;
-            // Column chunks of kVChunk floats, each [key][width] (see FlashProblem::v_packed).
+            // Panels of kPanel columns, each [key][kPanel] (see FlashProblem::v_packed).
             constexpr std::int64_t kVAhead = 16;
-            for (std::int64_t first = 0; first < p.dv_padded; first += kVChunk) {
-              const std::int64_t width = std::min(kVChunk, p.dv_padded - first);
+            for (std::int64_t first = 0; first < p.dv_padded; first += kPanel) {
+              const std::int64_t width = kPanel;
               const std::int64_t valid = std::clamp<std::int64_t>(p.dv - first, 0, width);
               float* chunk = vp + first * kKvBlock;
               for (std::int64_t key = 0; key < keys; ++key) {

@@ -20,10 +20,13 @@ inline constexpr std::int64_t kMaxTileRows = 6;
 /// group streams them from L3: 16 tiles (96 rows, a whole prefill task) read them once per 96
 /// rows, where 4 tiles measured 8% slower.
 inline constexpr int kMaxRowGroup = 16;
-/// Columns per packed V chunk: one P·V pass (4 zmm of O per row) reads a 16 KiB chunk of a
-/// 64-key block contiguously. Rows of a full dv_padded stride would put a pass's half-rows in half
-/// of the L1 sets (512-byte stride at Dv = 128), where they evict each other and the O rows.
-inline constexpr std::int64_t kVChunk = 64;
+/// Width in floats of the panels packed K^T and V are stored in: one 64-byte cache line. A
+/// register-tile pass reads whole, consecutive lines of each panel it touches (AVX2: one panel,
+/// AVX-512: four). Read 16 or 64 columns at a time from rows 64 or Dv floats wide instead, a
+/// pass's lines fell 256 or 512 bytes apart, into a quarter or an eighth of the L1 sets, where
+/// on a 32 KiB L1d they evicted each other and the P and O rows (AVX2 P·V at 64 % of the FMA
+/// peak with 64-float V rows).
+inline constexpr std::int64_t kPanel = 16;
 /// Lanes of the widest fp32 vector (AVX-512): per-row softmax sums are kept as vectors.
 inline constexpr std::int64_t kMaxLanes = 16;
 
@@ -84,10 +87,10 @@ struct FlashProblem {
   KLayout k_layout = KLayout::packed;
   int row_group = kMaxRowGroup;  ///< micro-tiles per row group (1..kMaxRowGroup)
   bool bf16_dot = false;         ///< flash_bf16: Q·K^T with bf16 dot products
-  // Per-call packed operands (KLayout::packed): K^T blocks of [dk][kKvBlock] floats (zero
-  // padded past the sequence end) starting at k_packed + k_packed_offset[seq * kv_heads + h];
-  // V as fp32 when v_packed is set (prefill): per block of kKvBlock keys, column chunks of
-  // kVChunk floats (the last one narrower), each chunk's rows contiguous.
+  // Per-call packed operands (KLayout::packed), per block of kKvBlock keys: K^T as
+  // [kKvBlock / kPanel][dk][kPanel] floats (zero padded past the sequence end) starting at
+  // k_packed + k_packed_offset[seq * kv_heads + h]; V as fp32 when v_packed is set (prefill):
+  // [dv_padded / kPanel][kKvBlock][kPanel] floats.
   const float* k_packed = nullptr;
   const std::uint16_t* k_packed_bf16 = nullptr;  ///< bf16_dot: pairs along d, see pack_k_bf16
   const std::int64_t* k_packed_offset = nullptr;

@@ -26,20 +26,23 @@ struct Tiles {
   using B = simd::F32<Arch>;
   static constexpr int kLanes = static_cast<int>(B::size);
   // AVX-512: 6 rows x 4 vectors = 24 of 32 zmm accumulate S (and O chunks); the rest hold the
-  // K^T vectors and a broadcast. Narrower ISAs have 16 registers: 2 rows x 4 vectors.
-  static constexpr int kRows = simd::kIsAvx512<Arch> ? 6 : 2;
+  // K^T vectors and a broadcast. Narrower ISAs have 16 registers: 6 rows x 2 vectors = 12
+  // accumulators, 2 K^T (or V) vectors and a broadcast, the SGEMM tile of 16-register ISAs
+  // (8 loads per 12 FMAs, and 12 independent chains cover the FMA latency).
+  static constexpr int kRows = 6;
   static constexpr int kBlockVecs = static_cast<int>(kKvBlock) / kLanes;
-  static constexpr int kColVecs = 4;  ///< S vectors per row computed per K^T pass
-  static constexpr int kDvVecs = 4;   ///< O vectors per row per P·V pass
+  static constexpr int kColVecs = simd::kIsAvx512<Arch> ? 4 : 2;  ///< S vectors per K^T pass
+  static constexpr int kDvVecs = simd::kIsAvx512<Arch> ? 4 : 2;   ///< O vectors per P·V pass
   static_assert(kRows <= kMaxTileRows && kBlockVecs % kColVecs == 0);
 };
 
-/// S tile [kRows][kBlockVecs] = Q tile · K^T block, K^T packed [dk][kKvBlock].
+/// S tile [kRows][kBlockVecs] = Q tile · K^T block, K^T packed in panels [dk][kPanel].
 template <class Arch>
 inline void qk_packed(const float* q_tile, std::int64_t q_stride, const float* kt, std::int64_t dk,
                       B<Arch>* scores) noexcept {
   using T = Tiles<Arch>;
   constexpr int R = T::kRows, C = T::kColVecs, L = T::kLanes;
+  static_assert(kPanel % (C * L) == 0 || (C * L) % kPanel == 0, "a pass covers whole panels");
   for (int col = 0; col < T::kBlockVecs; col += C) {
     B<Arch> acc[R][C];
 #pragma GCC unroll 8
@@ -47,11 +50,16 @@ inline void qk_packed(const float* q_tile, std::int64_t q_stride, const float* k
 #pragma GCC unroll 4
       for (int c = 0; c < C; ++c) acc[r][c] = B<Arch>(0.f);
     }
-    const float* k_col = kt + col * L;
+    const float* k_vector[C];  // keys (col + c) * L.. of the block: panel, then lane offset
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      const int key = (col + c) * L;
+      k_vector[c] = kt + key / kPanel * dk * kPanel + key % kPanel;
+    }
     for (std::int64_t d = 0; d < dk; ++d) {
       B<Arch> kv[C];
 #pragma GCC unroll 4
-      for (int c = 0; c < C; ++c) kv[c] = B<Arch>::load_aligned(k_col + d * kKvBlock + c * L);
+      for (int c = 0; c < C; ++c) kv[c] = B<Arch>::load_aligned(k_vector[c] + d * kPanel);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const B<Arch> qb(q_tile[r * q_stride + d]);
@@ -298,7 +306,7 @@ class TaskRunner {
                         kt_bf16_ + (block / kKvBlock) * dk_padded_ * kKvBlock, p_.dk, scores);
         }
       } else {
-        qk_packed<Arch>(q_tile, dk_padded_, kt_ + (block / kKvBlock) * p_.dk * kKvBlock, p_.dk,
+        qk_packed<Arch>(q_tile, dk_padded_, kt_ + block / kKvBlock * p_.dk * kKvBlock, p_.dk,
                         scores);
       }
     } else {
@@ -355,12 +363,13 @@ class TaskRunner {
     return any;
   }
 
-  /// O[tile rows][col, col + V vectors) += P · V, v: the block's V at column col (rows
-  /// v_stride apart); with kPartial the last vector has
-  /// `last_count` lanes (a compile-time choice: no per-key branch in the full chunks).
+  /// O[tile rows][col, col + V vectors) += P · V, v: the block's V at column col, key rows
+  /// v_stride apart, and the columns of each further kPanel-wide panel panel_step further (V
+  /// rows read in place: panel_step = kPanel, one contiguous row). With kPartial the last vector
+  /// has `last_count` lanes (a compile-time choice: no per-key branch in the full chunks).
   template <int V, bool kPartial, class VT>
-  void pv_chunk(int first_index, const VT* v, std::int64_t v_stride, std::int64_t keys,
-                std::int64_t col, std::int64_t last_count) noexcept {
+  void pv_chunk(int first_index, const VT* v, std::int64_t v_stride, std::int64_t panel_step,
+                std::int64_t keys, std::int64_t col, std::int64_t last_count) noexcept {
     B<Arch> acc[R][V];
     float* o = o_tile_ + first_index * p_.dv_padded + col;
     const float* p_tile = p_tile_ + first_index * kKvBlock;
@@ -369,13 +378,16 @@ class TaskRunner {
 #pragma GCC unroll 4
       for (int c = 0; c < V; ++c) acc[r][c] = B<Arch>::load_aligned(o + r * p_.dv_padded + c * L);
     }
+    const VT* v_vector[V];
+#pragma GCC unroll 4
+    for (int c = 0; c < V; ++c) v_vector[c] = v + c * L / kPanel * panel_step + c * L % kPanel;
     for (std::int64_t j = 0; j < keys; ++j) {
-      const VT* v_row = v + j * v_stride;
       B<Arch> vv[V];
 #pragma GCC unroll 4
       for (int c = 0; c < V; ++c) {
-        vv[c] = (kPartial && c == V - 1) ? simd::load_partial<Arch>(v_row + c * L, last_count, 0.f)
-                                         : simd::load<Arch>(v_row + c * L);
+        const VT* at = v_vector[c] + j * v_stride;
+        vv[c] = (kPartial && c == V - 1) ? simd::load_partial<Arch>(at, last_count, 0.f)
+                                         : simd::load<Arch>(at);
       }
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
@@ -392,53 +404,64 @@ class TaskRunner {
   }
 
   /// O[tile rows] += P · V[first tile_keys[t] block rows] for each micro-tile t of a row group.
-  /// Column chunks outermost: a chunk of the V block (16 KiB at Dv = 128) stays in L1 across the
-  /// micro-tiles while their O and P rows stream past it.
+  /// Column passes outermost: the pass's V columns (4 KiB per panel) stay in L1 across the
+  /// micro-tiles while their O and P rows stream past them.
   template <class VT>
   void pv(const std::int64_t* tile_keys, int tiles, const VT* v, std::int64_t v_stride) noexcept {
     constexpr int DV = Tl::kDvVecs;
-    static_assert(kVChunk % (DV * L) == 0, "a P·V pass must not straddle a packed V chunk");
+    static_assert(kPanel % (DV * L) == 0 || (DV * L) % kPanel == 0, "a pass covers whole panels");
     // Packed V rows are padded to dv_padded (no partial vector); rows read in place end at dv.
     const std::int64_t width = v_packed_ ? p_.dv_padded : p_.dv;
     const std::int64_t vectors = (width + L - 1) / L;
     const std::int64_t tail = width - (vectors - 1) * L;
-    // Where columns [col, ...) of the block's V rows start, and the row stride there.
+    // Where column col of the block's key rows starts, the key row stride there, and the step
+    // from one panel of columns to the next.
+    struct Source {
+      const VT* v;
+      std::int64_t stride, panel_step;
+    };
     auto source = [&](std::int64_t col) {
-      if (!v_packed_) return std::pair<const VT*, std::int64_t>(v + col, v_stride);
-      const std::int64_t first = col / kVChunk * kVChunk;
-      return std::pair<const VT*, std::int64_t>(v + first * kKvBlock + (col - first),
-                                                std::min(kVChunk, p_.dv_padded - first));
+      if (!v_packed_) return Source{v + col, v_stride, kPanel};
+      return Source{v + col / kPanel * kKvBlock * kPanel + col % kPanel, kPanel,
+                    kKvBlock * kPanel};
     };
     std::int64_t vec = 0;
     for (; vec + DV < vectors; vec += DV) {
-      const auto [v_col, stride] = source(vec * L);
+      const Source at = source(vec * L);
       for (int t = 0; t < tiles; ++t) {
-        if (tile_keys[t] > 0) pv_chunk<DV, false>(t * R, v_col, stride, tile_keys[t], vec * L, L);
+        if (tile_keys[t] > 0) {
+          pv_chunk<DV, false>(t * R, at.v, at.stride, at.panel_step, tile_keys[t], vec * L, L);
+        }
       }
     }
-    const auto [v_col, stride] = source(vec * L);
+    const Source at = source(vec * L);
     for (int t = 0; t < tiles; ++t) {
       if (tile_keys[t] == 0) continue;
       if (tail == L) {
-        pv_last<false>(t * R, v_col, stride, tile_keys[t], vec, vectors - vec, L);
+        pv_last<false>(t * R, at, tile_keys[t], vec, vectors - vec, L);
       } else {
-        pv_last<true>(t * R, v_col, stride, tile_keys[t], vec, vectors - vec, tail);
+        pv_last<true>(t * R, at, tile_keys[t], vec, vectors - vec, tail);
       }
     }
   }
 
-  template <bool kPartial, class VT>
-  void pv_last(int first_index, const VT* v, std::int64_t v_stride, std::int64_t keys,
-               std::int64_t vec, std::int64_t left, std::int64_t tail) noexcept {
+  template <bool kPartial, class Source>
+  void pv_last(int first_index, const Source& at, std::int64_t keys, std::int64_t vec,
+               std::int64_t left, std::int64_t tail) noexcept {
+    const auto run = [&]<int V>(std::integral_constant<int, V>) {
+      pv_chunk<V, kPartial>(first_index, at.v, at.stride, at.panel_step, keys, vec * L, tail);
+    };
+    static_assert(Tl::kDvVecs == 2 || Tl::kDvVecs == 4);
     switch (left) {
       case 1:
-        return pv_chunk<1, kPartial>(first_index, v, v_stride, keys, vec * L, tail);
+        return run(std::integral_constant<int, 1>{});
       case 2:
-        return pv_chunk<2, kPartial>(first_index, v, v_stride, keys, vec * L, tail);
+        return run(std::integral_constant<int, 2>{});
       case 3:
-        return pv_chunk<3, kPartial>(first_index, v, v_stride, keys, vec * L, tail);
+        if constexpr (Tl::kDvVecs == 4) return run(std::integral_constant<int, 3>{});
+        [[fallthrough]];
       default:
-        return pv_chunk<Tl::kDvVecs, kPartial>(first_index, v, v_stride, keys, vec * L, tail);
+        return run(std::integral_constant<int, Tl::kDvVecs>{});
     }
   }
 
