@@ -8,7 +8,7 @@
 #                    included. 2 threads; RMSNorm, fused add+RMSNorm and RoPE on one shape each,
 #                    attention on the FLUX S=2048 shapes (int8 at chunk 2), the MLA decode subset,
 #                    and the CPU MLA chunk ratios at kv 2048, batch 1/4/16, beside the simulator's.
-#   --full           the long grids as well (about 10 more minutes): RMSNorm and RoPE on every
+#   --full           the long grids as well (about 5 more minutes): RMSNorm and RoPE on every
 #                    shape and dtype at 1 and 2 threads, int8 attention at chunk 1/2/4 on three
 #                    FLUX shapes, and the CPU chunk ratios over the simulator sweep's whole grid.
 #   --tiny           one small case per family with minimal times: checks that the pipeline
@@ -74,8 +74,9 @@ rm -f -- "$out"/{machine.txt,bench.json,bench.txt,mla_chunks.json,mla_chunks.txt
   "$out"/{sim_sweep.txt,sim_vs_cpu.txt,summary.md} "$out"/sim_chunk[124]* "$out"/logs/*.log
 
 # What each mode measures. Attention on 2 threads: flash fp32 and flash_bf16 on FLUX S=2048
-# (causal and not) beside the reference baseline, int8 beside flash fp32. CPU MLA chunk ratios:
-# 128 heads, 2 threads, median of 3 repetitions (ditops-sim takes the median).
+# (causal and not) beside the reference baseline, int8 beside flash fp32. The simulator sweeps
+# sim_grid (its whole default grid but in --tiny). CPU MLA chunk ratios: 128 heads, 2 threads,
+# median of 3 repetitions (ditops-sim takes the median), over cpu_grid.
 attention='attention_(flash_(f32|bf16)/shape:[01]/threads:2/|int8/shape:0/threads:2/chunk:[02]/)'
 case "$mode" in
   quick)
@@ -83,20 +84,23 @@ case "$mode" in
     rope='BM_rope<(float|bf16)>/seq:0/interleaved:[01]/threads:2/'
     bench_filter="peak|triad|$norm|$rope|$attention|mla_decode/"
     min_time=0.1
-    sweep_grid=(--batch "1,4,16" --kv 2048)
+    sim_grid=()
+    cpu_grid=(--batch "1,4,16" --kv 2048)
     chunk_filter='mla_grid/b:(1|4|16)/kv:2048/h:128/chunk:[124]/threads:2/'
     ;;
   full)
     attention='attention_(flash_(f32|bf16)/shape:[01]|int8/shape:[0-2])/threads:2/'
     bench_filter="peak|triad|rms_norm|rope|$attention|mla_decode/"
     min_time=0.2
-    sweep_grid=()
+    sim_grid=()
+    cpu_grid=()
     chunk_filter='mla_grid/b:[0-9]+/kv:[0-9]+/h:128/chunk:[124]/threads:2/'
     ;;
   tiny)
     bench_filter='peak|triad|BM_rms_norm<float>/shape:1/threads:2/|BM_rope<float>/seq:0/interleaved:0/threads:2/|attention_flash_f32/shape:5/threads:2/|mla_decode/b:1/kv:2048/h:16/chunk:2/threads:2/splits:0'
     min_time=0.01
-    sweep_grid=(--batch 1 --kv 512 --heads 16)
+    sim_grid=(--batch 1 --kv 512)
+    cpu_grid=(--batch 1 --kv 512 --heads 16)
     chunk_filter='mla_grid/b:1/kv:512/h:16/chunk:[124]/threads:2/'
     ;;
 esac
@@ -134,13 +138,13 @@ section_simulator() {
       --trace "$out/sim_chunk${chunk}_trace.json" --csv "$out/sim_chunk${chunk}.csv" \
       --svg "$out/sim_chunk${chunk}.svg" | tee "$out/sim_chunk${chunk}.txt"
   done
-  "$build/tools/ditops-sim" sweep "${sweep_grid[@]}" | tee "$out/sim_sweep.txt"
+  "$build/tools/ditops-sim" sweep "${sim_grid[@]}" | tee "$out/sim_sweep.txt"
 }
 
 section_cpu_vs_simulator() {
   "$build/bench/ditops_bench" --benchmark_filter="$chunk_filter" --benchmark_repetitions=3 \
     --benchmark_out="$out/mla_chunks.json" --benchmark_out_format=json >"$out/mla_chunks.txt"
-  "$build/tools/ditops-sim" sweep "${sweep_grid[@]}" --cpu "$out/mla_chunks.json" |
+  "$build/tools/ditops-sim" sweep "${cpu_grid[@]}" --cpu "$out/mla_chunks.json" |
     tee "$out/sim_vs_cpu.txt"
 }
 
