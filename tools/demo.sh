@@ -7,7 +7,9 @@
 #   (no flag)        the quick report: under 5 minutes on 2 cores from a fresh clone, build
 #                    included. 2 threads; RMSNorm, fused add+RMSNorm and RoPE on one shape each,
 #                    attention on the FLUX S=2048 shapes (int8 at chunk 2), the MLA decode subset,
-#                    and the CPU MLA chunk ratios at kv 2048, batch 1/4/16, beside the simulator's.
+#                    and the CPU MLA chunk ratios at kv 2048, batch 1/4/16, beside the simulator's;
+#                    with PyTorch and ONNX Runtime installed (tools/bench-peers.sh), attention
+#                    beside them at S=2048 (about a minute more).
 #   --full           the long grids as well (about 5 more minutes): RMSNorm and RoPE on every
 #                    shape and dtype at 1 and 2 threads, int8 attention at chunk 1/2/4 on three
 #                    FLUX shapes, and the CPU chunk ratios over the simulator sweep's whole grid.
@@ -19,8 +21,8 @@
 #   --build-dir DIR  a build tree already built (ditops-info, ditops_bench, ditops-sim and
 #                    bench-summary): no package install, no configure, no build.
 #
-# The sections (build, machine, benchmarks, simulator, cpu-vs-simulator, summary) run one after
-# the other, each with its log in DIR/logs/. A section that fails is recorded at the end of
+# The sections (build, machine, benchmarks, simulator, cpu-vs-simulator, peers, summary) run one
+# after the other, each with its log in DIR/logs/. A section that fails is recorded at the end of
 # DIR/summary.md (its name, exit status and the last lines of its log), the sections after it
 # still run where they can, and the script exits 1 at the end if any failed.
 set -euo pipefail
@@ -148,6 +150,19 @@ section_cpu_vs_simulator() {
     tee "$out/sim_vs_cpu.txt"
 }
 
+# ditops attention beside PyTorch and ONNX Runtime (tools/bench-peers.sh) when their virtual
+# environment exists; installing them needs PyPI, so the demo only says how.
+peers_venv=${DITOPS_PEERS_VENV:-build/peers-venv}
+section_peers() {
+  if ! "$peers_venv/bin/python" -c 'import torch, onnxruntime, onnx, numpy' 2>/dev/null; then
+    echo "PyTorch and ONNX Runtime are not installed in $peers_venv: run tools/bench-peers.sh" \
+      "once (it installs them from PyPI into that virtual environment) to compare." |
+      tee "$out/peers.md"
+    return 0
+  fi
+  DITOPS_PEERS_VENV=$peers_venv tools/bench-peers.sh --quick --out "$out" --build-dir "$build"
+}
+
 # `file` in a code block, or a note where its section did not write it.
 code_block() {
   echo '```'
@@ -186,6 +201,10 @@ section_summary() {
     echo
     echo "## MLA decode chunk ratios: CPU kernel (median of 3) beside the simulator"
     code_block "$out/sim_vs_cpu.txt"
+    echo
+    echo "## Attention beside PyTorch SDPA and ONNX Runtime (tools/bench-peers.sh --quick)"
+    echo
+    if [ -f "$out/peers.md" ]; then sed '1,2d' "$out/peers.md"; else echo "(not run)"; fi
   } >"$out/summary.md"
 }
 
@@ -223,6 +242,7 @@ run_section machine section_machine
 run_section benchmarks section_benchmarks
 run_section simulator section_simulator
 run_section cpu-vs-simulator section_cpu_vs_simulator
+[ "$mode" = tiny ] || run_section peers section_peers
 run_section summary section_summary
 
 {

@@ -5,7 +5,8 @@
 //
 // Usage: ditops-attention-peer --seq S --heads N --dim D [--batch B] [--causal 0|1]
 //                              [--threads T] [--reps R] [--dtype f32|bf16] [--backend NAME]
-// Prints one JSON object: {"library": "ditops", "ms": [...], "backend": "...", "isa": "..."}.
+// Prints one JSON object: {"library": "ditops", "backend": "...", "detail": "...", "isa": "...",
+// "ms": [...]} (detail: the tuner's tile choice).
 
 #include <chrono>
 #include <cstdio>
@@ -68,8 +69,10 @@ int run(const std::map<std::string, std::string>& args) {
       ditops::select_attention(shape(q.data()), shape(k.data()), shape(v.data()), options);
   ditops::attention_forward(shape(q.data()), shape(k.data()), shape(v.data()), shape(out.data()),
                             options);
-  std::printf("{\"library\": \"ditops\", \"backend\": \"%s\", \"isa\": \"%s\", \"ms\": [",
-              ditops::backend_name(choice.backend), ditops::cpu_info().isa.c_str());
+  std::printf(
+      "{\"library\": \"ditops\", \"backend\": \"%s\", \"detail\": \"%s\", \"isa\": \"%s\", "
+      "\"ms\": [",
+      ditops::backend_name(choice.backend), choice.detail.c_str(), ditops::cpu_info().isa.c_str());
   for (std::int64_t rep = 0; rep < reps; ++rep) {
     const auto start = std::chrono::steady_clock::now();
     ditops::attention_forward(shape(q.data()), shape(k.data()), shape(v.data()),

@@ -106,7 +106,7 @@ def worker(args):
     print(json.dumps({"library": args.lib, "version": version, "ms": times}))
 
 
-def measure(library, ditops_bin, seq, causal, threads):
+def measure(library, ditops_bin, seq, causal, threads, tune_cache=None):
     if library == "ditops":
         command = [ditops_bin, "--seq", seq, "--heads", HEADS, "--dim", DIM, "--causal", int(causal),
                    "--threads", threads]
@@ -114,6 +114,9 @@ def measure(library, ditops_bin, seq, causal, threads):
         command = [sys.executable, os.path.abspath(__file__), "worker", "--lib", library, "--seq", seq,
                    "--causal", int(causal), "--threads", threads]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    if library == "ditops" and tune_cache:
+        # The first call of a shape tunes (several full runs): once per shape, not per round.
+        env["DITOPS_TUNE_CACHE"] = tune_cache
     result = subprocess.run([str(c) for c in command], capture_output=True, text=True, env=env)
     if result.returncode != 0:
         raise RuntimeError(f"{library} failed: {result.stderr.strip()[-400:]}")
@@ -157,6 +160,7 @@ def run(args):
     shapes = QUICK_SHAPES if args.quick else SHAPES
     rows = []
     versions = {}
+    os.makedirs(args.out, exist_ok=True)
     for seq, causal, threads in shapes:
         samples = {lib: [] for lib in LIBRARIES}
         failures = {}
@@ -165,14 +169,15 @@ def run(args):
                 if lib in failures:
                     continue
                 try:
-                    result = measure(lib, args.ditops, seq, causal, threads)
+                    result = measure(lib, args.ditops, seq, causal, threads,
+                                     os.path.join(args.out, "peers-tune-cache.json"))
                 except RuntimeError as error:
                     failures[lib] = str(error)
                     continue
                 samples[lib].extend(result["ms"])
                 versions[lib] = result.get("version") or result.get("isa", "")
                 if lib == "ditops":
-                    versions["ditops"] = f'backend {result["backend"]}, ISA {result["isa"]}'
+                    versions["ditops"] = f'backend {result["backend"]} ({result["detail"]}), ISA {result["isa"]}'
         medians = {lib: statistics.median(v) for lib, v in samples.items() if v}
         row = {"seq": seq, "causal": causal, "threads": threads, "ms": medians,
                "gflops": {lib: flops(seq, causal) / ms / 1e6 for lib, ms in medians.items()},
