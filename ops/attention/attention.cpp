@@ -845,7 +845,7 @@ Config default_config(const FlashProblem& p, AttentionBackend backend) {
 std::vector<Config> candidates(const FlashProblem& p) {
   std::vector<Config> list;
   std::vector<AttentionBackend> backends = {AttentionBackend::flash};
-  if (p.dtype != DType::f32 && bf16_dot_available()) {
+  if (tunable(AttentionBackend::flash_bf16, p.dtype) && bf16_dot_available()) {
     backends.push_back(AttentionBackend::flash_bf16);
   }
   for (AttentionBackend backend : backends) {

@@ -1,6 +1,9 @@
 #pragma once
 // Auto-tuning cache for attention (SPEC.md item 3): an in-process LRU of 512 entries keyed by
 // the problem description, optionally persisted as JSON (DITOPS_TUNE_CACHE), thread-safe.
+// The file is only ever read if it is a regular file, only replaced if it is a ditops cache
+// (anything else is left as it is), and replaced atomically under a lock file, merging what
+// other processes stored, so concurrent processes keep each other's entries.
 
 #include <cstdint>
 #include <ditops/attention.hpp>
@@ -18,6 +21,10 @@ struct Config {
   /// Parses describe()'s output; nullopt for anything else.
   static std::optional<Config> parse(const std::string& text);
 };
+
+/// Whether the tuner may choose (or a cache file name) `backend` for `dtype` inputs: never a
+/// backend less exact than the inputs, and only the backends the tuner times.
+bool tunable(AttentionBackend backend, DType dtype);
 
 /// Cached choice for `key`, refreshing its LRU position.
 std::optional<Config> cached_config(const std::string& key);
