@@ -11,6 +11,9 @@ namespace {
 
 enum class EventKind : std::uint8_t { pipe_done, transfer_head_done, transfer_done, visible };
 
+/// Events one instruction may cause, with room to spare (see Engine::run).
+constexpr std::uint64_t kEventsPerInstruction = 8;
+
 struct Event {
   double time;
   std::uint64_t seq;  // ties broken by creation order, so runs are deterministic
@@ -88,9 +91,24 @@ class Engine {
   SimResult run() {
     validate_program();
     for (std::size_t pipe = 0; pipe < pipes_.size(); ++pipe) try_issue(static_cast<int>(pipe), 0);
+    // Every instruction schedules a few events (a transfer: its head, and a bandwidth share
+    // when it starts and when it ends); more than this many is a loop that makes no progress.
+    const std::uint64_t max_events = kEventsPerInstruction * (program_.instrs.size() + 8);
+    std::uint64_t processed = 0;
     while (!events_.empty()) {
       const Event event = events_.top();
       events_.pop();
+      if (++processed > max_events) {
+        throw SimError("the simulation makes no progress: more than " + std::to_string(max_events) +
+                       " events for " + std::to_string(program_.instrs.size()) +
+                       " instructions, the last at " + event_cause(event) +
+                       " (an engine bug: please report the command)");
+      }
+      if (event.time > kMaxCycles) {
+        throw SimError("simulated time passed " + number_text(kMaxCycles) + " cycles at " +
+                       event_cause(event) +
+                       ": the hardware parameters make the program far too slow");
+      }
       now_ = event.time;
       switch (event.kind) {
         case EventKind::pipe_done:
@@ -113,6 +131,20 @@ class Engine {
   }
 
  private:
+  /// What an event belongs to, for an error message.
+  std::string event_cause(const Event& event) const {
+    switch (event.kind) {
+      case EventKind::pipe_done:
+      case EventKind::transfer_head_done:
+        return program_.describe(head_index(static_cast<int>(event.a)));
+      case EventKind::transfer_done:
+        return event.a == 1 ? "the HBM transfers" : "the L2 transfers";
+      case EventKind::visible:
+        return program_.describe(event.b);
+    }
+    return "an unknown event";
+  }
+
   // ---- validation -------------------------------------------------------------------------------
   void validate_program() const {
     for (std::uint32_t index = 0; index < program_.instrs.size(); ++index) {
@@ -450,8 +482,13 @@ class Engine {
     finished_.clear();
     for (const int pipe : resource.active) {
       const Transfer& transfer = transfers_[static_cast<std::size_t>(pipe)];
-      // Relative slack for the rounding of remaining -= rate * elapsed.
-      if (transfer.remaining <= 1e-9 * head(pipe).bytes + 1e-9) finished_.push_back(pipe);
+      // Relative slack for the rounding of remaining -= rate * elapsed; and a remainder whose
+      // time is below the clock's resolution at now_ (now_ + t == now_) is done too, or its
+      // completion event would come back at now_ forever.
+      if (transfer.remaining <= 1e-9 * head(pipe).bytes + 1e-9 ||
+          now_ + transfer.remaining / transfer.rate <= now_) {
+        finished_.push_back(pipe);
+      }
     }
     std::sort(finished_.begin(), finished_.end());
     for (const int pipe : finished_) {

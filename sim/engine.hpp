@@ -23,6 +23,10 @@ namespace ditops::sim {
 
 inline constexpr std::uint32_t kNoInstr = 0xffffffffu;
 
+/// Simulated time past which a run stops with an error (~6 days at 1.8 GHz): every parameter in
+/// range gives programs far shorter, and doubles still resolve a fraction of a cycle there.
+inline constexpr double kMaxCycles = 1e15;
+
 /// What happened to one instruction (only when EngineOptions::record_instructions).
 struct InstrRecord {
   double start = -1;    // issue time (for a wait: when the pipe reached it)
@@ -58,7 +62,8 @@ struct EngineOptions {
 };
 
 /// Runs `program`. Throws SimError on buffer overflow (naming buffer, core and instruction),
-/// deadlock (naming core, pipe and flag), too many pending flag sets, or a malformed program.
+/// deadlock (naming core, pipe and flag), too many pending flag sets, a malformed program, or a
+/// run that passes kMaxCycles or stops making progress (naming the instruction).
 SimResult simulate(const Program& program, const HwParams& hw, const EngineOptions& options = {});
 
 /// Capacity in bytes of `buffer` under `hw`.

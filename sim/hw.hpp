@@ -1,8 +1,10 @@
 #pragma once
 // Hardware parameters of the modeled Ascend 910B-class chip. Every number is a named parameter
-// with a unit and a source tag (H = vendor document or code, M = derived or corroborated,
-// U = unknown, a calibration guess), following /work/shared/ascend-910b.md. The JSON form is the
-// `--hw` file format; `ditops-sim hw` prints the defaults.
+// with a unit, a source tag (H = vendor document or code, M = derived or corroborated,
+// U = unknown, a calibration guess) and a physically sensible range: a value outside it is a
+// mistake, and would make the simulation useless (a bandwidth of 1e-4 B/cycle turns a decode
+// step into years of simulated time). The JSON form is the `--hw` file format; `ditops-sim hw`
+// prints the defaults with their ranges.
 
 #include <string>
 #include <vector>
@@ -51,12 +53,15 @@ struct HwParams {
   double kernel_launch_us = 10;
 };
 
-/// Name, unit, source tag and a one-line note for one parameter.
+/// Name, unit, source tag and a one-line note for one parameter, and the range it must be in.
 struct HwParamInfo {
   const char* name;
   const char* unit;
   const char* source;  // "H", "M" or "U" followed by where the number comes from
   double HwParams::*field;
+  double min;
+  double max;
+  bool integer = false;  // a count (cores, ids)
 };
 
 /// Every parameter in a fixed order (the order of the JSON file).
@@ -66,13 +71,15 @@ const std::vector<HwParamInfo>& hw_param_table();
 std::string hw_to_json(const HwParams& params);
 
 /// Parses a --hw file's text. Throws SimError on malformed JSON, unknown or missing keys, wrong
-/// types, a unit that differs from the expected one, or a value out of range.
+/// types, a unit that differs from the expected one, or a value out of range. A parameter's
+/// "range" (what `hw` prints) is informational and not read.
 HwParams hw_from_json(const std::string& text);
 
 /// Reads and parses a --hw file (SimError naming the file on failure).
 HwParams load_hw_file(const std::string& path);
 
-/// Range checks shared by the JSON loader and programmatic callers (SimError).
+/// Range checks shared by the JSON loader, --set and programmatic callers (SimError naming the
+/// parameter, its range and the value).
 void validate(const HwParams& params);
 
 /// Cycles per microsecond.

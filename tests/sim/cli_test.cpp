@@ -31,12 +31,14 @@ std::string read_file(const std::string& path) {
   return buffer.str();
 }
 
+// Each run is limited to 120 s (status 124 past it): a hang fails its test, and no simulator
+// is left running when ctest's TIMEOUT ends the test.
 CliRun run(const std::string& args) {
   const std::string dir = env("DITOPS_SIM_TMP");
   const std::string out = dir + "/cli_out.txt";
   const std::string err = dir + "/cli_err.txt";
-  const std::string command =
-      "'" + env("DITOPS_SIM_CLI") + "' " + args + " >'" + out + "' 2>'" + err + "'";
+  const std::string command = "timeout -k 5 120 '" + env("DITOPS_SIM_CLI") + "' " + args + " >'" +
+                              out + "' 2>'" + err + "'";
   CliRun result;
   const int raw = std::system(command.c_str());
   result.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
@@ -113,6 +115,25 @@ TEST_F(Cli, MalformedHardwareJsonExits2) {
   expect_usage_error("mla --hw " + write_tmp("negative.json", negative.dump()), "hbm_bandwidth");
 }
 
+// Values that passed the old checks and made the engine run forever (a transfer's remainder below
+// one rounding step of the clock) or print a 300-digit time: each is outside its range.
+TEST_F(Cli, ParametersOutsideTheirRangeExit2) {
+  for (const std::string set : {"hbm_bandwidth_bytes_per_cycle=1e-4", "hbm_latency_cycles=1e10",
+                                "cube_int8_macs_per_cycle=1e-12", "vector_bytes_per_cycle=1e-12",
+                                "mte2_small_copy_head_cycles=1e12", "clock_ghz=0x1p-1000",
+                                "num_cores=2.5", "kernel_launch_us=nan"}) {
+    expect_usage_error("mla --set " + set, set.substr(0, set.find('=')) + " must be");
+    EXPECT_LT(run("mla --set " + set).err.size(), 200u) << set;
+  }
+  const CliRun hw = run("hw");
+  ASSERT_EQ(hw.status, 0);
+  nlohmann::json slow = nlohmann::json::parse(hw.out);
+  slow["params"]["hbm_bandwidth_bytes_per_cycle"]["value"] = 1e-4;
+  expect_usage_error("sweep --hw " + write_tmp("slow.json", slow.dump()),
+                     "hbm_bandwidth_bytes_per_cycle must be a number in [1, 1048576] B/cycle "
+                     "(got 0.0001)");
+}
+
 TEST_F(Cli, HwPrintsAValidHwFileWithUnitsAndSources) {
   const CliRun hw = run("hw");
   ASSERT_EQ(hw.status, 0) << hw.err;
@@ -125,6 +146,11 @@ TEST_F(Cli, HwPrintsAValidHwFileWithUnitsAndSources) {
     EXPECT_TRUE(source.rfind("H:", 0) == 0 || source.rfind("M:", 0) == 0 ||
                 source.rfind("U:", 0) == 0)
         << name << ": " << source;
+  }
+  for (const auto& [name, entry] : json["params"].items()) {
+    ASSERT_TRUE(entry["range"].is_array() && entry["range"].size() == 2) << name;
+    EXPECT_LE(entry["range"][0].get<double>(), entry["value"].get<double>()) << name;
+    EXPECT_GE(entry["range"][1].get<double>(), entry["value"].get<double>()) << name;
   }
   const std::string path = write_tmp("defaults.json", hw.out);
   const CliRun again = run("hw --hw " + path);

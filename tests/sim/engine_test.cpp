@@ -348,6 +348,35 @@ TEST(Engine, MalformedProgramsAreRejected) {
   EXPECT_THROW(simulate(wrong_buffer, quiet_hw()), SimError);
 }
 
+// Late in a long run, unequal shares leave a transfer a remainder (after the rounding of
+// remaining -= rate * elapsed) whose time is below the clock's resolution: now_ + t == now_. It
+// must complete instead of rescheduling itself at the same time forever (ctest's TIMEOUT turns a
+// regression into a failure rather than a hang).
+TEST(Engine, RemainderBelowTheClockResolutionCompletes) {
+  constexpr double kLate = 3e13, kBytes = 1234567;
+  Program program(1);
+  program.add(compute(0, 1, Pipe::mte2, kLate));
+  program.add(read(0, 1, kBytes, 64, 0, 0));
+  program.add(read(0, 2, kBytes, 44.8, 0, 0));
+  program.add(compute(0, 0, Pipe::mte2, kLate * 1.0000001));
+  program.add(read(0, 0, kBytes * 1.3, 64, 0, 0));
+  const SimResult result = simulate(program, HwParams{});
+  EXPECT_NEAR(result.makespan, kLate * 1.0000001 + kBytes * 1.3 / 64, 1.0);
+}
+
+TEST(Engine, RunsPastTheTimeLimitStopWithAnErrorNamingTheInstruction) {
+  Program program(1);
+  program.add(compute(0, 2, Pipe::v, kMaxCycles * 2));
+  try {
+    simulate(program, quiet_hw());
+    FAIL() << "expected the time limit";
+  } catch (const SimError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("simulated time passed 1e+15 cycles"), std::string::npos) << message;
+    EXPECT_NE(message.find("core 0 AIV1.V instruction #0"), std::string::npos) << message;
+  }
+}
+
 TEST(Engine, RecordsLinkWaitsToTheirSets) {
   EngineOptions options;
   options.record_instructions = true;
