@@ -6,7 +6,7 @@
 namespace ditops {
 
 /// Threads used by every operator from now on; 0 = one per physical core (hwloc).
-/// Negative values throw Error.
+/// Values below 0 or above 4096 (the cap DITOPS_NUM_THREADS has too) throw Error.
 void set_num_threads(int n);
 int num_threads();
 

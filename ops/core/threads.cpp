@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -62,13 +63,7 @@ class Topology {
 
 int default_thread_count() {
   if (const char* env = std::getenv("DITOPS_NUM_THREADS")) {
-    char* end = nullptr;
-    const long value = std::strtol(env, &end, 10);
-    if (end != env && *end == '\0' && value >= 0 && value <= 4096) {
-      return value == 0 ? physical_cores() : static_cast<int>(value);
-    }
-    std::fprintf(stderr, "ditops: ignoring DITOPS_NUM_THREADS=%s (expected an integer >= 0)\n",
-                 env);
+    if (const auto threads = threads_from_env(env)) return *threads;
   }
   return physical_cores();
 }
@@ -89,6 +84,20 @@ bool binding_enabled() {
 }
 
 }  // namespace
+
+std::optional<int> threads_from_env(const char* value) {
+  char* end = nullptr;
+  errno = 0;
+  const long threads = std::strtol(value, &end, 10);
+  if (end != value && *end == '\0' && errno == 0 && threads >= 0 && threads <= kMaxThreads) {
+    return threads == 0 ? physical_cores() : static_cast<int>(threads);
+  }
+  std::fprintf(stderr,
+               "ditops: ignoring DITOPS_NUM_THREADS=%s (expected an integer from 0 to %d, the "
+               "thread cap)\n",
+               value, kMaxThreads);
+  return std::nullopt;
+}
 
 int physical_cores() noexcept {
   const int cores = Topology::get().cores();
@@ -112,8 +121,9 @@ void bind_worker(int worker) noexcept {
 namespace ditops {
 
 void set_num_threads(int n) {
-  if (n < 0) {
-    throw Error("set_num_threads: n (" + std::to_string(n) + ") must be >= 0");
+  if (n < 0 || n > core::kMaxThreads) {
+    throw Error("set_num_threads: n (" + std::to_string(n) + ") must be from 0 to " +
+                std::to_string(core::kMaxThreads) + " (the thread cap)");
   }
   core::current_thread_count().store(n == 0 ? core::physical_cores() : n,
                                      std::memory_order_relaxed);

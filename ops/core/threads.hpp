@@ -6,8 +6,17 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <optional>
 
 namespace ditops::core {
+
+/// The most threads set_num_threads and DITOPS_NUM_THREADS accept: libgomp sizes per-team
+/// arrays on the starting thread's stack, so a team of 200000 overflows it.
+inline constexpr int kMaxThreads = 4096;
+
+/// The thread count DITOPS_NUM_THREADS=`value` asks for (0 = physical cores); nullopt, with a
+/// warning on stderr naming the cap, where it is not an integer from 0 to kMaxThreads.
+std::optional<int> threads_from_env(const char* value);
 
 /// Physical cores of the machine (hwloc), at least 1.
 int physical_cores() noexcept;

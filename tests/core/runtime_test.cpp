@@ -2,7 +2,10 @@
 
 #include <ditops/runtime.hpp>
 #include <ditops/tensor.hpp>
+#include <optional>
+#include <string>
 
+#include "ops/core/threads.hpp"
 #include "tests/support/test_tensor.hpp"
 
 namespace ditops::test {
@@ -22,6 +25,40 @@ TEST(Runtime, ThreadCountRoundTripsAndZeroMeansPhysicalCores) {
     EXPECT_NE(std::string(e.what()).find("set_num_threads: n (-1)"), std::string::npos);
   }
   EXPECT_EQ(num_threads(), info.physical_cores);
+}
+
+// 200000 threads overflowed libgomp's stack in the next attention call: the cap is an Error.
+TEST(Runtime, ThreadCountsAboveTheCapAreRejectedNamingIt) {
+  set_num_threads(1);
+  for (const int n : {4097, 200000}) {
+    try {
+      set_num_threads(n);
+      ADD_FAILURE() << n << " threads accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("set_num_threads: n (" + std::to_string(n) +
+                                           ") must be from 0 to 4096"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(num_threads(), 1);
+  }
+  set_num_threads(4096);
+  EXPECT_EQ(num_threads(), 4096);
+  set_num_threads(1);
+}
+
+TEST(Runtime, ThreadEnvironmentAboveTheCapIsIgnoredNamingIt) {
+  EXPECT_EQ(core::threads_from_env("4096"), 4096);
+  EXPECT_EQ(core::threads_from_env("0"), cpu_info().physical_cores);
+  for (const char* value : {"4097", "-1", "99999999999999999999", "2x"}) {
+    testing::internal::CaptureStderr();
+    EXPECT_EQ(core::threads_from_env(value), std::nullopt) << value;
+    const std::string warning = testing::internal::GetCapturedStderr();
+    EXPECT_NE(warning.find(std::string("ignoring DITOPS_NUM_THREADS=") + value +
+                           " (expected an integer from 0 to 4096"),
+              std::string::npos)
+        << warning;
+  }
 }
 
 TEST(Runtime, CpuInfoIsConsistent) {
