@@ -21,6 +21,7 @@
 #include "ops/attention/tuner.hpp"
 #include "ops/core/check.hpp"
 #include "ops/core/isa.hpp"
+#include "ops/core/scratch.hpp"
 #include "ops/core/threads.hpp"
 
 namespace ditops {
@@ -90,6 +91,27 @@ void check_head_dim(const Arg& arg, int dim) {
   if (arg.view.shape[dim] < 1) {
     core::fail(arg.call, std::string(arg.name) + ".shape[" + std::to_string(dim) + "] (" +
                              std::to_string(arg.view.shape[dim]) + ") must be >= 1");
+  }
+}
+
+/// Bounds every size pack_operands, prepare_int8 and run_flash compute (packed K and V, per-row
+/// outputs, LSE and split partials, per-thread scratch) with overflow checks, before any of them
+/// is computed: where the bound fits int64 they do too, and aligned_array turns a size the
+/// machine cannot hold into an Error. `kv_rows` and `q_rows` count rows over the whole batch.
+/// (Split partials: fewer tasks than 2 x threads, so rows x splits < 4 x threads x task rows.)
+void check_workspace(const char* name, const FlashProblem& p, core::CheckedSize kv_rows,
+                     core::CheckedSize q_rows) {
+  using core::CheckedSize;
+  const std::int64_t task_rows = kMaxRowGroup * kMaxTileRows;
+  const CheckedSize width = (CheckedSize(p.dk) + 31) * 2 + CheckedSize(p.dv_padded) * 4 +
+                            kKvBlock * 16 + 64;  // per row, in floats, with the int8 layouts
+  const CheckedSize kv_padded = kv_rows + CheckedSize(p.batch) * kKvBlock;
+  const CheckedSize rows = kv_padded * p.kv_heads + q_rows * p.heads * 2 +
+                           CheckedSize(task_rows) * 4 * core::kMaxThreads;
+  if ((rows * width * 8).overflow) {
+    core::fail(name, "q, k and v (Dk " + std::to_string(p.dk) + ", Dv " + std::to_string(p.dv) +
+                         ", " + std::to_string(p.heads) +
+                         " heads) need more than 2^63 bytes of workspace");
   }
 }
 
@@ -214,6 +236,7 @@ Call validate_dense(const char* name, const TensorView& q, const TensorView& k, 
                "options.int8_chunk (" + std::to_string(options.int8_chunk) + ") must be 1, 2 or 4");
   }
   call.int8_chunk = options.int8_chunk;
+  check_workspace(name, p, core::CheckedSize(batch) * kv_len, core::CheckedSize(batch) * q_len);
   call.key = "b" + std::to_string(batch) + " sq" + std::to_string(q_len) + " sk" +
              std::to_string(kv_len) + " n" + std::to_string(heads) + "/" +
              std::to_string(p.kv_heads) + " d" + std::to_string(p.dk) + "/" + std::to_string(p.dv) +
@@ -313,6 +336,7 @@ Call validate_varlen(const TensorView& q, const TensorView& k, const TensorView&
     if (numel(lse) == 0) p.lse = nullptr;
   }
   call.requested = options.backend;
+  check_workspace(name, p, k.shape[0], q.shape[0]);
   call.key = "varlen b" + std::to_string(p.batch) + " tq" + std::to_string(q.shape[0]) + " tk" +
              std::to_string(k.shape[0]) + " n" + std::to_string(p.heads) + "/" +
              std::to_string(p.kv_heads) + " d" + std::to_string(p.dk) + "/" + std::to_string(p.dv) +
@@ -359,15 +383,8 @@ void store_element(DType dtype, void* base, std::int64_t offset, float value) {
   }
 }
 
-struct AlignedFree {
-  void operator()(void* p) const { std::free(p); }
-};
-template <class T>
-std::unique_ptr<T[], AlignedFree> aligned_array(std::int64_t count) {
-  const std::size_t bytes =
-      static_cast<std::size_t>(round_up(std::max<std::int64_t>(count, 1) * sizeof(T), 64));
-  return std::unique_ptr<T[], AlignedFree>(static_cast<T*>(std::aligned_alloc(64, bytes)));
-}
+using core::aligned_array;  // checked: a size the machine cannot hold is an Error
+using core::AlignedFree;
 
 /// K^T blocks and contiguous fp32 V rows, once per call, shared by every task.
 struct Packed {
@@ -944,6 +961,7 @@ void run_call(const Call& call) { choose(call, core::thread_count(), true); }
 
 void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                        const TensorView& out, const AttentionOptions& options) {
+  const core::CallScope scope("attention_forward");
   const attention::Call call =
       attention::validate_dense("attention_forward", q, k, v, &out, options);
   attention::run_call(call);
@@ -953,6 +971,7 @@ void attention_forward_varlen(const TensorView& q, const TensorView& k, const Te
                               std::span<const std::int32_t> cu_seqlens_q,
                               std::span<const std::int32_t> cu_seqlens_k, const TensorView& out,
                               const VarlenOptions& options) {
+  const core::CallScope scope("attention_forward_varlen");
   const attention::Call call =
       attention::validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, out, options);
   attention::run_call(call);
@@ -960,16 +979,18 @@ void attention_forward_varlen(const TensorView& q, const TensorView& k, const Te
 
 AttentionChoice select_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                                  const AttentionOptions& options) {
+  const core::CallScope scope("select_attention");
   attention::Call call = attention::validate_dense("select_attention", q, k, v, nullptr, options);
   // Tuning runs the call: give it an output (and LSE) of its own so no user memory is written.
+  // Sizes fit int64: validate_dense bounded the workspace.
   attention::FlashProblem& p = call.problem;
   const std::int64_t rows = p.batch * p.q_len * p.heads;
-  std::vector<float> out(static_cast<std::size_t>(std::max<std::int64_t>(rows * p.dv * 2, 1)));
-  std::vector<float> lse(static_cast<std::size_t>(std::max<std::int64_t>(rows, 1)));
-  p.out = out.data();
+  const auto out = core::aligned_array<float>(core::CheckedSize(rows) * p.dv * 2);
+  const auto lse = core::aligned_array<float>(p.lse ? rows : 1);
+  p.out = out.get();
   p.out_strides = attention::Strides{p.q_len * p.heads * p.dv, p.heads * p.dv, p.dv};
   if (p.lse) {
-    p.lse = lse.data();
+    p.lse = lse.get();
     p.lse_strides = attention::Strides{p.heads * p.q_len, 1, p.q_len};
   }
   const auto choice = attention::choose(call, core::thread_count(), false);

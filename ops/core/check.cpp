@@ -36,6 +36,14 @@ void fail(const char* call, const std::string& message) {
   throw Error(std::string(call) + ": " + message);
 }
 
+namespace {
+thread_local const char* running_call = nullptr;
+}  // namespace
+
+CallScope::CallScope(const char* call) noexcept : outer_(running_call) { running_call = call; }
+CallScope::~CallScope() { running_call = outer_; }
+const char* current_call() noexcept { return running_call ? running_call : "ditops"; }
+
 std::int64_t numel(const TensorView& view) noexcept {
   std::int64_t count = 1;
   for (int d = 0; d < view.rank; ++d) count *= view.shape[d];

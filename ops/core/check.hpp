@@ -18,6 +18,38 @@ struct Arg {
 
 [[noreturn]] void fail(const char* call, const std::string& message);
 
+/// Names the public call running on this thread in errors raised below its argument checks
+/// (allocate_aligned): `const core::CallScope scope("attention_forward");` at the entry.
+class CallScope {
+ public:
+  explicit CallScope(const char* call) noexcept;
+  ~CallScope();
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+
+ private:
+  const char* outer_;
+};
+/// The innermost CallScope's call on this thread, or "ditops" outside any.
+const char* current_call() noexcept;
+
+/// An int64 size computed with overflow checks: once a step overflows, `overflow` stays set
+/// and `value` means nothing. For sizes derived from shapes and strides.
+struct CheckedSize {
+  std::int64_t value = 0;
+  bool overflow = false;
+  // Implicit: plain int64 operands mix in (CheckedSize(rows) * dv * 2).
+  CheckedSize(std::int64_t initial = 0) noexcept : value(initial) {}
+  friend CheckedSize operator+(CheckedSize a, CheckedSize b) noexcept {
+    a.overflow |= b.overflow || __builtin_add_overflow(a.value, b.value, &a.value);
+    return a;
+  }
+  friend CheckedSize operator*(CheckedSize a, CheckedSize b) noexcept {
+    a.overflow |= b.overflow || __builtin_mul_overflow(a.value, b.value, &a.value);
+    return a;
+  }
+};
+
 std::int64_t numel(const TensorView& view) noexcept;
 /// "[2, 3, 4]"
 std::string shape_string(const TensorView& view);

@@ -1,35 +1,54 @@
 #pragma once
 // Scratch memory for kernels: 64-byte aligned, with per-thread slices on separate cache lines
-// (two threads writing neighbouring slices of one line would bounce it between cores).
+// (two threads writing neighbouring slices of one line would bounce it between cores). Every
+// such allocation goes through allocate_aligned, which checks the size first.
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
-#include <new>
+
+#include "ops/core/check.hpp"
 
 namespace ditops::core {
 
 inline constexpr std::size_t kScratchAlignment = 64;
 
+/// `count` elements of `element_bytes` each, 64-byte aligned. A size that overflows or is
+/// negative, one larger
+/// than this machine's memory, or an allocation that fails throws Error naming the running call
+/// (CallScope) and the size: a hostile shape is an error up front, never an abort or a null
+/// pointer later. Free with std::free.
+void* allocate_aligned(CheckedSize count, std::size_t element_bytes);
+
+struct AlignedFree {
+  void operator()(void* p) const noexcept { std::free(p); }
+};
+template <class T>
+using AlignedArray = std::unique_ptr<T[], AlignedFree>;
+
+/// An array of max(count, 1) elements (never null).
+template <class T>
+AlignedArray<T> aligned_array(CheckedSize count) {
+  if (!count.overflow) count.value = std::max<std::int64_t>(count.value, 1);
+  return AlignedArray<T>(static_cast<T*>(allocate_aligned(count, sizeof(T))));
+}
+
+/// An array of `count` elements, or none for 0 (empty()).
 template <class T>
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
   explicit AlignedBuffer(std::size_t count) {
-    if (count == 0) return;
-    const std::size_t bytes =
-        (count * sizeof(T) + kScratchAlignment - 1) / kScratchAlignment * kScratchAlignment;
-    data_.reset(static_cast<T*>(std::aligned_alloc(kScratchAlignment, bytes)));
-    if (!data_) throw std::bad_alloc();
+    // A count beyond int64 turns negative, which allocate_aligned rejects.
+    if (count > 0) data_ = aligned_array<T>(static_cast<std::int64_t>(count));
   }
   T* data() noexcept { return data_.get(); }
   bool empty() const noexcept { return !data_; }
 
  private:
-  struct Free {
-    void operator()(T* p) const noexcept { std::free(p); }
-  };
-  std::unique_ptr<T, Free> data_;
+  AlignedArray<T> data_;
 };
 
 /// Elements per thread slice holding `count` elements, rounded up to whole cache lines.

@@ -165,6 +165,7 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
                       std::span<const std::int32_t> seq_lens, const TensorView& out,
                       const MlaDecodeOptions& options) {
   constexpr const char* kCall = "mla_decode_paged";
+  const core::CallScope scope(kCall);
   const Arg q_nope_arg{kCall, "q_nope", q_nope}, q_rope_arg{kCall, "q_rope", q_rope},
       table_arg{kCall, "block_table", block_table}, out_arg{kCall, "out", out};
   // ---- shapes and dtypes ------------------------------------------------------------------

@@ -68,6 +68,7 @@ void run(norm::NormProblem& problem, const TensorView& weight) {
 
 void rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) {
   constexpr const char* kCall = "rms_norm";
+  const core::CallScope scope(kCall);
   const Arg x_arg{kCall, "x", x}, weight_arg{kCall, "weight", weight}, out_arg{kCall, "out", out};
   core::check_view(x_arg, 1, kMaxRank);
   core::check_dtype(x_arg, kFloatTypes);
@@ -94,6 +95,7 @@ void rms_norm(const TensorView& x, const TensorView& weight, float eps, const Te
 void add_rms_norm(const TensorView& x, const TensorView& residual, const TensorView& weight,
                   float eps, const TensorView& out, const TensorView& sum_out) {
   constexpr const char* kCall = "add_rms_norm";
+  const core::CallScope scope(kCall);
   const Arg x_arg{kCall, "x", x}, residual_arg{kCall, "residual", residual},
       weight_arg{kCall, "weight", weight}, out_arg{kCall, "out", out},
       sum_arg{kCall, "sum_out", sum_out};

@@ -7,6 +7,7 @@
 #include <ditops/attention.hpp>
 #include <ditops/runtime.hpp>
 #include <limits>
+#include <vector>
 
 #include "tests/reference/attention_ref.hpp"
 #include "tests/support/expect_rejected.hpp"
@@ -403,6 +404,54 @@ TEST(AttentionBadInput, EveryInvalidArgumentThrowsBeforeWriting) {
   null_q.data = nullptr;
   expect_rejected([&] { attention_forward(null_q, k.view(), v.view(), out.view()); },
                   "q.data is null", out);
+}
+
+/// A [d0, d1, d2, d3] f32 view of one row of `row` floats: every leading stride is 0, so a
+/// shape of any size needs no more memory than that row (a broadcast input).
+TensorView broadcast_row(std::vector<float>& row, std::int64_t d0, std::int64_t d1,
+                         std::int64_t d2) {
+  TensorView view;
+  view.data = row.data();
+  view.dtype = DType::f32;
+  view.rank = 4;
+  const std::int64_t shape[4] = {d0, d1, d2, static_cast<std::int64_t>(row.size())};
+  for (int d = 0; d < 4; ++d) {
+    view.shape[d] = shape[d];
+    view.strides[d] = d == 3 ? 1 : 0;
+  }
+  return view;
+}
+
+// Broadcast inputs whose workspace no machine holds: packed K of 2^24 keys x 2^20 channels is
+// 64 TiB; select_attention's own output for 2^44 query rows is 128 TiB, and for 2^31 x 2^31 rows
+// its size overflows int64. Each is an Error naming the call and the size, before any memory is
+// touched, never an abort (the sizes exceed any machine, so the test does not depend on this
+// one's memory).
+TEST(AttentionBadInput, WorkspacesNoMachineHoldsAreErrorsNamingTheCallAndSize) {
+  set_num_threads(1);
+  std::vector<float> wide(std::size_t{1} << 20, 0.5f), narrow(16, 0.25f), one(1, 1.f);
+  TestTensor<float> out({1, 32, 1, 16});
+  AttentionOptions flash;
+  flash.backend = AttentionBackend::flash;
+  expect_rejected(
+      [&] {
+        attention_forward(broadcast_row(wide, 1, 32, 1), broadcast_row(wide, 1, 1 << 24, 1),
+                          broadcast_row(narrow, 1, 1 << 24, 1), out.view(), flash);
+      },
+      "attention_forward: cannot allocate 70368744177664 bytes (65536.0 GiB) of scratch", out);
+  expect_rejected(
+      [&] {
+        select_attention(broadcast_row(one, 1, std::int64_t{1} << 44, 1),
+                         broadcast_row(one, 1, 4, 1), broadcast_row(one, 1, 4, 1));
+      },
+      "select_attention: cannot allocate 140737488355328 bytes (131072.0 GiB)", out);
+  expect_rejected(
+      [&] {
+        select_attention(broadcast_row(one, std::int64_t{1} << 31, std::int64_t{1} << 31, 1),
+                         broadcast_row(one, std::int64_t{1} << 31, 4, 1),
+                         broadcast_row(one, std::int64_t{1} << 31, 4, 1));
+      },
+      "select_attention: q, k and v (Dk 1, Dv 1, 1 heads) need more than 2^63 bytes", out);
 }
 
 }  // namespace
