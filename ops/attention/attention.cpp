@@ -69,6 +69,22 @@ std::int64_t round_up(std::int64_t value, std::int64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
 }
 
+/// `backend` if it is one of the enum's values: a value cast from an integer would otherwise
+/// run as whatever the switches fall through to.
+AttentionBackend checked_backend(const char* call, AttentionBackend backend) {
+  switch (backend) {
+    case AttentionBackend::automatic:
+    case AttentionBackend::reference:
+    case AttentionBackend::flash:
+    case AttentionBackend::flash_bf16:
+    case AttentionBackend::int8:
+    case AttentionBackend::sparse:
+      return backend;
+  }
+  core::fail(call, "options.backend (" + std::to_string(static_cast<int>(backend)) +
+                       ") is not an AttentionBackend");
+}
+
 float checked_scale(const char* call, const std::optional<float>& scale, std::int64_t dk) {
   if (!scale) return 1.f / std::sqrt(static_cast<float>(dk));
   if (!std::isfinite(*scale) || *scale <= 0.f) {
@@ -230,7 +246,7 @@ Call validate_dense(const char* name, const TensorView& q, const TensorView& k, 
     p.lse_strides = Strides{lse.strides[0], lse.strides[2], lse.strides[1]};
     if (numel(lse) == 0) p.lse = nullptr;
   }
-  call.requested = options.backend;
+  call.requested = checked_backend(name, options.backend);
   if (!schedule::valid_chunk(options.int8_chunk)) {
     core::fail(name,
                "options.int8_chunk (" + std::to_string(options.int8_chunk) + ") must be 1, 2 or 4");
@@ -335,7 +351,7 @@ Call validate_varlen(const TensorView& q, const TensorView& k, const TensorView&
     p.lse_strides = Strides{0, lse.strides[1], lse.strides[0]};
     if (numel(lse) == 0) p.lse = nullptr;
   }
-  call.requested = options.backend;
+  call.requested = checked_backend(name, options.backend);
   check_workspace(name, p, k.shape[0], q.shape[0]);
   call.key = "varlen b" + std::to_string(p.batch) + " tq" + std::to_string(q.shape[0]) + " tk" +
              std::to_string(k.shape[0]) + " n" + std::to_string(p.heads) + "/" +

@@ -11,14 +11,24 @@ std::string dim_name(const Arg& arg, int dim) {
   return std::string(arg.name) + ".shape[" + std::to_string(dim) + "]";
 }
 
+/// Bytes from the first element to past the last one the view can touch (shapes and strides
+/// non-negative), with overflow checks: strides near INT64_MAX must not wrap.
+CheckedSize extent_bytes(const TensorView& view) {
+  CheckedSize last_element = 0;
+  for (int d = 0; d < view.rank; ++d) {
+    if (view.shape[d] > 0) {
+      last_element = last_element + CheckedSize(view.shape[d] - 1) * view.strides[d];
+    }
+  }
+  return (last_element + 1) * dtype_size(view.dtype);
+}
+
 /// [first, last] byte addresses the view can touch; empty views span nothing (first > last).
+/// For views check_view accepted.
 std::pair<std::uintptr_t, std::uintptr_t> byte_span(const TensorView& view) {
   const auto first = reinterpret_cast<std::uintptr_t>(view.data);
   if (numel(view) == 0) return {first + 1, first};
-  std::int64_t last_element = 0;
-  for (int d = 0; d < view.rank; ++d) last_element += (view.shape[d] - 1) * view.strides[d];
-  return {first,
-          first + static_cast<std::uintptr_t>((last_element + 1) * dtype_size(view.dtype)) - 1};
+  return {first, first + static_cast<std::uintptr_t>(extent_bytes(view).value) - 1};
 }
 
 bool same_view(const TensorView& a, const TensorView& b) {
@@ -68,9 +78,7 @@ void check_view(const Arg& arg, int min_rank, int max_rank) {
     fail(arg.call,
          std::string(arg.name) + " has rank " + std::to_string(v.rank) + ", expected " + expected);
   }
-  std::int64_t elements = 1;
-  std::int64_t last_element = 0;
-  bool overflow = false;
+  CheckedSize elements = 1;
   for (int d = 0; d < v.rank; ++d) {
     if (v.shape[d] < 0) {
       fail(arg.call, dim_name(arg, d) + " (" + std::to_string(v.shape[d]) + ") is negative");
@@ -79,20 +87,13 @@ void check_view(const Arg& arg, int min_rank, int max_rank) {
       fail(arg.call, std::string(arg.name) + ".strides[" + std::to_string(d) + "] (" +
                          std::to_string(v.strides[d]) + ") is negative");
     }
-    std::int64_t reach = 0;
-    overflow |= __builtin_mul_overflow(elements, v.shape[d], &elements);
-    if (v.shape[d] > 0) {
-      overflow |= __builtin_mul_overflow(v.shape[d] - 1, v.strides[d], &reach);
-      overflow |= __builtin_add_overflow(last_element, reach, &last_element);
-    }
+    elements = elements * v.shape[d];
   }
-  std::int64_t bytes = 0;
-  overflow |= __builtin_mul_overflow(last_element + 1, dtype_size(v.dtype), &bytes);
-  if (overflow) {
+  if (elements.overflow || extent_bytes(v).overflow) {
     fail(arg.call, std::string(arg.name) + " " + shape_string(v) +
                        " spans more bytes than int64 can address");
   }
-  if (elements == 0) return;
+  if (elements.value == 0) return;
   if (v.data == nullptr) fail(arg.call, std::string(arg.name) + ".data is null");
   if (v.rank > 0 && v.shape[v.rank - 1] > 1 && v.strides[v.rank - 1] != 1) {
     fail(arg.call, std::string(arg.name) + ".strides[" + std::to_string(v.rank - 1) + "] (" +

@@ -404,6 +404,20 @@ TEST(AttentionBadInput, EveryInvalidArgumentThrowsBeforeWriting) {
   null_q.data = nullptr;
   expect_rejected([&] { attention_forward(null_q, k.view(), v.view(), out.view()); },
                   "q.data is null", out);
+  // A backend value outside the enum (cast from an integer) used to run silently.
+  options = {};
+  options.backend = static_cast<AttentionBackend>(42);
+  expect_rejected(run(k.view(), v.view(), out.view(), options),
+                  "attention_forward: options.backend (42) is not an AttentionBackend", out);
+  VarlenOptions varlen;
+  varlen.backend = static_cast<AttentionBackend>(-1);
+  TestTensor<float> tq({8, 4, 64}), tk({10, 2, 64}), tv({10, 2, 32}), tout({8, 4, 32});
+  const std::vector<std::int32_t> cu_q = {0, 8}, cu_k = {0, 10};
+  expect_rejected(
+      [&] {
+        attention_forward_varlen(tq.view(), tk.view(), tv.view(), cu_q, cu_k, tout.view(), varlen);
+      },
+      "options.backend (-1) is not an AttentionBackend", tout);
 }
 
 /// A [d0, d1, d2, d3] f32 view of one row of `row` floats: every leading stride is 0, so a

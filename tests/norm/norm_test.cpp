@@ -223,6 +223,19 @@ TEST(NormBadInput, EveryInvalidArgumentThrowsBeforeWriting) {
   EXPECT_NO_THROW(rms_norm(x.view(), w, 1e-6f, x.view())) << "in place is allowed";
 }
 
+// Strides near INT64_MAX: the view's extent (last element + 1) must be computed with overflow
+// checks (it was signed overflow, undefined behaviour), and rejected.
+TEST(NormBadInput, ExtentsThatOverflowInt64AreRejected) {
+  TestTensor<float> x({2, 64}), out({2, 64});
+  for (const std::int64_t stride : {INT64_MAX, INT64_MAX / 2 + 1, INT64_MAX / 4 + 1}) {
+    TensorView far = x.view();
+    far.shape[1] = 1;
+    far.strides[0] = stride;
+    expect_rejected([&] { rms_norm(far, {}, 1e-6f, out.view()); },
+                    "spans more bytes than int64 can address", out);
+  }
+}
+
 TEST(NormBadInput, FusedAliasingRules) {
   TestTensor<float> x({4, 64}), residual({4, 64}), out({4, 64}), sum({4, 64}), weight({64});
   const TensorView w = weight.view();
