@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -302,8 +303,13 @@ CpuTimes load_cpu_times(const std::string& path) {
       if (unit == us_per_unit.end()) {
         entry.fail("time_unit", "is '" + unit_name + "', not ns, us, ms or s");
       }
-      samples[{args["b"], args["kv"], args["h"], args["chunk"], args["threads"]}].push_back(
-          entry.number("real_time", 0) * unit->second);
+      const double us = entry.number("real_time", 0) * unit->second;
+      if (!std::isfinite(us)) {  // JSON output would show it as null
+        std::cerr << "ditops-sim: --cpu: warning: '" << path << "': entry '" << entry.name()
+                  << "': field 'real_time' is not a finite number of us; left out\n";
+        continue;
+      }
+      samples[{args["b"], args["kv"], args["h"], args["chunk"], args["threads"]}].push_back(us);
     }
   } catch (const ditops::tools::BenchJsonError& error) {
     throw UsageError(std::string("--cpu: ") + error.what());

@@ -104,10 +104,15 @@ void check_view(const Arg& arg, int min_rank, int max_rank) {
 
 void check_dtype(const Arg& arg, std::initializer_list<DType> allowed) {
   if (std::find(allowed.begin(), allowed.end(), arg.view.dtype) != allowed.end()) return;
+  // Lists may name a dtype twice ({f32, x.dtype}): each is said once.
   std::string names;
-  for (DType d : allowed) names += (names.empty() ? "" : ", ") + std::string(dtype_name(d));
+  int count = 0;
+  for (auto d = allowed.begin(); d != allowed.end(); ++d) {
+    if (std::find(allowed.begin(), d, *d) != d) continue;
+    names += (count++ ? ", " : "") + std::string(dtype_name(*d));
+  }
   fail(arg.call, std::string(arg.name) + ".dtype is " + dtype_name(arg.view.dtype) +
-                     ", expected one of " + names);
+                     (count > 1 ? ", expected one of " : ", expected ") + names);
 }
 
 void check_same_dtype(const Arg& arg, const Arg& like) {
@@ -165,9 +170,10 @@ void check_no_overlap(const Arg& out, const Arg& in, bool identical_ok) {
   const auto [in_first, in_last] = byte_span(in.view);
   if (out_first > out_last || in_first > in_last) return;
   if (out_last < in_first || in_last < out_first) return;
-  fail(out.call, std::string(out.name) + " overlaps " + in.name +
-                     (identical_ok ? " (only the very same view is allowed)"
-                                   : " (they must not share memory)"));
+  // Address ranges, not elements: interleaved views may share no element and still fail here.
+  fail(out.call,
+       std::string(out.name) + " may overlap " + in.name + " (their address ranges intersect; " +
+           (identical_ok ? "only the very same view is allowed)" : "they must not share memory)"));
 }
 
 }  // namespace ditops::core

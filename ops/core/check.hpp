@@ -66,7 +66,9 @@ void check_dim(const Arg& arg, int dim, const Arg& like, int like_dim);
 void check_same_shape(const Arg& arg, const Arg& like);
 /// An output whose distinct indices never share memory (no zero or interleaved strides).
 void check_writable(const Arg& out);
-/// out and in do not share memory, or (when identical_ok) they are the very same view.
+/// out and in do not share memory, or (when identical_ok) they are the very same view. Judged by
+/// address ranges: views that interleave without sharing an element are refused too ("may
+/// overlap").
 void check_no_overlap(const Arg& out, const Arg& in, bool identical_ok);
 
 }  // namespace ditops::core

@@ -328,7 +328,7 @@ TEST(MlaDecode, RejectsBadInputs) {
         mla_decode_paged(aliasing.q_nope.view(), aliasing.q_rope.view(), aliasing.cache,
                          aliasing.table, aliasing.lens, q_as_out, {});
       },
-      "out overlaps q_nope", aliasing.q_nope);
+      "out may overlap q_nope", aliasing.q_nope);
   BadInputs wrong_dims;
   TestTensor<float> small_rope({2, 16, 32});
   expect_rejected(

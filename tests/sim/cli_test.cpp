@@ -294,6 +294,29 @@ TEST_F(Cli, SweepCpuRejectsMalformedFilesAndNamesTheEntryAndField) {
                      "entry #0 is not an object");
 }
 
+// A time that overflows to infinity in us (1e308 s) was printed as null in the JSON output.
+TEST_F(Cli, SweepCpuLeavesOutInfiniteTimes) {
+  nlohmann::json bench;
+  bench["benchmarks"] = nlohmann::json::array();
+  for (const auto& [chunk, seconds] : {std::pair{1, 1e308}, std::pair{2, 1e-4}}) {
+    bench["benchmarks"].push_back(
+        {{"name", "mla_grid/b:1/kv:512/h:128/chunk:" + std::to_string(chunk) + "/threads:2"},
+         {"real_time", seconds},
+         {"time_unit", "s"}});
+  }
+  const std::string path = write_tmp("cpu_inf.json", bench.dump());
+  const CliRun result = run("sweep --batch 1 --kv 512 --chunk 1,2 --cpu '" + path + "' --json");
+  ASSERT_EQ(result.status, 0) << result.err;
+  EXPECT_EQ(lines(result.err), 1) << result.err;
+  EXPECT_NE(result.err.find("chunk:1/threads:2': field 'real_time' is not a finite number"),
+            std::string::npos)
+      << result.err;
+  EXPECT_EQ(result.out.find("null"), std::string::npos) << result.out;
+  const nlohmann::json json = nlohmann::json::parse(result.out);
+  EXPECT_FALSE(json[0].contains("cpu_time_us"));
+  EXPECT_DOUBLE_EQ(json[1]["cpu_time_us"].get<double>(), 100.0);
+}
+
 TEST_F(Cli, MlaWritesTraceCsvAndSvg) {
   const std::string dir = env("DITOPS_SIM_TMP");
   const CliRun result = run("mla --batch 1 --kv 2048 --chunk 2 --trace '" + dir +
