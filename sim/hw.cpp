@@ -1,11 +1,10 @@
 #include "sim/hw.hpp"
 
 #include <cmath>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 
+#include "ops/core/file.hpp"
 #include "sim/error.hpp"
 
 namespace ditops::sim {
@@ -187,12 +186,14 @@ HwParams hw_from_json(const std::string& text) {
 }
 
 HwParams load_hw_file(const std::string& path) {
-  std::ifstream file(path);
-  if (!file) throw SimError("cannot read hardware file " + path);
-  std::stringstream buffer;
-  buffer << file.rdbuf();
+  // A directory is no JSON file, and /dev/zero never ends: only regular files are read.
+  const core::FileContents file =
+      core::read_regular_file(path, core::kMaxInputFileBytes, /*follow_symlink=*/true);
+  if (file.status != core::FileStatus::ok) {
+    throw SimError("cannot read hardware file " + path + ": it " + file.problem);
+  }
   try {
-    return hw_from_json(buffer.str());
+    return hw_from_json(file.text);
   } catch (const SimError& error) {
     throw SimError(path + ": " + error.what());
   }

@@ -812,6 +812,26 @@ Program build_mla_program(const MlaConfig& config, const HwParams& hw, MlaPlan* 
   return program;
 }
 
+std::uint64_t estimate_mla_instructions(const MlaConfig& config, const HwParams& hw) {
+  const MlaPlan plan = plan_mla(config, hw);
+  // Two one-task builds (one head group of full rows, 4 and 12 blocks, multiples of every chunk)
+  // give the instructions per block and per task (the combine pass is left out: ~10 % at most).
+  MlaConfig probe = config;
+  probe.batch = 1;
+  probe.cores = 1;
+  probe.heads = plan.heads_per_group;
+  const auto probe_size = [&](int blocks) {
+    probe.kv = blocks * config.block_size;
+    return static_cast<double>(build_mla_program(probe, hw).instrs.size());
+  };
+  const double few = probe_size(4), many = probe_size(12);
+  const double per_block = (many - few) / 8, per_task = few - 4 * per_block;
+  double blocks = 0;
+  for (const MlaTask& task : plan.tasks) blocks += task.num_blocks;
+  return static_cast<std::uint64_t>(per_task * static_cast<double>(plan.tasks.size()) +
+                                    per_block * blocks);
+}
+
 std::string describe(const MlaConfig& config) {
   return "batch " + std::to_string(config.batch) + ", kv " + std::to_string(config.kv) +
          ", heads " + std::to_string(config.heads) + ", q-len " + std::to_string(config.q_len) +

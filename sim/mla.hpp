@@ -7,6 +7,7 @@
 // with cross-core flags QK_READY, SOFTMAX_READY and UPDATE_READY (mode 2). Small batches split
 // the KV range across cores and end with a combine pass behind a mode-0 barrier.
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,10 @@ MlaPlan plan_mla(const MlaConfig& config, const HwParams& hw);
 
 /// Builds the instruction program. Cross-core flag names are set for reports.
 Program build_mla_program(const MlaConfig& config, const HwParams& hw, MlaPlan* plan = nullptr);
+
+/// About how many instructions build_mla_program(config) emits (within ~10 %), from two small
+/// builds: a caller can refuse a program too large to hold before building it.
+std::uint64_t estimate_mla_instructions(const MlaConfig& config, const HwParams& hw);
 
 /// "batch 1, kv 2048, heads 128, q-len 1, block 128, cores 24, chunk 2, opts none"
 std::string describe(const MlaConfig& config);

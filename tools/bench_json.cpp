@@ -1,10 +1,10 @@
 #include "tools/bench_json.hpp"
 
 #include <cctype>
-#include <fstream>
 #include <ostream>
-#include <sstream>
 #include <utility>
+
+#include "ops/core/file.hpp"
 
 namespace ditops::tools {
 namespace {
@@ -100,13 +100,16 @@ bool BenchEntry::flag(const char* field, bool fallback) const {
 
 std::vector<BenchEntry> read_bench_json(const std::string& path, const std::string& tool,
                                         std::ostream& warnings) {
-  std::ifstream in(path);
-  if (!in) throw BenchJsonError("cannot read '" + path + "'");
-  std::stringstream text;
-  text << in.rdbuf();
+  // A directory or a device would otherwise fail inside the stream (a bare library message)
+  // or never end (/dev/zero).
+  const core::FileContents file =
+      core::read_regular_file(path, core::kMaxInputFileBytes, /*follow_symlink=*/true);
+  if (file.status != core::FileStatus::ok) {
+    throw BenchJsonError("cannot read '" + path + "': it " + file.problem);
+  }
   nlohmann::json document;
   try {
-    document = nlohmann::json::parse(null_non_finite_numbers(text.str()));
+    document = nlohmann::json::parse(null_non_finite_numbers(file.text));
   } catch (const nlohmann::json::parse_error& error) {
     throw BenchJsonError("'" + path + "' is not Google Benchmark JSON: " + error.what());
   }

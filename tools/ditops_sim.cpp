@@ -8,9 +8,12 @@
 //                    --cpu puts the CPU kernel's chunk ratios for the same grid beside the
 //                    simulator's: BENCH.json is ditops_bench's --benchmark_out of mla_grid.
 //   ditops-sim hw    [--hw FILE.json]
-//   every command also takes --set NAME=VALUE[,...] to override hardware parameters
+//   every command also takes --set NAME=VALUE[,...] to override hardware parameters; mla and
+//   sweep take --max-instructions N (default 10000000, ~1 GiB): a larger program is refused
+//   before it is built.
 //
-// Bad flags or values print one line on stderr and exit with status 2.
+// Bad flags or values print one line on stderr and exit with status 2; so do input files that
+// are not regular files (a directory, /dev/zero, a FIFO) or are larger than 64 MiB.
 
 #include <unistd.h>
 
@@ -18,6 +21,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -58,7 +62,13 @@ const char* const kUsage =
     "                        [--heads ..] [--q-len ..] [--cores ..] [--block-size ..] [--opt ..]\n"
     "                        [--hw FILE.json] [--cpu BENCH.json [--cpu-threads 2]] [--json]\n"
     "       ditops-sim hw    [--hw FILE.json]   (prints the hardware parameters as JSON)\n"
-    "  --set NAME=VALUE[,NAME=VALUE...] overrides hardware parameters after --hw\n";
+    "  --set NAME=VALUE[,NAME=VALUE...] overrides hardware parameters after --hw\n"
+    "  --max-instructions N (mla, sweep) refuses larger programs (default 10000000, ~1 GiB)\n";
+
+/// Programs are refused above this many instructions unless --max-instructions raises it: the
+/// simulator holds ~110 bytes per instruction (a batch 4096, kv 1M, 1024-head run would need
+/// 10 TB).
+constexpr int kDefaultMaxInstructions = 10'000'000;
 
 int parse_int(const std::string& flag, const std::string& text) {
   if (text.empty() || text.size() > 9 ||
@@ -97,8 +107,8 @@ Options parse_args(int argc, char** argv) {
   if (options.command == "hw") {
     allowed = {"--hw", "--set"};
   } else {
-    allowed = {"--batch",      "--kv",    "--heads", "--q-len", "--cores",
-               "--block-size", "--chunk", "--opt",   "--hw",    "--set"};
+    allowed = {"--batch", "--kv",  "--heads", "--q-len", "--cores",           "--block-size",
+               "--chunk", "--opt", "--hw",    "--set",   "--max-instructions"};
     if (options.command == "mla") {
       for (const char* flag : {"--trace", "--csv", "--svg"}) allowed.emplace_back(flag);
     } else {
@@ -193,11 +203,22 @@ sim::MlaConfig base_config(const Options& options, const sim::HwParams& hw) {
   return config;
 }
 
-void validate_config(const sim::MlaConfig& config, const sim::HwParams& hw) {
+/// The configuration's values, and the size of its program (estimated before it is built).
+void validate_config(const sim::MlaConfig& config, const sim::HwParams& hw,
+                     const Options& options) {
   try {
     sim::validate(config, hw);
   } catch (const sim::SimError& error) {
     throw UsageError(std::string("--") + error.what());
+  }
+  const auto flag = options.values.find("--max-instructions");
+  const int limit = flag == options.values.end() ? kDefaultMaxInstructions
+                                                 : parse_int("--max-instructions", flag->second);
+  const std::uint64_t estimate = sim::estimate_mla_instructions(config, hw);
+  if (estimate > static_cast<std::uint64_t>(limit)) {
+    throw UsageError(sim::describe(config) + " needs about " + std::to_string(estimate) +
+                     " instructions, more than the limit of " + std::to_string(limit) +
+                     " (~110 bytes each); raise it with --max-instructions N");
   }
 }
 
@@ -224,7 +245,7 @@ void write_file(const std::string& path, const std::string& what,
 int run_mla(const Options& options) {
   const sim::HwParams hw = load_hw(options);
   const sim::MlaConfig config = base_config(options, hw);
-  validate_config(config, hw);
+  validate_config(config, hw, options);
   sim::MlaPlan plan;
   const sim::Program program = sim::build_mla_program(config, hw, &plan);
   const auto value = [&](const char* flag) {
@@ -343,7 +364,7 @@ int run_sweep(const Options& options) {
         config.batch = batch;
         config.kv = kv;
         config.chunk = chunk;
-        validate_config(config, hw);
+        validate_config(config, hw, options);
         configs.push_back(config);
       }
     }

@@ -9,6 +9,10 @@
 
 namespace ditops::core {
 
+/// The limit for input files the tools read (hardware descriptions, benchmark results): far
+/// above any real one, far below what would exhaust memory.
+inline constexpr std::size_t kMaxInputFileBytes = std::size_t{64} << 20;
+
 enum class FileStatus {
   ok,           ///< a regular file, read whole
   missing,      ///< no such file (a cache not written yet)

@@ -2,10 +2,12 @@
 // exit with status 2 and exactly one line on stderr.
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -294,6 +296,24 @@ TEST_F(Cli, SweepCpuRejectsMalformedFilesAndNamesTheEntryAndField) {
                      "entry #0 is not an object");
 }
 
+// Input files are read only when they are regular files: a directory said "malformed JSON"
+// (--hw) or ended in a bare library message with status 1 (--cpu), and a FIFO blocked forever.
+TEST_F(Cli, InputsThatAreNotRegularFilesExit2NamingThem) {
+  const std::string dir = env("DITOPS_SIM_TMP") + "/not_a_file.d";
+  std::filesystem::create_directories(dir);
+  const std::string fifo = env("DITOPS_SIM_TMP") + "/input.fifo";
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& path : {dir, fifo}) {
+    const std::string kind = path == dir ? "is a directory" : "is a FIFO";
+    expect_usage_error("mla --hw '" + path + "'",
+                       "hardware file " + path + ": it " + kind + ", not a regular file");
+    expect_usage_error("sweep --cpu '" + path + "'",
+                       "cannot read '" + path + "': it " + kind + ", not a regular file");
+  }
+  std::filesystem::remove(fifo);
+}
+
 // A time that overflows to infinity in us (1e308 s) was printed as null in the JSON output.
 TEST_F(Cli, SweepCpuLeavesOutInfiniteTimes) {
   nlohmann::json bench;
@@ -315,6 +335,19 @@ TEST_F(Cli, SweepCpuLeavesOutInfiniteTimes) {
   const nlohmann::json json = nlohmann::json::parse(result.out);
   EXPECT_FALSE(json[0].contains("cpu_time_us"));
   EXPECT_DOUBLE_EQ(json[1]["cpu_time_us"].get<double>(), 100.0);
+}
+
+// The program's size is estimated before it is built: batch 4096 x kv 1M x 1024 heads would need
+// ~1e11 instructions (the old CLI grew past 2.7 GB building it).
+TEST_F(Cli, ProgramsAboveTheInstructionLimitExit2BeforeTheyAreBuilt) {
+  expect_usage_error("mla --batch 4096 --kv 1048576 --heads 1024",
+                     "instructions, more than the limit of 10000000");
+  expect_usage_error("sweep --batch 1,4096 --kv 1048576", "raise it with --max-instructions N");
+  expect_usage_error("mla --batch 2 --kv 512 --max-instructions 1000",
+                     "batch 2, kv 512, heads 128, q-len 1, block 128, cores 24, chunk 2, opts "
+                     "none needs about ");
+  EXPECT_EQ(run("mla --batch 2 --kv 512 --max-instructions 100000 --json").status, 0);
+  expect_usage_error("mla --max-instructions lots", "--max-instructions expects");
 }
 
 TEST_F(Cli, MlaWritesTraceCsvAndSvg) {
