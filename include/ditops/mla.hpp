@@ -44,7 +44,7 @@ struct MlaDecodeOptions {
 // unit-variance latents this adds ~0.2-0.7 % relative L2 error to the fp32-P·V result). A
 // sequence with seq_len 0 gives zeros.
 // Only the first ceil(seq_len / block_size) entries of a block_table row are read (and checked).
-// Inputs are assumed finite. out must not overlap any input.
+// Non-finite inputs propagate within their sequence (README). out must not overlap any input.
 void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
                       const MlaPagedCache& cache, const TensorView& block_table,
                       std::span<const std::int32_t> seq_lens, const TensorView& out,
@@ -56,8 +56,8 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
 // nope values are quantized to symmetric int8 per group of 512/G values (G from
 // cache.nope_scale.shape[2]): scale = max|x| / 127 (0 for an all-zero group), value =
 // clamp(round_to_nearest_even(x / scale), -127, 127); the 64 rope values are stored in the
-// cache's rope dtype (bf16 rounded to nearest even). Latent values must be finite. Everything
-// is validated before the first write; slots not named are left untouched.
+// cache's rope dtype (bf16 rounded to nearest even). Latent values must be finite (else Error).
+// Everything is validated before the first write; slots not named are left untouched.
 void mla_fill_cache(const TensorView& latent, const TensorView& slots, const MlaPagedCache& cache);
 
 }  // namespace ditops

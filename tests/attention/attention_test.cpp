@@ -4,6 +4,7 @@
 // threads), on every dtype; identities (one key gives V, causal Sq = 1 is the last row of
 // non-causal, thread count), and every class of bad input.
 
+#include <cmath>
 #include <ditops/attention.hpp>
 #include <ditops/runtime.hpp>
 #include <limits>
@@ -348,6 +349,45 @@ TEST(AttentionProperties, ThreadCountOnlyReassociates) {
     std::vector<double> expected(out1.size());
     for (std::int64_t i = 0; i < out1.size(); ++i) expected[i] = out1.value(i);
     expect_close(out2, expected, {1e-5, 1e-6}, "threads 2 vs 1");
+  }
+}
+
+// Non-finite data is the caller's choice: a NaN or infinity in batch element 0 (q, k, v, an
+// additive mask) propagates within it and never crashes, writes outside out or reaches batch
+// element 1, on every backend (the split-KV path with 2 threads and a long KV too).
+TEST(AttentionNonFinite, NanAndInfStayInTheirBatchElement) {
+  set_num_threads(2);
+  constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+  for (const std::int64_t sq : {1, 40}) {
+    TestTensor<float> q({2, sq, 4, 64}), k({2, 600, 2, 64}), v({2, 600, 2, 64}),
+        out({2, sq, 4, 64}), lse({2, 4, sq}), mask({2, 1, 1, 600});
+    std::mt19937 rng(94);
+    q.fill_normal(rng);
+    k.fill_normal(rng);
+    v.fill_normal(rng);
+    q.at(3) = kNan;
+    k.at(64 * 5 + 1) = kInf;
+    k.at(64 * 7 + 2) = -kInf;
+    v.at(64 * 9 + 3) = kNan;
+    mask.at(11) = kNan;
+    for (const AttentionBackend backend :
+         {AttentionBackend::reference, AttentionBackend::flash, AttentionBackend::flash_bf16,
+          AttentionBackend::int8, AttentionBackend::automatic}) {
+      for (const bool masked : {false, true}) {
+        AttentionOptions options;
+        options.backend = backend;
+        options.lse = lse.view();
+        if (masked) options.attn_mask = mask.view();
+        attention_forward(q.view(), k.view(), v.view(), out.view(), options);
+        const std::string context = std::string(backend_name(backend)) + " sq " +
+                                    std::to_string(sq) + (masked ? " masked" : "");
+        EXPECT_EQ(out.damaged_canaries(), 0) << context;
+        EXPECT_EQ(lse.damaged_canaries(), 0) << context;
+        for (std::int64_t e = out.size() / 2; e < out.size(); ++e) {
+          ASSERT_TRUE(std::isfinite(out.value(e))) << context << " element " << e;
+        }
+      }
+    }
   }
 }
 

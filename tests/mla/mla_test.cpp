@@ -6,6 +6,7 @@
 #include <cmath>
 #include <ditops/mla.hpp>
 #include <ditops/runtime.hpp>
+#include <limits>
 #include <numeric>
 
 #include "tests/reference/mla_ref.hpp"
@@ -370,6 +371,57 @@ TEST(MlaFillCache, RejectsBadInputs) {
   std::vector<std::int32_t> slots = {0, 1, 2};
   expect_rejected([&] { mla_fill_cache(narrow.view(), view(slots.data(), {3}), cache); },
                   "latent.shape[1] (512) must be 576", nope);
+}
+
+// Non-finite data is the caller's choice: NaN and infinity in sequence 0's queries, cached rope
+// values and scales propagate within sequence 0 and never crash, write outside out or reach
+// sequence 1, for every chunk and split count. mla_fill_cache alone refuses them (an int8 scale
+// of infinity would make the whole group NaN), before writing anything.
+TEST(MlaNonFinite, NanAndInfStayInTheirSequence) {
+  set_num_threads(2);
+  constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  std::mt19937 rng(95);
+  const MlaConfig c{16, 64, 4, {300, 200}};
+  PagedSetup<float> setup(c, rng);
+  TestTensor<float> q_nope({2, 16, kNope}), q_rope({2, 16, kRope}), out({2, 16, kNope});
+  q_nope.fill_normal(rng);
+  q_rope.fill_normal(rng);
+  q_nope.at(3) = kNan;
+  q_nope.at(kNope + 5) = kInf;
+  q_rope.at(2 * kRope + 7) = -kInf;
+  const std::int64_t block0 = setup.table.at(0), block1 = setup.table.at(1);
+  setup.rope.at(block0 * 64 * kRope + 3) = kNan;
+  setup.scale.at(block0 * 64 * 4 + 4 * 2 + 1) = kInf;
+  TestTensor<float> latent({2, kLatent});
+  latent.fill_normal(rng);
+  latent.at(1) = kNan;
+  latent.at(kLatent + 2) = kInf;
+  latent.at(kLatent + kNope + 1) = -kInf;
+  const std::vector<std::int32_t> slots = {static_cast<std::int32_t>(block1 * 64 + 5),
+                                           static_cast<std::int32_t>(block1 * 64 + 6)};
+  const auto cache_before = setup.nope.snapshot();
+  for (const std::int64_t bad : {1, kLatent + 2, kLatent + kNope + 1}) {
+    TestTensor<float> one_bad({2, kLatent});
+    one_bad.fill_normal(rng);
+    one_bad.at(bad) = latent.value(bad);
+    expect_rejected([&] { mla_fill_cache(one_bad.view(), view(slots.data(), {2}), setup.cache()); },
+                    "is not finite", setup.nope);
+  }
+  EXPECT_TRUE(setup.nope.unchanged_since(cache_before));
+  for (const int chunk : {1, 2, 4}) {
+    for (const int splits : {0, 1, 3}) {
+      MlaDecodeOptions options;
+      options.chunk = chunk;
+      options.num_splits = splits;
+      mla_decode_paged(q_nope.view(), q_rope.view(), setup.cache(), setup.table.view(), setup.lens,
+                       out.view(), options);
+      EXPECT_EQ(out.damaged_canaries(), 0) << chunk << " " << splits;
+      for (std::int64_t e = out.size() / 2; e < out.size(); ++e) {
+        ASSERT_TRUE(std::isfinite(out.value(e))) << "chunk " << chunk << " splits " << splits;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
 // rms_norm and add_rms_norm against the fp64 reference, on every dtype, over D sweeps with tails,
 // strided rows, in place, 1 and 2 threads; and every class of bad input.
 
+#include <cmath>
 #include <ditops/norm.hpp>
 #include <ditops/runtime.hpp>
+#include <limits>
 
 #include "tests/reference/norm_ref.hpp"
 #include "tests/support/expect_rejected.hpp"
@@ -221,6 +223,39 @@ TEST(NormBadInput, EveryInvalidArgumentThrowsBeforeWriting) {
   x3.shape[0] = 3;
   expect_rejected([&] { rms_norm(x3, w, 1e-6f, shifted); }, "out may overlap x", out);
   EXPECT_NO_THROW(rms_norm(x.view(), w, 1e-6f, x.view())) << "in place is allowed";
+}
+
+// Non-finite data is the caller's choice: it propagates to its own rows and never crashes, writes
+// outside out, or spills into other rows (streaming and fused paths, bf16 too).
+TEST(NormNonFinite, NanAndInfStayInTheirRows) {
+  set_num_threads(2);
+  constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  for (const std::int64_t dim : {64, 4101}) {
+    TestTensor<float> x({4, dim}), residual({4, dim}), weight({dim}), out({4, dim}), sum({4, dim});
+    std::mt19937 rng(92);
+    x.fill_normal(rng);
+    residual.fill_normal(rng);
+    weight.fill_normal(rng);
+    x.at(0) = kNan;
+    x.at(dim + 3) = kInf;
+    residual.at(2 * dim + 1) = -kInf;
+    weight.at(5) = kInf;  // every row: inf (or nan) in column 5 only
+    rms_norm(x.view(), weight.view(), 1e-6f, out.view());
+    add_rms_norm(x.view(), residual.view(), weight.view(), 1e-6f, out.view(), sum.view());
+    EXPECT_EQ(out.damaged_canaries(), 0);
+    EXPECT_EQ(sum.damaged_canaries(), 0);
+    for (std::int64_t column = 0; column < dim; ++column) {
+      if (column == 5) continue;
+      EXPECT_TRUE(std::isfinite(out.value(3 * dim + column))) << column;
+    }
+    EXPECT_TRUE(std::isnan(out.value(1)));
+    TestTensor<bf16> x16({2, dim}), out16({2, dim});
+    x16.at(1) = bf16::from_float(kNan);
+    rms_norm(x16.view(), {}, 1e-6f, out16.view());
+    EXPECT_EQ(out16.damaged_canaries(), 0);
+    EXPECT_TRUE(std::isfinite(out16.value(dim + 1)));
+  }
 }
 
 // Strides near INT64_MAX: the view's extent (last element + 1) must be computed with overflow

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <ditops/rope.hpp>
 #include <ditops/runtime.hpp>
+#include <limits>
 
 #include "tests/reference/rope_ref.hpp"
 #include "tests/support/expect_rejected.hpp"
@@ -266,6 +267,33 @@ TYPED_TEST(RopeTest, LargeOutputsUseStreamingStoresCorrectly) {
       RopeCase<T, C>{1, seq, 8, 136, false, mode, TableKind::seq_dim, pad, 2, false}.run_and_check(
           rng);
     }
+  }
+}
+
+// Non-finite data is the caller's choice: it propagates to the elements it touches and never
+// crashes or writes outside out, in both modes and layouts.
+TEST(RopeNonFinite, NanAndInfStayWhereTheyAre) {
+  constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  for (const RotatedMode mode : {RotatedMode::rotated_half, RotatedMode::rotated_interleaved}) {
+    TestTensor<float> x({2, 3, 2, 64}), cos_t({3, 64}), sin_t({3, 64}), out({2, 3, 2, 64});
+    std::mt19937 rng(93);
+    x.fill_normal(rng);
+    cos_t.fill_normal(rng);
+    sin_t.fill_normal(rng);
+    x.at(0) = kNan;
+    x.at(64 + 7) = kInf;
+    cos_t.at(64 + 3) = -kInf;
+    sin_t.at(2 * 64 + 9) = kNan;
+    rotary_position_embedding(x.view(), cos_t.view(), sin_t.view(), out.view(), mode);
+    EXPECT_EQ(out.damaged_canaries(), 0);
+    EXPECT_TRUE(std::isnan(out.value(0)));
+    // Batch 1, position 0 has finite inputs and tables.
+    for (std::int64_t e = 0; e < 2 * 64; ++e) {
+      EXPECT_TRUE(std::isfinite(out.value(3 * 2 * 64 + e))) << e;
+    }
+    rotary_position_embedding(x.view(), cos_t.view(), sin_t.view(), x.view(), mode);  // in place
+    EXPECT_EQ(x.damaged_canaries(), 0);
   }
 }
 
