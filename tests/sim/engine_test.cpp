@@ -79,6 +79,17 @@ HwParams quiet_hw() {
   return hw;
 }
 
+/// The message of the SimError `program` stops with ("" and a failure if it runs to the end).
+std::string error_of(const Program& program, const HwParams& hw) {
+  try {
+    simulate(program, hw);
+  } catch (const SimError& error) {
+    return error.what();
+  }
+  ADD_FAILURE() << "expected a SimError";
+  return "";
+}
+
 TEST(Engine, OneComputeTakesItsCycles) {
   Program program(1);
   program.add(compute(0, 0, Pipe::m, 1234));
@@ -250,28 +261,18 @@ TEST(Engine, DeadlockNamesCorePipeAndFlag) {
   program.cross_flag_names.resize(11);
   program.add(compute(1, 0, Pipe::m, 10));
   program.add(wait_cross(1, 0, Pipe::mte2, 2));
-  try {
-    simulate(program, quiet_hw());
-    FAIL() << "expected a deadlock";
-  } catch (const SimError& error) {
-    const std::string message = error.what();
-    EXPECT_NE(message.find("deadlock"), std::string::npos) << message;
-    EXPECT_NE(message.find("core 1 AIC pipe MTE2"), std::string::npos) << message;
-    EXPECT_NE(message.find("SOFTMAX_READY"), std::string::npos) << message;
-  }
+  const std::string message = error_of(program, quiet_hw());
+  EXPECT_NE(message.find("deadlock"), std::string::npos) << message;
+  EXPECT_NE(message.find("core 1 AIC pipe MTE2"), std::string::npos) << message;
+  EXPECT_NE(message.find("SOFTMAX_READY"), std::string::npos) << message;
 }
 
 TEST(Engine, DeadlockOnAnIntraCoreEvent) {
   Program program(1);
   program.add(event(Op::wait_event, 0, 2, Pipe::v, Pipe::mte2, 3));
-  try {
-    simulate(program, quiet_hw());
-    FAIL() << "expected a deadlock";
-  } catch (const SimError& error) {
-    const std::string message = error.what();
-    EXPECT_NE(message.find("core 0 AIV1 pipe V"), std::string::npos) << message;
-    EXPECT_NE(message.find("event MTE2->V id 3"), std::string::npos) << message;
-  }
+  const std::string message = error_of(program, quiet_hw());
+  EXPECT_NE(message.find("core 0 AIV1 pipe V"), std::string::npos) << message;
+  EXPECT_NE(message.find("event MTE2->V id 3"), std::string::npos) << message;
 }
 
 TEST(Engine, BufferOverflowNamesBufferCoreAndInstruction) {
@@ -283,14 +284,9 @@ TEST(Engine, BufferOverflowNamesBufferCoreAndInstruction) {
   second.label = program.intern_label("load K tile");
   program.add(first);
   program.add(second);
-  try {
-    simulate(program, quiet_hw());
-    FAIL() << "expected an overflow";
-  } catch (const SimError& error) {
-    const std::string message = error.what();
-    EXPECT_NE(message.find("L1 overflow on core 1 AIC"), std::string::npos) << message;
-    EXPECT_NE(message.find("load K tile"), std::string::npos) << message;
-  }
+  const std::string message = error_of(program, quiet_hw());
+  EXPECT_NE(message.find("L1 overflow on core 1 AIC"), std::string::npos) << message;
+  EXPECT_NE(message.find("load K tile"), std::string::npos) << message;
   // Freeing in between makes it fit, and the peak is recorded.
   Program fits(1);
   first.core = second.core = 0;
@@ -309,17 +305,8 @@ TEST(Engine, UbOverflowOnAnAiv) {
   big.alloc_bytes = 193 * 1024;
   big.label = program.intern_label("softmax");
   program.add(big);
-  EXPECT_THROW(
-      {
-        try {
-          simulate(program, quiet_hw());
-        } catch (const SimError& error) {
-          EXPECT_NE(std::string(error.what()).find("UB overflow on core 0 AIV1"),
-                    std::string::npos);
-          throw;
-        }
-      },
-      SimError);
+  const std::string message = error_of(program, quiet_hw());
+  EXPECT_NE(message.find("UB overflow on core 0 AIV1"), std::string::npos) << message;
 }
 
 TEST(Engine, MoreThanSixteenPendingSetsIsAnError) {
@@ -367,14 +354,9 @@ TEST(Engine, RemainderBelowTheClockResolutionCompletes) {
 TEST(Engine, RunsPastTheTimeLimitStopWithAnErrorNamingTheInstruction) {
   Program program(1);
   program.add(compute(0, 2, Pipe::v, kMaxCycles * 2));
-  try {
-    simulate(program, quiet_hw());
-    FAIL() << "expected the time limit";
-  } catch (const SimError& error) {
-    const std::string message = error.what();
-    EXPECT_NE(message.find("simulated time passed 1e+15 cycles"), std::string::npos) << message;
-    EXPECT_NE(message.find("core 0 AIV1.V instruction #0"), std::string::npos) << message;
-  }
+  const std::string message = error_of(program, quiet_hw());
+  EXPECT_NE(message.find("simulated time passed 1e+15 cycles"), std::string::npos) << message;
+  EXPECT_NE(message.find("core 0 AIV1.V instruction #0"), std::string::npos) << message;
 }
 
 TEST(Engine, RecordsLinkWaitsToTheirSets) {
