@@ -479,7 +479,7 @@ void pack_operands(FlashProblem& p, Packed& packed, int threads) {
                 for (std::int64_t d = 0; d < p.dk; d += 16) __builtin_prefetch(row + d);
               }
               for (std::int64_t d = 0; d < p.dk; ++d) {
-                float* panel_row = kt + key0 * p.dk + d * kPanel;
+                float* panel_row = kt + packed_k_offset(key0, d, p.dk);
                 for (std::int64_t key = key0; key < group_end; ++key) {
                   panel_row[key - key0] = k_data[k_row0 + key * p.k_strides.seq + d];
                 }
@@ -491,8 +491,7 @@ void pack_operands(FlashProblem& p, Packed& packed, int threads) {
             for (std::int64_t key = 0; key < keys; ++key) {
               const std::int64_t row = k_row0 + key * p.k_strides.seq;
               for (std::int64_t d = 0; d < p.dk; ++d) {
-                kt[key / kPanel * p.dk * kPanel + d * kPanel + key % kPanel] =
-                    load_element(p.dtype, p.k, row + d);
+                kt[packed_k_offset(key, d, p.dk)] = load_element(p.dtype, p.k, row + d);
               }
             }
           }
@@ -503,11 +502,9 @@ void pack_operands(FlashProblem& p, Packed& packed, int threads) {
             // Panels of kPanel columns, each [key][kPanel] (see FlashProblem::v_packed).
             constexpr std::int64_t kVAhead = 16;
             for (std::int64_t first = 0; first < p.dv_padded; first += kPanel) {
-              const std::int64_t width = kPanel;
-              const std::int64_t valid = std::clamp<std::int64_t>(p.dv - first, 0, width);
-              float* chunk = vp + first * kKvBlock;
+              const std::int64_t valid = std::clamp<std::int64_t>(p.dv - first, 0, kPanel);
               for (std::int64_t key = 0; key < keys; ++key) {
-                float* dst = chunk + key * width;
+                float* dst = vp + packed_v_offset(key, first);
                 const std::int64_t row = v_row0 + key * p.v_strides.seq + first;
                 if (p.dtype == DType::f32) {
                   if (first == 0 && key + kVAhead < keys) {  // as for K: overlap the row misses
@@ -521,7 +518,7 @@ void pack_operands(FlashProblem& p, Packed& packed, int threads) {
                     dst[d] = load_element(p.dtype, p.v, row + d);
                   }
                 }
-                std::fill(dst + valid, dst + width, 0.f);
+                std::fill(dst + valid, dst + kPanel, 0.f);
               }
             }
           }

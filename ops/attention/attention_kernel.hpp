@@ -27,6 +27,16 @@ inline constexpr int kMaxRowGroup = 16;
 /// on a 32 KiB L1d they evicted each other and the P and O rows (AVX2 P·V at 64 % of the FMA
 /// peak with 64-float V rows).
 inline constexpr std::int64_t kPanel = 16;
+
+/// Offset of K[key][d] in a packed K^T block ([kKvBlock / kPanel][dk][kPanel]).
+inline constexpr std::int64_t packed_k_offset(std::int64_t key, std::int64_t d,
+                                              std::int64_t dk) noexcept {
+  return key / kPanel * dk * kPanel + d * kPanel + key % kPanel;
+}
+/// Offset of V[key][column] in a packed V block ([dv_padded / kPanel][kKvBlock][kPanel]).
+inline constexpr std::int64_t packed_v_offset(std::int64_t key, std::int64_t column) noexcept {
+  return column / kPanel * kKvBlock * kPanel + key * kPanel + column % kPanel;
+}
 /// Lanes of the widest fp32 vector (AVX-512): per-row softmax sums are kept as vectors.
 inline constexpr std::int64_t kMaxLanes = 16;
 

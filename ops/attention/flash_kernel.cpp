@@ -55,7 +55,7 @@ inline void qk_packed(const float* q_tile, std::int64_t q_stride, const float* k
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) {
       const int key = (col + c) * L;
-      k_vector[c] = kt + key / kPanel * dk * kPanel + key % kPanel;
+      k_vector[c] = kt + packed_k_offset(key, 0, dk);
     }
     for (std::int64_t d = 0; d < dk; ++d) {
       B<Arch> kv[C];
@@ -425,8 +425,7 @@ class TaskRunner {
     };
     auto source = [&](std::int64_t col) {
       if (!v_packed_) return Source{v + col, v_stride, kPanel};
-      return Source{v + col / kPanel * kKvBlock * kPanel + col % kPanel, kPanel,
-                    kKvBlock * kPanel};
+      return Source{v + packed_v_offset(0, col), kPanel, packed_v_offset(0, kPanel)};
     };
     std::int64_t vec = 0;
     for (; vec + DV < vectors; vec += DV) {
