@@ -19,7 +19,7 @@ set(DITOPS_ISA_avx512_FLAGS -mavx512f -mavx512cd -mavx512dq -mavx512bw -mavx512v
 set(DITOPS_ISA_avx512bf16_FLAGS ${DITOPS_ISA_avx512_FLAGS} -mavx512bf16 -mavx512vnni)
 
 function(ditops_add_kernels target)
-  foreach(isa IN LISTS DITOPS_ISA_LEVELS)   # lowest level first (see DESIGN.md, ODR hazard)
+  foreach(isa IN LISTS DITOPS_ISA_LEVELS)   # lowest level first (ODR hazard: tools/check_isa_objects.sh)
     set(objects ${target}_isa_${isa})
     if(NOT TARGET ${objects})
       add_library(${objects} OBJECT)

@@ -1,5 +1,5 @@
 #pragma once
-// Program builder for the int8 MLA paged-attention decode kernel (ascend-910b.md).
+// Program builder for the int8 MLA paged-attention decode kernel (sim/README.md).
 //
 // The kernel: per task (sequence, head group, KV split) the AIC runs QK and PV and the two AIVs
 // run SM and UP (each AIV owns half of the task's rows), in the stage order of
@@ -16,7 +16,7 @@
 
 namespace ditops::sim {
 
-/// The optimizations of ascend-910b.md, each a named switch (`--opt NAME`).
+/// The optimizations of sim/README.md, each a named switch (`--opt NAME`).
 struct MlaOptimizations {
   bool nope_rope_split = false;  // two QK flags: S_nope ready, then S_rope ready
   bool up_pingpong = false;      // double-buffered UB tiles in UP

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ODR guard (DESIGN.md): no symbol may be defined by two ISA objects, or by an ISA object and a
+# ODR guard: no symbol may be defined by two ISA objects, or by an ISA object and a
 # baseline object. Otherwise the linker keeps one copy of, say, an inline helper compiled with
 # -mavx512f, and an AVX2-only CPU executes it through the AVX2 path (SIGILL).
 # Objects of one ISA level share their flags, so a symbol they both define is harmless: symbols

@@ -1,4 +1,4 @@
-// ditops-sim: the Ascend 910B pipeline simulator's command line (API.md, "Simulator CLI").
+// ditops-sim: the Ascend 910B pipeline simulator's command line.
 //
 //   ditops-sim mla   [--batch 1] [--kv 2048] [--heads 128] [--q-len 1] [--cores 24]
 //                    [--block-size 128] [--chunk 1|2|4] [--opt NAME[,NAME...]] [--hw FILE.json]

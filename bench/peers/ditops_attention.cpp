@@ -75,11 +75,10 @@ int run(const std::map<std::string, std::string>& args) {
       ditops::backend_name(choice.backend), choice.detail.c_str(), ditops::cpu_info().isa.c_str());
   for (std::int64_t rep = 0; rep < reps; ++rep) {
     const auto start = std::chrono::steady_clock::now();
-    ditops::attention_forward(shape(q.data()), shape(k.data()), shape(v.data()),
-                              shape(out.data()), options);
+    ditops::attention_forward(shape(q.data()), shape(k.data()), shape(v.data()), shape(out.data()),
+                              options);
     const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-            .count();
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     std::printf("%s%.3f", rep == 0 ? "" : ", ", ms);
   }
   std::printf("]}\n");

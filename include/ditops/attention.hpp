@@ -1,5 +1,5 @@
 #pragma once
-// Scaled dot-product attention (API.md "Attention"): dense BSND/BNSD and packed varlen (TND),
+// Scaled dot-product attention: dense BSND/BNSD and packed varlen (TND),
 // with auto-tuned backends.
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 #pragma once
-// DeepSeek-style MLA decode over an int8 latent cache, paged through a block table (API.md
-// "MLA paged decode"), and the helper that fills such a cache.
+// DeepSeek-style MLA decode over an int8 latent cache, paged through a block table, and
+// the helper that fills such a cache.
 //
 // Cache format per token (FlashMLA's layout with int8 in place of fp8): 512 int8 "nope" values,
 // G = 1 or 4 fp32 scales (scale g covers the 512/G consecutive values g*512/G ...; value =

@@ -1,5 +1,5 @@
 #pragma once
-// RMSNorm and fused residual-add RMSNorm (SPEC.md item 2).
+// RMSNorm and fused residual-add RMSNorm.
 
 #include <ditops/tensor.hpp>
 

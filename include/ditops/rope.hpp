@@ -1,5 +1,5 @@
 #pragma once
-// Rotary position embedding (SPEC.md item 1).
+// Rotary position embedding.
 
 #include <ditops/tensor.hpp>
 

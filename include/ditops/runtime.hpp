@@ -1,5 +1,5 @@
 #pragma once
-// Threads and CPU features (API.md "Runtime").
+// Threads and CPU features.
 
 #include <string>
 

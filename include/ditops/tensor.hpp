@@ -1,5 +1,5 @@
 #pragma once
-// Tensor views, element types and the library's error type (API.md "Tensors and errors").
+// Tensor views, element types and the library's error type.
 
 #include <array>
 #include <cstdint>

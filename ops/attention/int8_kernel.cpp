@@ -1,4 +1,4 @@
-// int8 attention (SPEC.md item 5), compiled once per ISA level (cmake/DitopsKernels.cmake).
+// int8 attention, compiled once per ISA level (cmake/DitopsKernels.cmake).
 //
 // Operands (int8_pack_head, once per call): K minus its per-(sequence, KV head) mean
 // (SageAttention's smoothing: q·(k - mean) differs from q·k by a per-row constant, so the

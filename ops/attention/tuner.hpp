@@ -1,5 +1,5 @@
 #pragma once
-// Auto-tuning cache for attention (SPEC.md item 3): an in-process LRU of 512 entries keyed by
+// Auto-tuning cache for attention: an in-process LRU of 512 entries keyed by
 // the problem description, optionally persisted as JSON (DITOPS_TUNE_CACHE), thread-safe.
 // The file is only ever read if it is a regular file, only replaced if it is a ditops cache
 // (anything else is left as it is), and replaced atomically under a lock file, merging what

@@ -7,7 +7,7 @@
 //
 // Stages per KV block b: QK(b) writes S(b); SM(b) reads S(b) and writes P(b); PV(b) reads P(b)
 // and writes O_tmp(b); UP(b) reads O_tmp(b). `chunk` (1, 2 or 4) sets how many QK blocks run
-// ahead of their PV (ascend-910b.md, "Pipelines by chunk size"):
+// ahead of their PV (sim/README.md, "Pipelines by chunk size"):
 //   chunk=1  QK0 QK1 PV0 QK2 PV1 ... PVn-1          (preload depth 1, the open ATB kernel)
 //   chunk=2  QK0 QK1 | PV0 PV1 | QK2 QK3 | PV2 PV3  (groups of 2)
 //   chunk=4  QK0..QK3 | PV0..PV3 | QK4..QK7 | ...   (groups of 4)
@@ -37,7 +37,7 @@ struct StageInstance {
 };
 
 struct ScheduleOptions {
-  // Cube-bubble reduction (ascend-910b.md): from the second group on, the QKs of the next group
+  // Cube-bubble reduction (sim/README.md): from the second group on, the QKs of the next group
   // are interleaved with the PVs of the current one (QK4 PV0 QK5 PV1 ...), so the cube has QK
   // work while it waits for SM. Only meaningful for chunk >= 2.
   bool interleave_cube = false;

@@ -1,4 +1,4 @@
-// The int8 backend of attention_forward (SPEC.md item 5) against the fp64 reference on
+// The int8 backend of attention_forward against the fp64 reference on
 // realistic inputs: keys with per-channel offsets (as real models' K have), so smoothing has
 // something to remove. int8 is lossy by design: the bar is the cosine similarity
 // >= 0.999 over the output, plus bounds on the worst row and the LSE that catch a broken

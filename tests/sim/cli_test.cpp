@@ -1,5 +1,5 @@
-// The built ditops-sim against API.md's "Simulator CLI": outputs parse, and bad flags or values
-// exit with status 2 and exactly one line on stderr.
+// The built ditops-sim against its documented CLI (the usage text): outputs parse, and bad flags or
+// values exit with status 2 and exactly one line on stderr.
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>

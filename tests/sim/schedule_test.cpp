@@ -1,4 +1,4 @@
-// Stage orders of ops/schedule against ascend-910b.md's pipelines, and the ping-pong safety
+// Stage orders of ops/schedule against sim/README.md's pipelines, and the ping-pong safety
 // argument: in-order queues plus the three hand-off flags must order every slot reuse.
 
 #include "ops/schedule/schedule.hpp"
@@ -14,7 +14,7 @@ namespace ditops::schedule {
 namespace {
 
 TEST(Schedule, Chunk1IsPreloadDepthOne) {
-  // ascend-910b.md: QK QK PV QK PV QK PV PV / SM SM UP SM UP SM UP UP
+  // sim/README.md: QK QK PV QK PV QK PV PV / SM SM UP SM UP SM UP UP
   const Schedule s = make_schedule(4, 1);
   EXPECT_EQ(to_string(s.cube), "QK0 QK1 PV0 QK2 PV1 QK3 PV2 PV3");
   EXPECT_EQ(to_string(s.vector), "SM0 SM1 UP0 SM2 UP1 SM3 UP2 UP3");
