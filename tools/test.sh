@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Builds and runs the whole test suite: the Release build (every ISA level, the ODR guard, the
-# installed-package consumer, the simulator) and the AddressSanitizer + UBSan build.
+# Checks that the repository stands alone (tools/check_isolation.sh), then builds and runs the
+# whole test suite: the Release build (every ISA level, the ODR guard, the installed-package
+# consumer, the simulator) and the AddressSanitizer + UBSan build.
 # Usage: tools/test.sh [--quick]   (--quick skips the sanitizer build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# First, before any package or build: nothing tracked may refer outside the repository.
+tools/check_isolation.sh
 source tools/setup.sh
 ditops_ensure_packages
 
