@@ -21,8 +21,9 @@ nlohmann::ordered_json json_number(double value) {
 }  // namespace
 
 const std::vector<HwParamInfo>& hw_param_table() {
-  // Sources: sim/README.md (Huawei Ascend C / CANN docs, CANN platform .ini, the GEMM tiling
-  // cycle model cache_tiling_cycle_model.cc, the ATB kernel mla_int8.cce, arXiv:2509.25224).
+  // Sources (docs/npu-model.md, which documents each row): Huawei Ascend C / CANN docs, CANN
+  // platform .ini, the GEMM tiling cycle model cache_tiling_cycle_model.cc, the ATB kernel
+  // mla_int8.cce, arXiv:2509.25224.
   static const std::vector<HwParamInfo> table = {
       {"num_cores", "cores", "H: 910B2 class has 24 AI cores (910B1: 25, 910B3/B4: 20)",
        &HwParams::num_cores, 1, 4096, true},
