@@ -18,11 +18,13 @@
 #include <vector>
 
 #include "ops/attention/attention_kernel.hpp"
+#include "ops/attention/call.hpp"
 #include "ops/attention/tuner.hpp"
 #include "ops/core/check.hpp"
 #include "ops/core/isa.hpp"
 #include "ops/core/scratch.hpp"
 #include "ops/core/threads.hpp"
+#include "ops/sparse/block_sparse.hpp"
 
 namespace ditops {
 
@@ -55,15 +57,6 @@ using core::numel;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
-
-/// A validated call: the kernel problem plus what the tuner key and the reference need.
-struct Call {
-  FlashProblem problem;
-  float scale = 1.f;
-  std::string key;  ///< tuner key (without the thread count)
-  AttentionBackend requested = AttentionBackend::automatic;
-  int int8_chunk = 2;  ///< the int8 backend's schedule chunk (1, 2 or 4)
-};
 
 std::int64_t round_up(std::int64_t value, std::int64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
@@ -130,6 +123,8 @@ void check_workspace(const char* name, const FlashProblem& p, core::CheckedSize 
                          " heads) need more than 2^63 bytes of workspace");
   }
 }
+
+}  // namespace
 
 /// Validates the four tensors of a dense call (layout dims: batch, seq, head).
 Call validate_dense(const char* name, const TensorView& q, const TensorView& k, const TensorView& v,
@@ -260,6 +255,8 @@ Call validate_dense(const char* name, const TensorView& q, const TensorView& k, 
              " mask:" + mask_key + (p.causal ? " causal" : "") + (p.lse ? " lse" : "");
   return call;
 }
+
+namespace {
 
 void check_cu_seqlens(const char* name, const char* arg, std::span<const std::int32_t> cu,
                       std::int64_t total, const char* tensor) {
@@ -409,7 +406,10 @@ struct Packed {
   std::vector<std::int64_t> k_offset, v_offset;
 };
 
-void pack_operands(FlashProblem& p, Packed& packed, int threads) {
+/// Packs the K and V heads `tasks` read (all of them for dense calls; a sparse pass may use a
+/// few).
+void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>& tasks,
+                   int threads) {
   const bool pack_k = p.k_layout == KLayout::packed;
   // V is copied to contiguous fp32 rows once per call for prefill (every row group re-reads
   // it): rows read in place are a [B, S, N, D] stride apart, N·D·4 bytes (12 KiB at N=24,
@@ -427,9 +427,12 @@ void pack_operands(FlashProblem& p, Packed& packed, int threads) {
   };
   std::vector<Job> jobs;
   const std::int64_t k_block_elements = (p.bf16_dot ? dk_padded : p.dk) * kKvBlock;
+  std::vector<char> used(heads_total, 0);
+  for (const FlashTask& task : tasks) used[task.seq * p.kv_heads + task.kv_head] = 1;
   for (std::int64_t seq = 0; seq < p.batch; ++seq) {
     const std::int64_t blocks = (sequence_shape(p, seq).kv_len + kKvBlock - 1) / kKvBlock;
     for (std::int64_t head = 0; head < p.kv_heads; ++head) {
+      if (!used[seq * p.kv_heads + head]) continue;
       packed.k_offset[seq * p.kv_heads + head] = k_total;
       packed.v_offset[seq * p.kv_heads + head] = v_total;
       k_total += blocks * k_block_elements;
@@ -452,15 +455,21 @@ void pack_operands(FlashProblem& p, Packed& packed, int threads) {
           const std::int64_t first_key = job.block * kKvBlock;
           const std::int64_t keys = std::min(kKvBlock, s.kv_len - first_key);
           const std::int64_t slot = job.seq * p.kv_heads + job.head;
-          const std::int64_t k_row0 = job.seq * p.k_strides.batch + job.head * p.k_strides.head +
-                                      (s.k_row0 + first_key) * p.k_strides.seq;
+          // Offsets of the rows of the block's keys (in p.k_order when set).
+          auto source_key = [&](std::int64_t key) {
+            return s.k_row0 + (p.k_order ? p.k_order[first_key + key] : first_key + key);
+          };
+          auto k_row = [&](std::int64_t key) {
+            return job.seq * p.k_strides.batch + job.head * p.k_strides.head +
+                   source_key(key) * p.k_strides.seq;
+          };
           if (pack_k && p.bf16_dot) {
             std::uint16_t* kt =
                 packed.k_bf16.get() + packed.k_offset[slot] + job.block * k_block_elements;
             std::fill(kt, kt + k_block_elements, std::uint16_t{0});
             for (std::int64_t key = 0; key < keys; ++key) {
               for (std::int64_t d = 0; d < p.dk; ++d) {
-                const float value = load_element(p.dtype, p.k, k_row0 + key * p.k_strides.seq + d);
+                const float value = load_element(p.dtype, p.k, k_row(key) + d);
                 kt[(d / 2) * 2 * kKvBlock + key * 2 + d % 2] = bf16::from_float(value).bits;
               }
             }
@@ -475,13 +484,13 @@ void pack_operands(FlashProblem& p, Packed& packed, int threads) {
               const std::int64_t group_end = std::min(keys, key0 + kGroup);
               const std::int64_t ahead_end = std::min(keys, group_end + kGroup);
               for (std::int64_t key = group_end; key < ahead_end; ++key) {
-                const float* row = k_data + k_row0 + key * p.k_strides.seq;
+                const float* row = k_data + k_row(key);
                 for (std::int64_t d = 0; d < p.dk; d += 16) __builtin_prefetch(row + d);
               }
               for (std::int64_t d = 0; d < p.dk; ++d) {
                 float* panel_row = kt + packed_k_offset(key0, d, p.dk);
                 for (std::int64_t key = key0; key < group_end; ++key) {
-                  panel_row[key - key0] = k_data[k_row0 + key * p.k_strides.seq + d];
+                  panel_row[key - key0] = k_data[k_row(key) + d];
                 }
               }
             }
@@ -489,7 +498,7 @@ void pack_operands(FlashProblem& p, Packed& packed, int threads) {
             float* kt = packed.k.get() + packed.k_offset[slot] + job.block * k_block_elements;
             std::fill(kt, kt + k_block_elements, 0.f);
             for (std::int64_t key = 0; key < keys; ++key) {
-              const std::int64_t row = k_row0 + key * p.k_strides.seq;
+              const std::int64_t row = k_row(key);
               for (std::int64_t d = 0; d < p.dk; ++d) {
                 kt[packed_k_offset(key, d, p.dk)] = load_element(p.dtype, p.k, row + d);
               }
@@ -497,19 +506,20 @@ void pack_operands(FlashProblem& p, Packed& packed, int threads) {
           }
           if (pack_v) {
             float* vp = packed.v.get() + packed.v_offset[slot] + first_key * p.dv_padded;
-            const std::int64_t v_row0 = job.seq * p.v_strides.batch + job.head * p.v_strides.head +
-                                        (s.k_row0 + first_key) * p.v_strides.seq;
+            auto v_row = [&](std::int64_t key) {
+              return job.seq * p.v_strides.batch + job.head * p.v_strides.head +
+                     source_key(key) * p.v_strides.seq;
+            };
             // Panels of kPanel columns, each [key][kPanel] (see FlashProblem::v_packed).
             constexpr std::int64_t kVAhead = 16;
             for (std::int64_t first = 0; first < p.dv_padded; first += kPanel) {
               const std::int64_t valid = std::clamp<std::int64_t>(p.dv - first, 0, kPanel);
               for (std::int64_t key = 0; key < keys; ++key) {
                 float* dst = vp + packed_v_offset(key, first);
-                const std::int64_t row = v_row0 + key * p.v_strides.seq + first;
+                const std::int64_t row = v_row(key) + first;
                 if (p.dtype == DType::f32) {
                   if (first == 0 && key + kVAhead < keys) {  // as for K: overlap the row misses
-                    const float* ahead =
-                        static_cast<const float*>(p.v) + row + kVAhead * p.v_strides.seq;
+                    const float* ahead = static_cast<const float*>(p.v) + v_row(key + kVAhead);
                     for (std::int64_t d = 0; d < p.dv; d += 16) __builtin_prefetch(ahead + d);
                   }
                   std::memcpy(dst, static_cast<const float*>(p.v) + row, valid * sizeof(float));
@@ -606,13 +616,57 @@ RowOffsets row_offsets(const FlashProblem& p, std::int64_t seq, std::int64_t hea
       seq * p.lse_strides.batch + (s.q_row0 + pos) * p.lse_strides.seq + head * p.lse_strides.head};
 }
 
-/// Runs the flash backends, or with int8_chunk > 0 the int8 backend at that chunk.
-void run_flash(FlashProblem p, int threads, int int8_chunk = 0) {
-  if (p.batch == 0 || p.heads == 0) return;
+}  // namespace
+
+void run_flash_tasks(FlashProblem p, const std::vector<FlashTask>& tasks,
+                     const std::vector<double>& cost, int threads, int int8_chunk) {
+  if (tasks.empty()) return;
   using Kernel = decltype(&flash_task<xsimd::sse2>);
   static const core::IsaTable<Kernel> flash_kernels = DITOPS_ISA_TABLE(flash_task);
   static const core::IsaTable<Kernel> int8_kernels = DITOPS_ISA_TABLE(int8_task);
   const Kernel kernel = int8_chunk > 0 ? int8_kernels.get() : flash_kernels.get();
+  // Handed out dynamically, the tasks of one (sequence, KV head) together, most expensive first,
+  // and those heads by their most expensive task: consecutive tasks re-read the head's packed
+  // K/V from L2/L3 (a plain cost order, under causal masking, cycles through every head's K/V
+  // between two uses and measured 1.2x slower), and the tail of the schedule is short tasks.
+  std::vector<double> head_cost(p.batch * p.kv_heads, 0.);
+  auto head_of = [&](std::int64_t t) { return tasks[t].seq * p.kv_heads + tasks[t].kv_head; };
+  for (std::size_t t = 0; t < tasks.size(); ++t) {
+    head_cost[head_of(t)] = std::max(head_cost[head_of(t)], cost[t]);
+  }
+  std::vector<std::int64_t> order(tasks.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+    const std::int64_t head_a = head_of(a), head_b = head_of(b);
+    if (head_a != head_b) {
+      if (head_cost[head_a] != head_cost[head_b]) return head_cost[head_a] > head_cost[head_b];
+      return head_a < head_b;
+    }
+    return cost[a] > cost[b];
+  });
+
+  Packed packed;
+  Int8Storage int8_storage;
+  if (int8_chunk > 0) {
+    prepare_int8(p, int8_storage, int8_chunk, threads);
+  } else {
+    pack_operands(p, packed, tasks, threads);
+  }
+  const int team = static_cast<int>(std::min<std::int64_t>(threads, tasks.size()));
+  const std::int64_t scratch_floats =
+      round_up(int8_chunk > 0 ? (int8_scratch_bytes(p) + 3) / 4 : flash_scratch_floats(p), 16);
+  auto scratch = aligned_array<float>(scratch_floats * std::max(team, 1));
+  core::parallel_tasks(static_cast<std::int64_t>(tasks.size()), team,
+                       [&](std::int64_t index, int thread) {
+                         kernel(p, tasks[order[index]], scratch.get() + thread * scratch_floats);
+                       });
+}
+
+namespace {
+
+/// Runs the flash backends, or with int8_chunk > 0 the int8 backend at that chunk.
+void run_flash(const FlashProblem& p, int threads, int int8_chunk = 0) {
+  if (p.batch == 0 || p.heads == 0) return;
   const std::int64_t group = p.heads / p.kv_heads;
 
   // Tasks: (sequence, KV head, block of query positions). ~96 rows (16 micro-tiles of 6) per
@@ -649,70 +703,31 @@ void run_flash(FlashProblem p, int threads, int int8_chunk = 0) {
     splits = std::min<std::int64_t>((2 * threads + tasks.size() - 1) / tasks.size(), kv_blocks / 4);
     splits = std::max<std::int64_t>(splits, 1);
   }
-  std::unique_ptr<float[], AlignedFree> partial_out, partial_lse;
-  std::vector<FlashTask> base_tasks;
-  if (splits > 1) {
-    base_tasks = tasks;
-    std::int64_t rows_total = 0;
-    for (const FlashTask& t : tasks) rows_total += group * (t.q_end - t.q_begin);
-    partial_out = aligned_array<float>(rows_total * splits * p.dv_padded);
-    partial_lse = aligned_array<float>(rows_total * splits);
-    std::vector<FlashTask> split_tasks;
-    std::vector<double> split_cost;
-    std::int64_t row_offset = 0;
-    for (const FlashTask& t : tasks) {
-      const std::int64_t rows = group * (t.q_end - t.q_begin);
-      const std::int64_t blocks = (t.kv_end + kKvBlock - 1) / kKvBlock;
-      for (std::int64_t s = 0; s < splits; ++s) {
-        FlashTask part = t;
-        part.kv_begin = std::min(t.kv_end, blocks * s / splits * kKvBlock);
-        part.kv_end = std::min(t.kv_end, blocks * (s + 1) / splits * kKvBlock);
-        part.partial_out = partial_out.get() + (row_offset * splits + s * rows) * p.dv_padded;
-        part.partial_lse = partial_lse.get() + row_offset * splits + s * rows;
-        split_tasks.push_back(part);
-        split_cost.push_back(static_cast<double>(rows) * (part.kv_end - part.kv_begin));
-      }
-      row_offset += rows;
-    }
-    tasks = std::move(split_tasks);
-    cost = std::move(split_cost);
-  }
-  // Handed out dynamically, the tasks of one (sequence, KV head) together, most expensive first,
-  // and those heads by their most expensive task: consecutive tasks re-read the head's packed
-  // K/V from L2/L3 (a plain cost order, under causal masking, cycles through every head's K/V
-  // between two uses and measured 1.2x slower), and the tail of the schedule is short tasks.
-  std::vector<double> head_cost(p.batch * p.kv_heads, 0.);
-  auto head_of = [&](std::int64_t t) { return tasks[t].seq * p.kv_heads + tasks[t].kv_head; };
-  for (std::size_t t = 0; t < tasks.size(); ++t) {
-    head_cost[head_of(t)] = std::max(head_cost[head_of(t)], cost[t]);
-  }
-  std::vector<std::int64_t> order(tasks.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
-    const std::int64_t head_a = head_of(a), head_b = head_of(b);
-    if (head_a != head_b) {
-      if (head_cost[head_a] != head_cost[head_b]) return head_cost[head_a] > head_cost[head_b];
-      return head_a < head_b;
-    }
-    return cost[a] > cost[b];
-  });
+  if (splits == 1) return run_flash_tasks(p, tasks, cost, threads, int8_chunk);
 
-  Packed packed;
-  Int8Storage int8_storage;
-  if (int8_chunk > 0) {
-    prepare_int8(p, int8_storage, int8_chunk, threads);
-  } else {
-    pack_operands(p, packed, threads);
+  const std::vector<FlashTask> base_tasks = tasks;
+  std::int64_t rows_total = 0;
+  for (const FlashTask& t : tasks) rows_total += group * (t.q_end - t.q_begin);
+  auto partial_out = aligned_array<float>(rows_total * splits * p.dv_padded);
+  auto partial_lse = aligned_array<float>(rows_total * splits);
+  std::vector<FlashTask> split_tasks;
+  std::vector<double> split_cost;
+  std::int64_t row_offset = 0;
+  for (const FlashTask& t : tasks) {
+    const std::int64_t rows = group * (t.q_end - t.q_begin);
+    const std::int64_t blocks = (t.kv_end + kKvBlock - 1) / kKvBlock;
+    for (std::int64_t s = 0; s < splits; ++s) {
+      FlashTask part = t;
+      part.kv_begin = std::min(t.kv_end, blocks * s / splits * kKvBlock);
+      part.kv_end = std::min(t.kv_end, blocks * (s + 1) / splits * kKvBlock);
+      part.partial_out = partial_out.get() + (row_offset * splits + s * rows) * p.dv_padded;
+      part.partial_lse = partial_lse.get() + row_offset * splits + s * rows;
+      split_tasks.push_back(part);
+      split_cost.push_back(static_cast<double>(rows) * (part.kv_end - part.kv_begin));
+    }
+    row_offset += rows;
   }
-  const int team = static_cast<int>(std::min<std::int64_t>(threads, tasks.size()));
-  const std::int64_t scratch_floats =
-      round_up(int8_chunk > 0 ? (int8_scratch_bytes(p) + 3) / 4 : flash_scratch_floats(p), 16);
-  auto scratch = aligned_array<float>(scratch_floats * std::max(team, 1));
-  core::parallel_tasks(static_cast<std::int64_t>(tasks.size()), team,
-                       [&](std::int64_t index, int thread) {
-                         kernel(p, tasks[order[index]], scratch.get() + thread * scratch_floats);
-                       });
-  if (splits == 1) return;
+  run_flash_tasks(p, split_tasks, split_cost, threads, int8_chunk);
 
   // Merge the splits of each row by their LSE (log2 domain): out = sum 2^(lse_s - lse) O_s.
   std::vector<std::int64_t> task_rows(base_tasks.size() + 1, 0);
@@ -841,6 +856,9 @@ void run_config(const Call& call, const Config& config, int threads) {
   if (config.backend == AttentionBackend::reference) {
     return run_reference(call.problem, call.scale, threads);
   }
+  if (config.backend == AttentionBackend::sparse && sparse::sparse_backend_applies(call)) {
+    return sparse::run_sparse_backend(call, threads);
+  }
   FlashProblem p = call.problem;
   if (config.backend == AttentionBackend::int8) {
     // Row groups shrink as the chunk grows so the S and P of one chunk (chunk x rows x 64
@@ -871,8 +889,9 @@ Config default_config(const FlashProblem& p, AttentionBackend backend) {
 }
 
 /// Candidates the tuner times: never a backend less exact than the inputs (flash_bf16 only for
-/// bf16/f16 inputs). The reference is the oracle, not a speed candidate.
-std::vector<Config> candidates(const FlashProblem& p) {
+/// bf16/f16 inputs), sparse only for calls with a boolean mask. The reference is the oracle, not
+/// a speed candidate.
+std::vector<Config> candidates(const FlashProblem& p, bool sparse_mask) {
   std::vector<Config> list;
   std::vector<AttentionBackend> backends = {AttentionBackend::flash};
   if (tunable(AttentionBackend::flash_bf16, p.dtype) && bf16_dot_available()) {
@@ -886,6 +905,7 @@ std::vector<Config> candidates(const FlashProblem& p) {
       if (backend == AttentionBackend::flash) list.push_back(Config{backend, true, 1});
     }
   }
+  if (sparse_mask) list.push_back(Config{AttentionBackend::sparse, true, kMaxRowGroup});
   return list;
 }
 
@@ -921,9 +941,9 @@ std::optional<Config> forced_config(const Call& call) {
     source = "DITOPS_ATTN_BACKEND";
     if (backend == AttentionBackend::automatic) return std::nullopt;
   }
-  if (backend == AttentionBackend::sparse) {
+  if (backend == AttentionBackend::sparse && !sparse::sparse_backend_applies(call)) {
     warn_once(std::string("ditops: ") + source + "=" + backend_name(backend) +
-              " cannot serve attention_forward in this build; using the tuned choice");
+              " needs a boolean attn_mask (and a dense call); using the tuned choice");
     return std::nullopt;
   }
   return default_config(call.problem, backend);
@@ -941,7 +961,7 @@ Choice choose(const Call& call, int threads, bool run_winner) {
   }
   // MindIE-SD's runtime mode: 2 warm-ups and 5 timed runs per candidate, fastest wins. The
   // runs write `out`; the winner's final run below leaves its result there.
-  const std::vector<Config> list = candidates(call.problem);
+  const std::vector<Config> list = candidates(call.problem, sparse::sparse_backend_applies(call));
   Config best = list.front();
   double best_seconds = std::numeric_limits<double>::infinity();
   if (list.size() > 1) {

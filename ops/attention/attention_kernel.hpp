@@ -108,16 +108,32 @@ struct FlashProblem {
   const std::int64_t* v_packed_offset = nullptr;
   std::int64_t dv_padded = 0;  ///< dv rounded up to 16
   Int8Operands int8;           ///< the int8 backend's operands (k, v null otherwise)
+  // Token orders and row windows (block-sparse attention; null/0 for dense calls). A task's
+  // query position pos is the sequence's query q_order[pos]; packed key position j holds key
+  // k_order[j] (packing only: the kernel then reads K and V in that order, which requires
+  // KLayout::packed). With row_window, query position pos attends the keys [0, sink_end) and
+  // [row_window[2 pos], row_window[2 pos + 1]) (key positions), besides causal and mask.
+  const std::int32_t* q_order = nullptr;
+  const std::int32_t* k_order = nullptr;
+  const std::int32_t* row_window = nullptr;
+  std::int64_t sink_end = 0;
 };
 
 /// Query rows [q_begin, q_end) of sequence `seq` for every query head of KV head `kv_head`,
 /// against keys [kv_begin, kv_end). partial: fp32 [group * (q_end - q_begin)][dv_padded]
 /// normalized outputs and their log2-domain LSE (split-KV, merged by the caller), or null to
 /// write out/lse directly.
+/// head_count > 0 restricts the task to query heads [head_begin, head_begin + head_count) of
+/// the KV head's group (heads with different block lists). blocks: the KV blocks to visit, as
+/// ascending block numbers (keys [64 b, 64 b + 64)), instead of every block of
+/// [kv_begin, kv_end); the caller keeps the list alive while the task runs.
 struct FlashTask {
   std::int64_t seq = 0, kv_head = 0;
   std::int64_t q_begin = 0, q_end = 0;
   std::int64_t kv_begin = 0, kv_end = 0;
+  std::int64_t head_begin = 0, head_count = 0;
+  const std::int32_t* blocks = nullptr;
+  std::int64_t block_count = 0;
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
 };

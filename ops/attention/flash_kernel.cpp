@@ -166,7 +166,7 @@ class TaskRunner {
     row_max_ = p_tile_ + rows * kKvBlock;
     row_sum_ = row_max_ + rows;
     q_bf16_ = reinterpret_cast<std::uint16_t*>(row_sum_ + rows * kMaxLanes);
-    group_ = p.heads / p.kv_heads;
+    heads_ = task_heads(p, task);
     rows_per_head_ = task.q_end - task.q_begin;
     kv_end_ = std::min(task.kv_end, seq_.kv_len);
     const std::int64_t kh = task.kv_head;
@@ -189,7 +189,7 @@ class TaskRunner {
   }
 
   void run() noexcept {
-    const std::int64_t total = group_ * rows_per_head_;
+    const std::int64_t total = heads_ * rows_per_head_;
     const std::int64_t rows_per_group = static_cast<std::int64_t>(p_.row_group) * R;
     for (std::int64_t first = 0; first < total; first += rows_per_group) {
       run_group(first, std::min(total, first + rows_per_group));
@@ -241,14 +241,23 @@ class TaskRunner {
     // or L2 across the micro-tiles, where interleaving them per tile re-read both from L2 (L3).
     // Running the Q·K^T passes panel by panel across the micro-tiles instead (each 8 KiB K^T
     // panel in L1 on a 32 KiB L1d) measured no faster on Zen 3.
-    for (std::int64_t block = task_.kv_begin; block < group_end; block += kKvBlock) {
+    // The task's blocks: its list (block-sparse), else every block of [kv_begin, group_end).
+    const std::int64_t walk =
+        task_.blocks ? task_.block_count : (group_end - task_.kv_begin + kKvBlock - 1) / kKvBlock;
+    auto block_at = [&](std::int64_t i) {
+      return task_.blocks ? task_.blocks[i] * kKvBlock : task_.kv_begin + i * kKvBlock;
+    };
+    for (std::int64_t i = 0; i < walk; ++i) {
+      const std::int64_t block = block_at(i);
+      if (block >= group_end) break;
       const std::int64_t keys = std::min(kKvBlock, kv_end_ - block);
       // Keys of the block each micro-tile's P·V runs over: 0 when no row attends the block, and
       // on the causal diagonal only up to the tile's last visible key (P is 0 past it).
       std::int64_t tile_keys[kMaxRowGroup];
-      const bool prefetch_next = kt_ && v_packed_ && block + kKvBlock < group_end;
+      const std::int64_t next = i + 1 < walk ? block_at(i + 1) : group_end;
+      const bool prefetch_next = kt_ && v_packed_ && next < group_end;
       for (int t = 0; t < tiles; ++t) {
-        if (prefetch_next) prefetch_next_block(block + kKvBlock, t, tiles);
+        if (prefetch_next) prefetch_next_block(next, t, tiles);
         // Blocks above the causal diagonal for every row of the tile are skipped.
         const bool attends = block < tile_max[t] && scores_tile(rows + t * R, t * R, block, keys,
                                                                 block + kKvBlock > tile_min[t]);
@@ -470,7 +479,7 @@ class TaskRunner {
   const FlashProblem& p_;
   const FlashTask& task_;
   Sequence seq_;
-  std::int64_t dk_padded_ = 0, group_ = 1, rows_per_head_ = 0, kv_end_ = 0;
+  std::int64_t dk_padded_ = 0, heads_ = 1, rows_per_head_ = 0, kv_end_ = 0;
   float *q_tile_, *o_tile_, *p_tile_, *row_max_, *row_sum_;
   std::uint16_t* q_bf16_;
   const T* k_base_ = nullptr;

@@ -35,9 +35,17 @@ inline Sequence sequence_of(const FlashProblem& p, std::int64_t seq) noexcept {
   return {p.q_len, p.kv_len, 0, 0};
 }
 
+/// Query heads a task covers: its head range, or the KV head's whole group.
+inline std::int64_t task_heads(const FlashProblem& p, const FlashTask& task) noexcept {
+  return task.head_count > 0 ? task.head_count : p.heads / p.kv_heads;
+}
+
 /// One query row of a task.
 struct RowRef {
   std::int64_t visible_end = 0;  ///< keys [kv_begin, visible_end) may be attended
+  /// Row windows (FlashProblem::row_window): keys [sink_end, window_begin) are not attended.
+  /// 0 when the row has no window or its window starts inside the sink.
+  std::int64_t window_begin = 0, sink_end = 0;
   const void* q = nullptr;
   void* out = nullptr;
   float* lse = nullptr;
@@ -46,17 +54,26 @@ struct RowRef {
   float* partial_lse = nullptr;
 };
 
-/// Row `index` of a task (index = head within the KV head's group * rows_per_head + position).
+/// Row `index` of a task (index = head within the task's heads * rows_per_head + position).
 template <class T>
 RowRef make_row(const FlashProblem& p, const FlashTask& task, const Sequence& seq,
                 std::int64_t index) noexcept {
   const std::int64_t group = p.heads / p.kv_heads;
   const std::int64_t rows_per_head = task.q_end - task.q_begin;
-  const std::int64_t head = task.kv_head * group + index / rows_per_head;
-  const std::int64_t pos = task.q_begin + index % rows_per_head;
+  const std::int64_t head = task.kv_head * group + task.head_begin + index / rows_per_head;
+  const std::int64_t task_pos = task.q_begin + index % rows_per_head;
+  const std::int64_t pos = p.q_order ? p.q_order[task_pos] : task_pos;
   RowRef row;
   std::int64_t visible = seq.kv_len;
   if (p.causal) visible = std::clamp<std::int64_t>(pos + seq.kv_len - seq.q_len + 1, 0, seq.kv_len);
+  if (p.row_window) {
+    visible = std::min<std::int64_t>(visible, p.row_window[2 * task_pos + 1]);
+    const std::int64_t begin = p.row_window[2 * task_pos];
+    if (begin > p.sink_end) {
+      row.window_begin = begin;
+      row.sink_end = p.sink_end;
+    }
+  }
   row.visible_end = std::min({visible, task.kv_end, seq.kv_len});
   row.q = static_cast<const T*>(p.q) + task.seq * p.q_strides.batch +
           (seq.q_row0 + pos) * p.q_strides.seq + head * p.q_strides.head;
@@ -155,6 +172,21 @@ inline bool tile_needs_mask(const FlashProblem& p, const RowRef* rows, int count
                             bool& attends) noexcept {
   attends = true;
   bool partial = diagonal || keys < kKvBlock;
+  if (p.row_window) {  // a window cuts the block when it starts past the block's first key
+    bool any_row = false;
+    for (int i = 0; i < count; ++i) {
+      const RowRef& row = rows[i];
+      if (row.q == nullptr) continue;
+      const bool in_sink = block + keys <= row.sink_end;
+      const bool sees = block < row.sink_end || block + keys > row.window_begin;
+      any_row |= sees && block < row.visible_end;
+      partial |= !in_sink && block < row.window_begin;
+    }
+    if (!any_row) {
+      attends = false;
+      return partial;
+    }
+  }
   if (p.mask_kind == MaskKind::boolean) {
     int all_false = 1, all_true = 1;
     for (int i = 0; i < count; ++i) {
@@ -182,8 +214,13 @@ inline void mask_scores(const FlashProblem& p, const RowRef& row, std::int64_t b
   alignas(64) float iota[kLanes];
   for (int i = 0; i < kLanes; ++i) iota[i] = static_cast<float>(i);
   const B<Arch> visible(static_cast<float>(row.visible_end - block));
+  // Keys [sink_end, window_begin) are outside the row's window (both 0 without one).
+  const B<Arch> gap_begin(static_cast<float>(row.sink_end - block)),
+      gap_end(static_cast<float>(row.window_begin - block));
   for (int c = 0; c < kKvBlock / kLanes; ++c) {
-    auto valid = B<Arch>::load_aligned(iota) + B<Arch>(static_cast<float>(c * kLanes)) < visible;
+    const B<Arch> index = B<Arch>::load_aligned(iota) + B<Arch>(static_cast<float>(c * kLanes));
+    auto valid = index < visible;
+    if (row.window_begin > 0) valid = valid & ((index < gap_begin) | (index >= gap_end));
     const std::int64_t key = block + c * kLanes;
     const std::int64_t count = std::min<std::int64_t>(kLanes, kv_len - key);
     if (row.mask != nullptr && count > 0) {
