@@ -41,20 +41,23 @@ double fraction_of(const BenchEntry& entry) {
   return -1;
 }
 /// Name of the baseline entry for `name`, or "" when it is itself a baseline or has none:
-/// "eigen:0" pairs with "eigen:1" (Eigen or reference backends), and "flash:0" with "flash:1"
-/// at "chunk:0" (the int8 attention backend against flash fp32, which has no chunk).
+/// "eigen:0" pairs with "eigen:1" (Eigen or reference backends), "flash:0" with "flash:1" at
+/// "chunk:0" (the int8 attention backend against flash fp32, which has no chunk), and
+/// "dense:0" with "dense:1" at "case:0" (sparse attention against dense flash).
 std::string baseline_name(const std::string& name) {
   std::string base = name;
-  for (const auto& [ours, theirs] :
-       {std::pair<std::string, std::string>{"eigen:0", "eigen:1"}, {"flash:0", "flash:1"}}) {
+  for (const auto& [ours, theirs] : {std::pair<std::string, std::string>{"eigen:0", "eigen:1"},
+                                     {"flash:0", "flash:1"},
+                                     {"dense:0", "dense:1"}}) {
     const auto at = base.find(ours);
     if (at == std::string::npos) continue;
     base.replace(at, ours.size(), theirs);
-    const auto chunk = base.find("chunk:");
-    if (chunk != std::string::npos) {
-      const auto digits = base.find_first_not_of("0123456789", chunk + 6);
-      base.replace(chunk + 6, (digits == std::string::npos ? base.size() : digits) - chunk - 6,
-                   "0");
+    for (const std::string variant : {"chunk:", "case:"}) {
+      const auto start = base.find(variant);
+      if (start == std::string::npos) continue;
+      const auto first = start + variant.size();
+      const auto digits = base.find_first_not_of("0123456789", first);
+      base.replace(first, (digits == std::string::npos ? base.size() : digits) - first, "0");
     }
     return base;
   }

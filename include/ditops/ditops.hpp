@@ -6,4 +6,5 @@
 #include <ditops/norm.hpp>
 #include <ditops/rope.hpp>
 #include <ditops/runtime.hpp>
+#include <ditops/sparse.hpp>
 #include <ditops/tensor.hpp>

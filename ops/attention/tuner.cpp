@@ -333,6 +333,8 @@ std::optional<Config> Config::parse(const std::string& text) {
     config.backend = AttentionBackend::flash;
   } else if (name == "flash_bf16") {
     config.backend = AttentionBackend::flash_bf16;
+  } else if (name == "sparse") {
+    config.backend = AttentionBackend::sparse;
   } else {
     return std::nullopt;
   }
@@ -354,6 +356,7 @@ bool tunable(AttentionBackend backend, DType dtype) {
   switch (backend) {
     case AttentionBackend::reference:
     case AttentionBackend::flash:
+    case AttentionBackend::sparse:  // offered only for calls with a boolean mask
       return true;
     case AttentionBackend::flash_bf16:
       return dtype != DType::f32;  // it rounds fp32 inputs to bf16
