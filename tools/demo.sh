@@ -21,8 +21,8 @@
 #   --build-dir DIR  a build tree already built (ditops-info, ditops_bench, ditops-sim and
 #                    bench-summary): no package install, no configure, no build.
 #
-# The sections (build, machine, benchmarks, simulator, cpu-vs-simulator, peers, summary) run one
-# after the other, each with its log in DIR/logs/. A section that fails is recorded at the end of
+# The sections (build, machine, benchmarks, sparse, simulator, cpu-vs-simulator, peers, summary) run
+# one after the other, each with its log in DIR/logs/. A section that fails is recorded at the end of
 # DIR/summary.md (its name, exit status and the last lines of its log), the sections after it
 # still run where they can, and the script exits 1 at the end if any failed.
 set -euo pipefail
@@ -73,6 +73,7 @@ fi
 mkdir -p "$out/logs"
 echo "tools/demo.sh output directory: each run replaces the demo's own files here" >"$out/$marker"
 rm -f -- "$out"/{machine.txt,bench.json,bench.txt,mla_chunks.json,mla_chunks.txt} \
+  "$out"/{sparse.json,sparse.txt,sparse.md} \
   "$out"/{sim_sweep.txt,sim_vs_cpu.txt,summary.md} "$out"/sim_chunk[124]* "$out"/logs/*.log
 
 # What each mode measures. Attention on 2 threads: flash fp32 and flash_bf16 on FLUX S=2048
@@ -80,6 +81,7 @@ rm -f -- "$out"/{machine.txt,bench.json,bench.txt,mla_chunks.json,mla_chunks.txt
 # sim_grid (its whole default grid but in --tiny). CPU MLA chunk ratios: 128 heads, 2 threads,
 # median of 3 repetitions (ditops-sim takes the median), over cpu_grid.
 attention='attention_(flash_(f32|bf16)/shape:[01]/threads:2/|int8/shape:0/threads:2/chunk:[02]/)'
+sparse_filter='sparse_attention/threads:2/case:([0-3]|5|7|8|9|10)/'
 case "$mode" in
   quick)
     norm='BM_(rms_norm<(float|bf16)>|add_rms_norm<float>)/shape:0/threads:2/'
@@ -132,6 +134,15 @@ section_machine() {
 section_benchmarks() {
   "$build/bench/ditops_bench" --benchmark_filter="$bench_filter" --benchmark_min_time="$min_time" \
     --benchmark_out="$out/bench.json" --benchmark_out_format=json | tee "$out/bench.txt"
+}
+
+# RainFusion and block-sparse attention beside dense flash (Wan-like 12 x 16 x 32 + 128 text,
+# 4 heads, D 128), 2 threads: sparsity 0.5 / 0.75 / 0.9 (spatial), temporal and textural at
+# 0.75 / stride 2, classified heads, 25 % of the blocks, and the classification alone.
+section_sparse() {
+  "$build/bench/ditops_bench" --benchmark_filter="$sparse_filter" --benchmark_min_time="$min_time" \
+    --benchmark_out="$out/sparse.json" --benchmark_out_format=json >"$out/sparse.txt"
+  "$build/tools/bench-summary" "$out/sparse.json" | tee "$out/sparse.md"
 }
 
 section_simulator() {
@@ -189,6 +200,13 @@ section_summary() {
       grep -E '^\|( *-| *benchmark)|attention' <<<"$table" || true
     fi
     echo
+    if [ "$mode" != tiny ]; then
+      echo "## RainFusion sparse attention beside dense flash (Wan-like 12 x 16 x 32 + 128 text," \
+        "4 heads, D 128, 2 threads; 'vs baseline' = dense time / this time)"
+      echo
+      if [ -f "$out/sparse.md" ]; then cat "$out/sparse.md"; else echo "(not run)"; fi
+      echo
+    fi
     echo "## Simulator: int8 MLA decode, batch 1, kv 2048"
     for chunk in 1 2 4; do
       echo
@@ -240,6 +258,7 @@ else
 fi
 run_section machine section_machine
 run_section benchmarks section_benchmarks
+[ "$mode" = tiny ] || run_section sparse section_sparse
 run_section simulator section_simulator
 run_section cpu-vs-simulator section_cpu_vs_simulator
 [ "$mode" = tiny ] || run_section peers section_peers
