@@ -28,8 +28,8 @@ struct RainFusionOptions {
   VideoLayout video;
   /// Spatial / temporal heads: the share of the video x video scores skipped, in [0, 1). Frame
   /// 0's rows and columns count as kept, so a spatial head keeps at least its own frame plus
-  /// frame 0 (about 3 / frames of the scores): a larger sparsity stops there
-  /// (rainfusion_density says what a pattern keeps).
+  /// frame 0 (about 3 / frames of the scores) and a temporal head frame 0 (about 2 / frames): a
+  /// larger sparsity stops there (rainfusion_density says what a pattern keeps).
   float sparsity = 0.64f;
   int textural_stride = 2;  ///< textural heads keep the keys on a stride-tau (h, w) lattice
   /// Classification: temporal if the sampled temporal-mask recall reaches it, else spatial if
