@@ -1,9 +1,10 @@
 // rainfusion_classify on planted heads (attention within frames -> spatial, along (h, w) columns
 // -> temporal, near-uniform -> textural) over several layouts, BSND and BNSD, f32 / bf16 / f16,
 // GQA, more sampled rows than one GEMM chunk; repeatable and the same on 1 and 2 threads; the
-// threshold order, options.scale, layouts without sparse tokens. rainfusion_adaptive_blocks on
-// planted pooled scores (known top blocks, ties, a partial last block), forced text / frame-0
-// blocks, the kept count per row, both layouts, threads. Every class of bad input.
+// threshold order, options.scale, which queries are sampled, layouts without sparse tokens.
+// rainfusion_adaptive_blocks on planted pooled scores (known top blocks, ties, a partial last
+// block), forced text / frame-0 blocks, the kept count per row, both layouts, threads. Every class
+// of bad input.
 
 #include <algorithm>
 #include <cmath>
@@ -229,6 +230,28 @@ TEST(RainFusionClassify, ThresholdDecidesInOrder) {
   rf.recall_threshold = 0.3f;
   EXPECT_EQ(names(rainfusion_classify(x.q.view(), x.k.view(), rf, tiny)),
             names(std::vector<HeadPattern>(6, HeadPattern::spatial)));
+}
+
+TEST(RainFusionClassify, SamplesOnlySparseVideoQueries) {
+  // NaN queries on the text and (dense) frame-0 tokens leave the planted classes as they are:
+  // those rows are never sampled. Without the dense frame 0, frame 0 is sampled like any frame,
+  // and a NaN row makes the recalls NaN: textural everywhere.
+  RainFusionOptions rf = options_of(6, 8, 8, 16, true, true, 0.75f);
+  QK<float> x = planted<float>(rf, 3, 3, 96, false, 9);
+  for (std::int64_t b = 0; b < 2; ++b) {
+    for (std::int64_t s = 0; s < x.s; ++s) {
+      if (where(rf, s).t > 0) continue;
+      for (std::int64_t n = 0; n < 3; ++n) {
+        for (std::int64_t d = 0; d < x.d; ++d) {
+          x.set_q(b, s, n, d, std::numeric_limits<double>::quiet_NaN());
+        }
+      }
+    }
+  }
+  EXPECT_EQ(names(rainfusion_classify(x.q.view(), x.k.view(), rf)), names(planted_patterns(3)));
+  rf.dense_first_frame = false;
+  EXPECT_EQ(names(rainfusion_classify(x.q.view(), x.k.view(), rf)),
+            names(std::vector<HeadPattern>(6, HeadPattern::textural)));
 }
 
 TEST(RainFusionClassify, FewOrNoSparseTokens) {
