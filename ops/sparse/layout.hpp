@@ -24,7 +24,8 @@ struct Layout {
   int stride = 2;
   float recall_threshold = 0.95f;
 
-  /// Frames outside the always-dense first frame: frames - 1 with dense_first_frame, else all.
+  /// Index of the first frame whose tokens are sparse: 1 with dense_first_frame (frame 0 is
+  /// attended by, and attends, everything), else 0. The sparse frames are [it, frames).
   std::int64_t first_sparse_frame() const noexcept { return dense_first_frame ? 1 : 0; }
   std::int64_t video_token(std::int64_t t, std::int64_t h, std::int64_t w) const noexcept {
     return first_video + (t * height + h) * width + w;
