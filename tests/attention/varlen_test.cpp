@@ -12,11 +12,6 @@
 namespace ditops::test {
 namespace {
 
-// Same computation as dense flash (see attention_test.cpp for the error budget).
-constexpr Tolerance kVarlenF32{1e-4, 2e-5};
-constexpr Tolerance kVarlenBf16{1.0 / 256, 5e-5};
-constexpr double kLseTolerance = 2e-4;
-
 template <class T>
 void check_varlen(const std::vector<std::int32_t>& q_lens, const std::vector<std::int32_t>& k_lens,
                   std::int64_t n, std::int64_t nkv, std::int64_t dk, std::int64_t dv, bool causal,
@@ -80,11 +75,11 @@ TEST(AttentionVarlen, MatchesPerSequenceReference) {
   const std::vector<std::int32_t> k_lens = {9, 4, 300, 70, 64, 0, 100, 0};
   for (bool causal : {false, true}) {
     for (int threads : {1, 2}) {
-      check_varlen<float>(q_lens, k_lens, 4, 2, 64, 64, causal, threads, kVarlenF32, rng);
+      check_varlen<float>(q_lens, k_lens, 4, 2, 64, 64, causal, threads, kFlashF32, rng);
     }
   }
-  check_varlen<float>({1, 1, 1}, {900, 3, 700}, 8, 1, 72, 40, false, 2, kVarlenF32, rng);
-  check_varlen<bf16>(q_lens, k_lens, 8, 8, 80, 80, true, 2, kVarlenBf16, rng);
+  check_varlen<float>({1, 1, 1}, {900, 3, 700}, 8, 1, 72, 40, false, 2, kFlashF32, rng);
+  check_varlen<bf16>(q_lens, k_lens, 8, 8, 80, 80, true, 2, kFlashBf16, rng);
 }
 
 TEST(AttentionVarlen, BadCuSeqlensThrowBeforeWriting) {

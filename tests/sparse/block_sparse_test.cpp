@@ -19,26 +19,6 @@
 namespace ditops::test {
 namespace {
 
-// The flash kernel's fp32 arithmetic (see the attention tests): scores over Dk <= 128 fp32
-// products, a 2-ulp exp2 polynomial, outputs averaging the kept values; bf16 / f16 outputs add
-// one rounding (one unit in the last place).
-constexpr Tolerance kF32{1e-4, 2e-5};
-constexpr Tolerance kBf16{1.0 / 256, 5e-5};
-constexpr Tolerance kF16{1.0 / 1024, 5e-5};
-constexpr double kLseTolerance = 2e-4;
-
-template <class T>
-Tolerance tolerance() {
-  if constexpr (std::is_same_v<T, bf16>) return kBf16;
-  if constexpr (std::is_same_v<T, f16>) return kF16;
-  return kF32;
-}
-
-TensorView as_bool(TensorView view) {
-  view.dtype = DType::boolean;
-  return view;
-}
-
 /// q, k, v, out, lse of one self- or cross-attention problem and the reference's accessors.
 template <class T>
 struct Problem {
@@ -99,7 +79,7 @@ struct Problem {
         }
       }
     }
-    expect_close(out, expected, tolerance<T>(), context);
+    expect_close(out, expected, flash_tolerance<T>(), context);
     std::int64_t failures = 0;
     for (std::int64_t i = 0; i < lse.size(); ++i) {
       const double want = ref.lse[i], got = lse.value(i);

@@ -22,11 +22,6 @@
 namespace ditops::test {
 namespace {
 
-TensorView as_bool(TensorView view) {
-  view.dtype = DType::boolean;
-  return view;
-}
-
 RainFusionOptions options_of(std::int64_t frames, std::int64_t height, std::int64_t width,
                              std::int64_t text, bool text_first, bool dense_first_frame,
                              float sparsity) {

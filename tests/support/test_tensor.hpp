@@ -104,6 +104,12 @@ class TestTensor {
   std::int64_t elements_ = 0;
 };
 
+/// A uint8 test tensor's view as a boolean tensor (std::vector<bool> has no element storage).
+inline TensorView as_bool(TensorView view) {
+  view.dtype = DType::boolean;
+  return view;
+}
+
 /// ISA level name as used by DITOPS_ISA, for test names and messages.
 std::string active_isa_name();
 

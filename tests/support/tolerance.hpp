@@ -37,6 +37,28 @@ constexpr Tolerance rowwise_tolerance() {
   }
 }
 
+// Attention computed by the flash kernel in fp32: scores accumulate Dk <= 576 fp32 products
+// (relative error ~Dk·2^-24 on |s| of a few units), exp2 is a 2-ulp polynomial, and the output
+// averages <= 4096 values of |v| ~ 1: 1e-4 relative, 2e-5 absolute for outputs that cancel to
+// near zero. bf16 / f16 tensors: the same fp32 computation, then one rounding of the output to
+// 2^-9 / 2^-11 relative: allow one unit in the last place. LSE (natural log, magnitude <= ~10)
+// from the same fp32 scores and sum.
+inline constexpr Tolerance kFlashF32{1e-4, 2e-5};
+inline constexpr Tolerance kFlashBf16{1.0 / 256, 5e-5};
+inline constexpr Tolerance kFlashF16{1.0 / 1024, 5e-5};
+inline constexpr double kLseTolerance = 2e-4;
+
+template <class T>
+constexpr Tolerance flash_tolerance() {
+  if constexpr (std::is_same_v<T, bf16>) {
+    return kFlashBf16;
+  } else if constexpr (std::is_same_v<T, f16>) {
+    return kFlashF16;
+  } else {
+    return kFlashF32;
+  }
+}
+
 /// Checks every element and that no canary around `got` was touched; reports the worst element.
 template <class T>
 void expect_close(const TestTensor<T>& got, const std::vector<double>& ref, Tolerance tol,
