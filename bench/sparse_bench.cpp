@@ -15,10 +15,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <numeric>
 #include <ditops/attention.hpp>
 #include <ditops/runtime.hpp>
 #include <ditops/sparse.hpp>
+#include <numeric>
 
 #include "bench/support.hpp"
 
@@ -92,8 +92,8 @@ void BM_sparse_attention(benchmark::State& state) {
   const int kase = static_cast<int>(state.range(1));
   set_num_threads(threads);
   const float sparsities[] = {0.5f, 0.75f, 0.9f};
-  const HeadPattern cycle[] = {HeadPattern::spatial, HeadPattern::temporal,
-                               HeadPattern::textural, HeadPattern::spatial};
+  const HeadPattern cycle[] = {HeadPattern::spatial, HeadPattern::temporal, HeadPattern::textural,
+                               HeadPattern::spatial};
   RainFusionOptions rf = layout_options(0.75f);
   // What the data is planted as (per head) and the patterns the case runs (empty: classify).
   std::vector<HeadPattern> kinds(cycle, cycle + kHeads), patterns;

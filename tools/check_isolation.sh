@@ -9,7 +9,8 @@
 # checkout (an exported tarball) there is nothing tracked to scan: it says so and exits 0.
 #
 # The rules (extended regular expressions, GNU grep):
-#   1. sibling directory: the text "../shared".
+#   1. sibling directory: a relative path (dot, dot, slash) into the "shared" folder beside the
+#      repository.
 #   2. outside documents: the file names SPEC.md, API.md, DESIGN.md (case-sensitive, as a whole
 #      word: docs/api.md and MYSPEC.md do not match) and ascend-910b.md (any case). A tracked
 #      file with one of these names fails too.
