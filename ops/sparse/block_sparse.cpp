@@ -107,10 +107,11 @@ void run_sparse_backend(const attention::Call& call, int threads) {
         const auto* mask = static_cast<const std::uint8_t*>(p.mask);
         std::vector<std::uint8_t> any(p.kv_len, 0);
         const std::int64_t q_end = std::min(p.q_len, (chunk + 1) * kTaskRows);
-        for (std::int64_t q = chunk * kTaskRows; q < q_end; ++q) {
+        // A mask broadcast over queries (stride 0) has one row for all of them.
+        const std::int64_t rows_end = p.mask_strides[2] == 0 ? chunk * kTaskRows + 1 : q_end;
+        for (std::int64_t q = chunk * kTaskRows; q < rows_end; ++q) {
           const std::uint8_t* row =
               mask + b * p.mask_strides[0] + h * p.mask_strides[1] + q * p.mask_strides[2];
-          if (p.mask_strides[2] == 0 && q > chunk * kTaskRows) break;  // one row for all
           for (std::int64_t key = 0; key < p.kv_len; ++key) any[key] |= row[key];
         }
         for (std::int64_t block = 0; block < key_blocks; ++block) {
@@ -217,16 +218,7 @@ void rainfusion_attention(const TensorView& q, const TensorView& k, const Tensor
   const attention::Call call = attention::validate_dense(name, q, k, v, &out, options);
   const sparse::Layout layout = sparse::checked_layout(name, rf);
   const FlashProblem& base = call.problem;
-  if (options.causal)
-    core::fail(name, "options.causal is not supported (video DiT attention is bidirectional)");
-  if (base.mask_kind != attention::MaskKind::none || !options.attn_mask.empty()) {
-    core::fail(name, "options.attn_mask is not supported: the patterns are the mask");
-  }
-  if (base.q_len != layout.tokens || base.kv_len != layout.tokens) {
-    core::fail(name, "q and k have " + std::to_string(base.q_len) + " and " +
-                         std::to_string(base.kv_len) + " tokens but rf.video holds " +
-                         std::to_string(layout.tokens));
-  }
+  sparse::check_self_attention(name, base.q_len, base.kv_len, layout, options);
   const std::int64_t heads_total = base.batch * base.heads;
   if (!patterns.empty() && static_cast<std::int64_t>(patterns.size()) != heads_total) {
     core::fail(name,

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "ops/core/check.hpp"
 
@@ -84,6 +85,29 @@ Layout checked_layout(const char* call, const RainFusionOptions& rf) {
   layout.stride = rf.textural_stride;
   layout.recall_threshold = rf.recall_threshold;
   return layout;
+}
+
+std::string describe(const Layout& l) {
+  return "rf.video: " + std::to_string(l.text) + " text + " + std::to_string(l.frames) + " x " +
+         std::to_string(l.height) + " x " + std::to_string(l.width) + " = " +
+         std::to_string(l.tokens) + " tokens";
+}
+
+void check_self_attention(const char* call, std::int64_t q_len, std::int64_t kv_len,
+                          const Layout& layout, const AttentionOptions& options) {
+  if (!options.attn_mask.empty() || options.attn_mask.rank != 0) {
+    core::fail(call, "options.attn_mask is not supported (the scores are over the whole layout)");
+  }
+  if (options.causal) core::fail(call, "options.causal is not supported");
+  const int seq_dim = options.head_first ? 2 : 1;
+  const std::pair<const char*, std::int64_t> lengths[] = {{"q", q_len}, {"k", kv_len}};
+  for (const auto& [name, length] : lengths) {
+    if (length != layout.tokens) {
+      core::fail(call, std::string(name) + ".shape[" + std::to_string(seq_dim) + "] (" +
+                           std::to_string(length) + " tokens) must equal the layout's S (" +
+                           describe(layout) + ")");
+    }
+  }
 }
 
 HeadPattern checked_pattern(const char* call, HeadPattern pattern) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <ditops/sparse.hpp>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace ditops::sparse {
@@ -35,6 +36,16 @@ struct Layout {
 /// Validates `rf` for `call` (extents >= 1, text >= 0, S < 2^31, sparsity in [0, 1), stride >=
 /// 1, recall threshold in (0, 1]).
 Layout checked_layout(const char* call, const RainFusionOptions& rf);
+
+/// "rf.video: 37 text + 4 x 6 x 10 = 277 tokens", for messages.
+std::string describe(const Layout& layout);
+
+/// The RainFusion entries score plain bidirectional self-attention over one layout: q and k
+/// (their sequence lengths given) must hold S tokens, and options.attn_mask and causal would
+/// change which scores exist, so they are refused (options.lse and backend are left to the
+/// caller). Throws ditops::Error naming `call` and the argument.
+void check_self_attention(const char* call, std::int64_t q_len, std::int64_t kv_len,
+                          const Layout& layout, const AttentionOptions& options);
 
 /// How one pattern's heads see the tokens. Queries and keys use the same order: position p holds
 /// token order[p]. Text and (dense_first_frame) frame-0 tokens come first: keys [0, sink_end)

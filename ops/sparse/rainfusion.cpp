@@ -25,37 +25,6 @@ namespace {
 using core::Arg;
 using core::CheckedSize;
 
-std::string layout_string(const sparse::Layout& l) {
-  return "rf.video: " + std::to_string(l.text) + " text + " + std::to_string(l.frames) + " x " +
-         std::to_string(l.height) + " x " + std::to_string(l.width) + " = " +
-         std::to_string(l.tokens) + " tokens";
-}
-
-/// The classifier and the block selection score plain bidirectional self-attention: a mask or
-/// causal order would change which scores exist, so they are refused rather than ignored.
-/// (options.lse and options.backend are validated by validate_dense and otherwise ignored: the
-/// same options may be passed on to rainfusion_attention.)
-void check_plain_options(const char* call, const AttentionOptions& options) {
-  if (!options.attn_mask.empty() || options.attn_mask.rank != 0) {
-    core::fail(call, "options.attn_mask is not supported (the scores are over the whole layout)");
-  }
-  if (options.causal) core::fail(call, "options.causal is not supported");
-}
-
-/// q and k cover the layout: Sq = Sk = S.
-void check_sequence(const char* call, const attention::FlashProblem& p,
-                    const sparse::Layout& layout, const AttentionOptions& options) {
-  const int seq_dim = options.head_first ? 2 : 1;
-  const std::pair<const char*, std::int64_t> lengths[] = {{"q", p.q_len}, {"k", p.kv_len}};
-  for (const auto& [name, length] : lengths) {
-    if (length != layout.tokens) {
-      core::fail(call, std::string(name) + ".shape[" + std::to_string(seq_dim) + "] (" +
-                           std::to_string(length) + " tokens) must equal the layout's S (" +
-                           layout_string(layout) + ")");
-    }
-  }
-}
-
 /// Row `count` elements of q or k, starting at element `offset`, as fp32.
 void load_row(DType dtype, const void* base, std::int64_t offset, std::int64_t count, float* out) {
   switch (dtype) {
@@ -110,7 +79,7 @@ void rainfusion_mask(HeadPattern pattern, const RainFusionOptions& rf, const Ten
   if (mask.shape[0] != S || mask.shape[1] != S) {
     core::fail(name, "mask " + core::shape_string(mask) + " must be [S, S] = [" +
                          std::to_string(S) + ", " + std::to_string(S) + "] (" +
-                         layout_string(layout) + ")");
+                         sparse::describe(layout) + ")");
   }
   core::check_writable(mask_arg);
 
@@ -194,11 +163,10 @@ std::vector<HeadPattern> rainfusion_classify(const TensorView& q, const TensorVi
                                              const AttentionOptions& options) {
   constexpr const char* name = "rainfusion_classify";
   const core::CallScope scope(name);
-  check_plain_options(name, options);
   const sparse::Layout layout = sparse::checked_layout(name, rf);
   const attention::Call call = attention::validate_dense(name, q, k, k, nullptr, options);
   const attention::FlashProblem& p = call.problem;
-  check_sequence(name, p, layout, options);
+  sparse::check_self_attention(name, p.q_len, p.kv_len, layout, options);
 
   std::vector<HeadPattern> result(static_cast<std::size_t>(p.batch * p.heads),
                                   HeadPattern::spatial);
@@ -325,11 +293,10 @@ void rainfusion_adaptive_blocks(const TensorView& q, const TensorView& k,
   if (block_size != 64 && block_size != 128) {
     core::fail(name, "block_size (" + std::to_string(block_size) + ") must be 64 or 128");
   }
-  check_plain_options(name, options);
   const sparse::Layout layout = sparse::checked_layout(name, rf);
   const attention::Call call = attention::validate_dense(name, q, k, k, nullptr, options);
   const attention::FlashProblem& p = call.problem;
-  check_sequence(name, p, layout, options);
+  sparse::check_self_attention(name, p.q_len, p.kv_len, layout, options);
   const std::int64_t S = layout.tokens, blocks = (S + block_size - 1) / block_size;
   const Arg mask_arg{name, "block_mask", block_mask}, q_arg{name, "q", q}, k_arg{name, "k", k};
   core::check_view(mask_arg, 4, 4);
