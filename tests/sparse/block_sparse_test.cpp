@@ -270,8 +270,11 @@ TEST(SparseBackend, EqualsFlashOnMaskedInputs) {
     for (std::int64_t i = 0; i < pr.lse.size(); ++i) {
       ASSERT_NEAR(pr.lse.value(i), flash_lse[i], 1e-5) << i;
     }
+    // Forced with a boolean mask, sparse serves the call instead of being refused with a
+    // warning (as it is without a mask: tuner_test).
     const AttentionChoice choice = select_attention(pr.q.view(), pr.k.view(), pr.v.view(), options);
     EXPECT_EQ(choice.backend, AttentionBackend::sparse) << choice.detail;
+    EXPECT_NE(choice.detail.find("forced"), std::string::npos) << choice.detail;
   }
 }
 
