@@ -26,15 +26,21 @@ inline constexpr Tolerance kRowwiseF32{2e-5, 1e-6};
 inline constexpr Tolerance kRowwiseBf16{1.0 / 256, 1e-6};
 inline constexpr Tolerance kRowwiseF16{1.0 / 1024, 1.0 / 16384};
 
+/// The tolerance of `T` outputs among one operator's f32, bf16 and f16 tolerances.
+template <class T>
+constexpr Tolerance by_dtype(Tolerance f32, Tolerance bf16_tol, Tolerance f16_tol) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    return bf16_tol;
+  } else if constexpr (std::is_same_v<T, f16>) {
+    return f16_tol;
+  } else {
+    return f32;
+  }
+}
+
 template <class T>
 constexpr Tolerance rowwise_tolerance() {
-  if constexpr (std::is_same_v<T, bf16>) {
-    return kRowwiseBf16;
-  } else if constexpr (std::is_same_v<T, f16>) {
-    return kRowwiseF16;
-  } else {
-    return kRowwiseF32;
-  }
+  return by_dtype<T>(kRowwiseF32, kRowwiseBf16, kRowwiseF16);
 }
 
 // Attention computed by the flash kernel in fp32: scores accumulate Dk <= 576 fp32 products
@@ -50,13 +56,7 @@ inline constexpr double kLseTolerance = 2e-4;
 
 template <class T>
 constexpr Tolerance flash_tolerance() {
-  if constexpr (std::is_same_v<T, bf16>) {
-    return kFlashBf16;
-  } else if constexpr (std::is_same_v<T, f16>) {
-    return kFlashF16;
-  } else {
-    return kFlashF32;
-  }
+  return by_dtype<T>(kFlashF32, kFlashBf16, kFlashF16);
 }
 
 /// Checks every element and that no canary around `got` was touched; reports the worst element.
