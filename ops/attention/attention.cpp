@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ops/attention/attention_kernel.hpp"
+#include "ops/attention/backends.hpp"
 #include "ops/attention/call.hpp"
 #include "ops/attention/tuner.hpp"
 #include "ops/core/check.hpp"
@@ -29,21 +30,9 @@
 namespace ditops {
 
 const char* backend_name(AttentionBackend backend) noexcept {
-  switch (backend) {
-    case AttentionBackend::automatic:
-      return "automatic";
-    case AttentionBackend::reference:
-      return "reference";
-    case AttentionBackend::flash:
-      return "flash";
-    case AttentionBackend::flash_bf16:
-      return "flash_bf16";
-    case AttentionBackend::int8:
-      return "int8";
-    case AttentionBackend::sparse:
-      return "sparse";
-  }
-  return "unknown";
+  if (backend == AttentionBackend::automatic) return "automatic";
+  const attention::Backend* entry = attention::find_backend(backend);
+  return entry ? entry->name : "unknown";
 }
 
 namespace attention {
@@ -65,15 +54,7 @@ std::int64_t round_up(std::int64_t value, std::int64_t multiple) {
 /// `backend` if it is one of the enum's values: a value cast from an integer would otherwise
 /// run as whatever the switches fall through to.
 AttentionBackend checked_backend(const char* call, AttentionBackend backend) {
-  switch (backend) {
-    case AttentionBackend::automatic:
-    case AttentionBackend::reference:
-    case AttentionBackend::flash:
-    case AttentionBackend::flash_bf16:
-    case AttentionBackend::int8:
-    case AttentionBackend::sparse:
-      return backend;
-  }
+  if (backend == AttentionBackend::automatic || find_backend(backend)) return backend;
   core::fail(call, "options.backend (" + std::to_string(static_cast<int>(backend)) +
                        ") is not an AttentionBackend");
 }
@@ -550,13 +531,6 @@ struct Int8Storage {
   std::vector<schedule::StageInstance> order;
 };
 
-/// K smoothing is on unless DITOPS_INT8_SMOOTH_K=0 (a diagnostic: it shows what smoothing
-/// buys on a model's inputs).
-bool smooth_keys() {
-  const char* env = std::getenv("DITOPS_INT8_SMOOTH_K");
-  return env == nullptr || std::strcmp(env, "0") != 0;
-}
-
 void prepare_int8(FlashProblem& p, Int8Storage& storage, int chunk, int threads) {
   using PackKernel = decltype(&int8_pack_head<xsimd::sse2>);
   static const core::IsaTable<PackKernel> pack_kernels = DITOPS_ISA_TABLE(int8_pack_head);
@@ -586,7 +560,7 @@ void prepare_int8(FlashProblem& p, Int8Storage& storage, int chunk, int threads)
   op.v_scale = storage.v_scale.get();
   op.first_block = storage.first_block.data();
   op.k_mean = nullptr;
-  if (smooth_keys()) {
+  if (int8_smooth_keys()) {
     storage.k_mean = aligned_array<float>(heads_total * p.dk);
     op.k_mean = storage.k_mean.get();
   }
@@ -662,10 +636,12 @@ void run_flash_tasks(FlashProblem p, const std::vector<FlashTask>& tasks,
                        });
 }
 
-namespace {
+bool int8_smooth_keys() {
+  const char* env = std::getenv("DITOPS_INT8_SMOOTH_K");
+  return env == nullptr || std::strcmp(env, "0") != 0;
+}
 
-/// Runs the flash backends, or with int8_chunk > 0 the int8 backend at that chunk.
-void run_flash(const FlashProblem& p, int threads, int int8_chunk = 0) {
+void run_flash(const FlashProblem& p, int threads, int int8_chunk) {
   if (p.batch == 0 || p.heads == 0) return;
   const std::int64_t group = p.heads / p.kv_heads;
 
@@ -775,8 +751,6 @@ void run_flash(const FlashProblem& p, int threads, int int8_chunk = 0) {
       });
 }
 
-/// The oracle: per (sequence, head, block of 128 query rows) the fp32 scores are materialized
-/// by an Eigen GEMM, masked, soft-maxed (std::exp) and multiplied by V.
 void run_reference(const FlashProblem& p, float scale, int threads) {
   using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   constexpr std::int64_t kRows = 128;
@@ -849,147 +823,10 @@ void run_reference(const FlashProblem& p, float scale, int threads) {
   });
 }
 
-// ---- backend choice ---------------------------------------------------------------------------
-
-/// Applies `config` to the problem (the flash backends) or runs the reference.
-void run_config(const Call& call, const Config& config, int threads) {
-  if (config.backend == AttentionBackend::reference) {
-    return run_reference(call.problem, call.scale, threads);
-  }
-  if (config.backend == AttentionBackend::sparse && sparse::sparse_backend_applies(call)) {
-    return sparse::run_sparse_backend(call, threads);
-  }
-  FlashProblem p = call.problem;
-  if (config.backend == AttentionBackend::int8) {
-    // Row groups shrink as the chunk grows so the S and P of one chunk (chunk x rows x 64
-    // keys x 5 bytes, ~30 KiB) stay in L1 next to a K and a V block.
-    p.row_group = kMaxRowGroup / call.int8_chunk;
-    return run_flash(p, threads, call.int8_chunk);
-  }
-  p.k_layout = config.k_packed ? KLayout::packed : KLayout::direct;
-  p.row_group = config.row_group;
-  p.bf16_dot =
-      config.backend == AttentionBackend::flash_bf16 && config.k_packed && bf16_dot_available();
-  run_flash(p, threads);
-}
-
-/// Rows that share one K/V head: with few, packing K costs as much as the attention.
-std::int64_t rows_per_kv_head(const FlashProblem& p) {
-  const std::int64_t q_rows =
-      p.cu_q ? p.cu_q[p.batch] / std::max<std::int64_t>(p.batch, 1) : p.q_len;
-  return q_rows * (p.heads / p.kv_heads);
-}
-
-Config default_config(const FlashProblem& p, AttentionBackend backend) {
-  Config config;
-  config.backend = backend;
-  config.k_packed = rows_per_kv_head(p) >= 16;
-  config.row_group = config.k_packed ? kMaxRowGroup : 1;
-  return config;
-}
-
-/// Candidates the tuner times: never a backend less exact than the inputs (flash_bf16 only for
-/// bf16/f16 inputs), sparse only for calls with a boolean mask. The reference is the oracle, not
-/// a speed candidate.
-std::vector<Config> candidates(const FlashProblem& p, bool sparse_mask) {
-  std::vector<Config> list;
-  std::vector<AttentionBackend> backends = {AttentionBackend::flash};
-  if (tunable(AttentionBackend::flash_bf16, p.dtype) && bf16_dot_available()) {
-    backends.push_back(AttentionBackend::flash_bf16);
-  }
-  for (AttentionBackend backend : backends) {
-    if (rows_per_kv_head(p) >= 16) {
-      for (int group : {4, kMaxRowGroup}) list.push_back(Config{backend, true, group});
-    } else {
-      list.push_back(Config{backend, false, 1});
-      if (backend == AttentionBackend::flash) list.push_back(Config{backend, true, 1});
-    }
-  }
-  if (sparse_mask) list.push_back(Config{AttentionBackend::sparse, true, kMaxRowGroup});
-  return list;
-}
-
-std::optional<AttentionBackend> parse_backend(const char* text) {
-  for (AttentionBackend b :
-       {AttentionBackend::reference, AttentionBackend::flash, AttentionBackend::flash_bf16,
-        AttentionBackend::int8, AttentionBackend::sparse, AttentionBackend::automatic}) {
-    if (std::strcmp(text, backend_name(b)) == 0) return b;
-  }
-  return std::nullopt;
-}
-
-struct Choice {
-  Config config;
-  bool from_cache = false;
-  bool forced = false;
-};
-
-/// The forced backend (options, then DITOPS_ATTN_BACKEND) when it can serve the call.
-std::optional<Config> forced_config(const Call& call) {
-  AttentionBackend backend = call.requested;
-  const char* source = "options.backend";
-  if (backend == AttentionBackend::automatic) {
-    const char* env = std::getenv("DITOPS_ATTN_BACKEND");
-    if (env == nullptr || *env == '\0') return std::nullopt;
-    const auto parsed = parse_backend(env);
-    if (!parsed) {
-      warn_once(std::string("ditops: DITOPS_ATTN_BACKEND=") + env +
-                " is not a backend (reference|flash|flash_bf16|int8|sparse); tuning instead");
-      return std::nullopt;
-    }
-    backend = *parsed;
-    source = "DITOPS_ATTN_BACKEND";
-    if (backend == AttentionBackend::automatic) return std::nullopt;
-  }
-  if (backend == AttentionBackend::sparse && !sparse::sparse_backend_applies(call)) {
-    warn_once(std::string("ditops: ") + source + "=" + backend_name(backend) +
-              " needs a boolean attn_mask (and a dense call); using the tuned choice");
-    return std::nullopt;
-  }
-  return default_config(call.problem, backend);
-}
-
-Choice choose(const Call& call, int threads, bool run_winner) {
-  if (auto forced = forced_config(call)) {
-    if (run_winner) run_config(call, *forced, threads);
-    return {*forced, false, true};
-  }
-  const std::string key = call.key + " t" + std::to_string(threads);
-  if (auto cached = cached_config(key)) {
-    if (run_winner) run_config(call, *cached, threads);
-    return {*cached, true, false};
-  }
-  // MindIE-SD's runtime mode: 2 warm-ups and 5 timed runs per candidate, fastest wins. The
-  // runs write `out`; the winner's final run below leaves its result there.
-  const std::vector<Config> list = candidates(call.problem, sparse::sparse_backend_applies(call));
-  Config best = list.front();
-  double best_seconds = std::numeric_limits<double>::infinity();
-  if (list.size() > 1) {
-    for (const Config& config : list) {
-      for (int i = 0; i < 2; ++i) run_config(call, config, threads);
-      double fastest = std::numeric_limits<double>::infinity();
-      for (int i = 0; i < 5; ++i) {
-        const auto start = std::chrono::steady_clock::now();
-        run_config(call, config, threads);
-        fastest = std::min(
-            fastest,
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-      }
-      if (fastest < best_seconds) {
-        best_seconds = fastest;
-        best = config;
-      }
-    }
-  }
-  store_config(key, best);
-  if (run_winner) run_config(call, best, threads);
-  return {best, false, false};
-}
-
-/// The tuner needs an output to time into: select_attention without one borrows scratch.
+namespace {
 void run_call(const Call& call) { choose(call, core::thread_count(), true); }
-
 }  // namespace
+
 }  // namespace attention
 
 void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -1027,17 +864,12 @@ AttentionChoice select_attention(const TensorView& q, const TensorView& k, const
     p.lse_strides = attention::Strides{p.heads * p.q_len, 1, p.q_len};
   }
   const auto choice = attention::choose(call, core::thread_count(), false);
-  std::string detail = choice.config.backend == AttentionBackend::int8
-                           ? "int8 chunk=" + std::to_string(call.int8_chunk) + " row_group=" +
-                                 std::to_string(attention::kMaxRowGroup / call.int8_chunk) +
-                                 (attention::smooth_keys() ? " smooth_k" : " smooth_k=off")
-                           : choice.config.describe();
+  std::string detail =
+      attention::find_backend(choice.config.backend)->describe(call, choice.config);
   detail += " kv_block=" + std::to_string(attention::kKvBlock) +
             " isa=" + core::isa_name(core::active_isa());
   if (choice.forced) detail += " (forced)";
-  if (choice.config.backend == AttentionBackend::flash_bf16 && !attention::bf16_dot_available()) {
-    detail += " (no AVX512-BF16 here: fp32 dot products)";
-  }
+  if (!choice.refused.empty()) detail += " (" + choice.refused + ")";
   return AttentionChoice{choice.config.backend, detail, choice.from_cache};
 }
 

@@ -32,4 +32,17 @@ Call validate_dense(const char* name, const TensorView& q, const TensorView& k, 
 void run_flash_tasks(FlashProblem p, const std::vector<FlashTask>& tasks,
                      const std::vector<double>& cost, int threads, int int8_chunk = 0);
 
+/// Runs a dense or varlen problem with the flash kernel (or with int8_chunk > 0 the int8
+/// kernel): tasks of ~96 query rows per (sequence, KV head), split over the KV range when too
+/// few to occupy the threads, the splits merged by their LSE.
+void run_flash(const FlashProblem& p, int threads, int int8_chunk = 0);
+
+/// The oracle: per (sequence, head, block of 128 query rows) the fp32 scores are materialized
+/// by an Eigen GEMM, masked, soft-maxed (std::exp) and multiplied by V.
+void run_reference(const FlashProblem& p, float scale, int threads);
+
+/// Whether the int8 backend subtracts the per-head key mean before quantizing (on unless
+/// DITOPS_INT8_SMOOTH_K=0, a diagnostic showing what smoothing buys on a model's inputs).
+bool int8_smooth_keys();
+
 }  // namespace ditops::attention

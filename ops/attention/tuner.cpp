@@ -20,6 +20,7 @@
 #include <unordered_map>
 
 #include "ops/attention/attention_kernel.hpp"
+#include "ops/attention/backends.hpp"
 #include "ops/core/file.hpp"
 
 namespace ditops::attention {
@@ -73,7 +74,7 @@ std::optional<Entry> parse_entry(const nlohmann::json& entry, std::string& probl
     problem = "key \"" + key + "\" names no dtype";
     return std::nullopt;
   }
-  if (!tunable(config->backend, *dtype)) {
+  if (!find_backend(config->backend)->tunable(*dtype)) {
     problem = "backend " + std::string(backend_name(config->backend)) + " is not allowed for " +
               dtype_name(*dtype) + " inputs";
     return std::nullopt;
@@ -328,16 +329,10 @@ std::optional<Config> Config::parse(const std::string& text) {
   std::istringstream in(text);
   std::string name, layout, group;
   if (!(in >> name >> layout >> group)) return std::nullopt;
+  const Backend* backend = find_backend(name);
+  if (backend == nullptr) return std::nullopt;
   Config config;
-  if (name == "flash") {
-    config.backend = AttentionBackend::flash;
-  } else if (name == "flash_bf16") {
-    config.backend = AttentionBackend::flash_bf16;
-  } else if (name == "sparse") {
-    config.backend = AttentionBackend::sparse;
-  } else {
-    return std::nullopt;
-  }
+  config.backend = backend->id;
   if (layout != "k=packed" && layout != "k=direct") return std::nullopt;
   config.k_packed = layout == "k=packed";
   if (group.rfind("row_group=", 0) != 0) return std::nullopt;
@@ -350,19 +345,6 @@ std::optional<Config> Config::parse(const std::string& text) {
   // Only describe()'s exact text: no trailing junk ("row_group=16abc"), signs or extra words.
   if (config.describe() != text) return std::nullopt;
   return config;
-}
-
-bool tunable(AttentionBackend backend, DType dtype) {
-  switch (backend) {
-    case AttentionBackend::reference:
-    case AttentionBackend::flash:
-    case AttentionBackend::sparse:  // offered only for calls with a boolean mask
-      return true;
-    case AttentionBackend::flash_bf16:
-      return dtype != DType::f32;  // it rounds fp32 inputs to bf16
-    default:
-      return false;
-  }
 }
 
 std::optional<Config> cached_config(const std::string& key) { return TuneCache::get().find(key); }

@@ -22,10 +22,6 @@ struct Config {
   static std::optional<Config> parse(const std::string& text);
 };
 
-/// Whether the tuner may choose (or a cache file name) `backend` for `dtype` inputs: never a
-/// backend less exact than the inputs, and only the backends the tuner times.
-bool tunable(AttentionBackend backend, DType dtype);
-
 /// Cached choice for `key`, refreshing its LRU position.
 std::optional<Config> cached_config(const std::string& key);
 /// Stores (and, with DITOPS_TUNE_CACHE, persists) the choice for `key`.

@@ -85,10 +85,6 @@ FlashTask task_of(std::int64_t seq, std::int64_t head, std::int64_t group, bool 
 
 }  // namespace
 
-bool sparse_backend_applies(const attention::Call& call) noexcept {
-  return call.problem.mask_kind == attention::MaskKind::boolean && call.problem.cu_q == nullptr;
-}
-
 void run_sparse_backend(const attention::Call& call, int threads) {
   const FlashProblem p = sparse_problem(call);
   if (p.batch == 0 || p.heads == 0 || p.q_len == 0) return;

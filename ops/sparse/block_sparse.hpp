@@ -8,10 +8,8 @@ namespace ditops::sparse {
 
 /// attention_forward's AttentionBackend::sparse: the call's boolean mask is scanned once into
 /// per-(batch, head, query block) lists of the 64-key blocks it keeps anything of; the flash
-/// kernel visits only those (and masks inside them as usual). Requires a boolean mask.
+/// kernel visits only those (and masks inside them as usual). Requires a boolean mask and a
+/// dense call (the backend table in ops/attention/backends.cpp refuses others).
 void run_sparse_backend(const attention::Call& call, int threads);
-
-/// Whether the sparse backend can serve the call (it has a boolean attn_mask).
-bool sparse_backend_applies(const attention::Call& call) noexcept;
 
 }  // namespace ditops::sparse

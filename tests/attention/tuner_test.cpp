@@ -100,8 +100,28 @@ TEST(AttentionTuner, EnvironmentForcesABackendOrFallsBackWithOneWarning) {
     select_attention(t.q.view(), t.k.view(), t.v.view());
     const std::string warnings = testing::internal::GetCapturedStderr();
     EXPECT_NE(choice.backend, AttentionBackend::sparse);
-    EXPECT_NE(warnings.find("DITOPS_ATTN_BACKEND=sparse"), std::string::npos) << warnings;
-    EXPECT_EQ(warnings.find("sparse"), warnings.rfind("sparse")) << "warned twice: " << warnings;
+    EXPECT_NE(warnings.find("DITOPS_ATTN_BACKEND=sparse: it needs a boolean attn_mask"),
+              std::string::npos)
+        << warnings;
+    EXPECT_EQ(warnings.find("DITOPS_ATTN_BACKEND"), warnings.rfind("DITOPS_ATTN_BACKEND"))
+        << "warned twice: " << warnings;
+    // select_attention says why the forced backend did not serve the call.
+    EXPECT_NE(choice.detail.find("(DITOPS_ATTN_BACKEND=sparse: it needs a boolean attn_mask)"),
+              std::string::npos)
+        << choice.detail;
+    EXPECT_EQ(choice.detail.find("forced"), std::string::npos) << choice.detail;
+  }
+  {
+    AttentionOptions options;
+    options.backend = AttentionBackend::sparse;  // options win over the environment
+    ScopedEnv env("DITOPS_ATTN_BACKEND", "reference");
+    testing::internal::CaptureStderr();
+    const AttentionChoice choice = select_attention(t.q.view(), t.k.view(), t.v.view(), options);
+    testing::internal::GetCapturedStderr();
+    EXPECT_NE(choice.backend, AttentionBackend::sparse);
+    EXPECT_NE(choice.detail.find("(options.backend=sparse: it needs a boolean attn_mask)"),
+              std::string::npos)
+        << choice.detail;
   }
 }
 
