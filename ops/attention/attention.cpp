@@ -23,6 +23,7 @@
 #include "ops/attention/tuner.hpp"
 #include "ops/core/check.hpp"
 #include "ops/core/isa.hpp"
+#include "ops/core/log2_domain.hpp"
 #include "ops/core/scratch.hpp"
 #include "ops/core/threads.hpp"
 #include "ops/sparse/block_sparse.hpp"
@@ -42,10 +43,9 @@ bool bf16_dot_available() noexcept { return core::kernel_variant() == core::kAvx
 namespace {
 
 using core::Arg;
+using core::kLog2e;
+using core::kMinusInf;
 using core::numel;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 
 std::int64_t round_up(std::int64_t value, std::int64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
@@ -706,47 +706,20 @@ void run_flash(const FlashProblem& p, int threads, int int8_chunk) {
   run_flash_tasks(p, split_tasks, split_cost, threads, int8_chunk);
 
   // Merge the splits of each row by their LSE (log2 domain): out = sum 2^(lse_s - lse) O_s.
+  using MergeKernel = decltype(&flash_merge_splits<xsimd::sse2>);
+  static const core::IsaTable<MergeKernel> merge_kernels = DITOPS_ISA_TABLE(flash_merge_splits);
+  const MergeKernel merge = merge_kernels.get();
   std::vector<std::int64_t> task_rows(base_tasks.size() + 1, 0);
   for (std::size_t t = 0; t < base_tasks.size(); ++t) {
     task_rows[t + 1] = task_rows[t] + group * (base_tasks[t].q_end - base_tasks[t].q_begin);
   }
+  auto merged = aligned_array<float>(p.dv_padded * threads);
   core::parallel_ranges(
       static_cast<std::int64_t>(base_tasks.size()), threads,
-      [&](std::int64_t begin, std::int64_t end, int) {
-        std::vector<float> merged(p.dv);
+      [&](std::int64_t begin, std::int64_t end, int thread) {
         for (std::int64_t t = begin; t < end; ++t) {
-          const FlashTask& task = base_tasks[t];
-          const std::int64_t rows = task_rows[t + 1] - task_rows[t];
-          const std::int64_t per_head = task.q_end - task.q_begin;
-          for (std::int64_t r = 0; r < rows; ++r) {
-            const std::int64_t head = task.kv_head * group + r / per_head;
-            const std::int64_t pos = task.q_begin + r % per_head;
-            float top = kMinusInf;
-            for (std::int64_t s = 0; s < splits; ++s) {
-              top = std::max(top, partial_lse[task_rows[t] * splits + s * rows + r]);
-            }
-            std::fill(merged.begin(), merged.end(), 0.f);
-            float total = 0.f;
-            if (top > kMinusInf) {
-              for (std::int64_t s = 0; s < splits; ++s) {
-                const float weight =
-                    std::exp2(partial_lse[task_rows[t] * splits + s * rows + r] - top);
-                if (weight == 0.f) continue;
-                total += weight;
-                const float* o =
-                    partial_out.get() + ((task_rows[t] * splits + s * rows + r) * p.dv_padded);
-                for (std::int64_t d = 0; d < p.dv; ++d) merged[d] += weight * o[d];
-              }
-            }
-            const RowOffsets offsets = row_offsets(p, task.seq, head, pos);
-            const float inverse = total > 0.f ? 1.f / total : 0.f;
-            for (std::int64_t d = 0; d < p.dv; ++d) {
-              store_element(p.dtype, p.out, offsets.out + d, merged[d] * inverse);
-            }
-            if (p.lse) {
-              p.lse[offsets.lse] = total > 0.f ? (top + std::log2(total)) * kLn2 : kMinusInf;
-            }
-          }
+          merge(p, base_tasks[t], splits, partial_out.get() + task_rows[t] * splits * p.dv_padded,
+                partial_lse.get() + task_rows[t] * splits, merged.get() + thread * p.dv_padded);
         }
       });
 }

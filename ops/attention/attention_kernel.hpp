@@ -152,6 +152,14 @@ inline std::int64_t flash_scratch_floats(const FlashProblem& p) noexcept {
 template <class Arch>
 void flash_task(const FlashProblem& problem, const FlashTask& task, float* scratch) noexcept;
 
+/// Writes the rows of `task` (a task without partials) from its `splits` split-KV partials:
+/// partial_out [splits][rows][dv_padded] and partial_lse [splits][rows] (rows = the task's heads
+/// x positions, in make_row order), merged by their LSE. merged: dv_padded floats of scratch,
+/// 64-byte aligned. Defined per ISA in flash_kernel.cpp.
+template <class Arch>
+void flash_merge_splits(const FlashProblem& problem, const FlashTask& task, std::int64_t splits,
+                        const float* partial_out, const float* partial_lse, float* merged) noexcept;
+
 /// Bytes of per-thread scratch an int8 task needs (any ISA, any chunk).
 inline std::int64_t int8_scratch_bytes(const FlashProblem& p) noexcept {
   const std::int64_t rows = kMaxRowGroup * kMaxTileRows;

@@ -17,6 +17,7 @@
 #include "ops/attention/attention_kernel.hpp"
 #include "ops/attention/tile_rows.hpp"
 #include "ops/core/arch.hpp"
+#include "ops/core/lse_merge.hpp"
 #include "ops/core/simd.hpp"
 
 namespace ditops::attention {
@@ -503,6 +504,37 @@ void flash_task(const FlashProblem& problem, const FlashTask& task, float* scrat
   }
 }
 
+namespace {
+template <class Arch, class T>
+void merge_rows(const FlashProblem& p, const FlashTask& task, std::int64_t splits,
+                const float* partial_out, const float* partial_lse, float* merged) noexcept {
+  const Sequence seq = sequence_of(p, task.seq);
+  const std::int64_t rows = task_heads(p, task) * (task.q_end - task.q_begin);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const core::LseWeights w =
+        core::merge_by_lse<Arch>(partial_out + r * p.dv_padded, rows * p.dv_padded, partial_lse + r,
+                                 rows, splits, p.dv_padded, merged);
+    finish_row<Arch, T>(p, make_row<T>(p, task, seq, r), merged, w.total, w.top, 0.f);
+  }
+}
+}  // namespace
+
+template <class Arch>
+void flash_merge_splits(const FlashProblem& problem, const FlashTask& task, std::int64_t splits,
+                        const float* partial_out, const float* partial_lse,
+                        float* merged) noexcept {
+  switch (problem.dtype) {
+    case DType::bf16:
+      return merge_rows<Arch, bf16>(problem, task, splits, partial_out, partial_lse, merged);
+    case DType::f16:
+      return merge_rows<Arch, f16>(problem, task, splits, partial_out, partial_lse, merged);
+    default:
+      return merge_rows<Arch, float>(problem, task, splits, partial_out, partial_lse, merged);
+  }
+}
+
 template void flash_task<KernelArch>(const FlashProblem&, const FlashTask&, float*) noexcept;
+template void flash_merge_splits<KernelArch>(const FlashProblem&, const FlashTask&, std::int64_t,
+                                             const float*, const float*, float*) noexcept;
 
 }  // namespace ditops::attention

@@ -11,14 +11,15 @@
 #include <limits>
 
 #include "ops/attention/attention_kernel.hpp"
+#include "ops/core/log2_domain.hpp"
 #include "ops/core/simd.hpp"
 
 namespace ditops::attention {
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+using core::kLn2;
+using core::kLog2e;
+using core::kMinusInf;
 
 template <class Arch>
 using B = simd::F32<Arch>;

@@ -33,6 +33,7 @@
 #include <limits>
 
 #include "ops/core/arch.hpp"
+#include "ops/core/lse_merge.hpp"
 #include "ops/core/simd.hpp"
 
 namespace ditops::mla {
@@ -42,7 +43,7 @@ template <class Arch>
 using F32 = simd::F32<Arch>;
 using simd::I32;
 
-constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+using core::kMinusInf;
 /// Key bytes as unsigned for vpdpbusd: x ^ 0x80 == x + 128 in two's complement.
 constexpr std::uint32_t kSignFlip = 0x80808080u;
 
@@ -593,27 +594,16 @@ void mla_decode_task(const MlaProblem& p, const MlaTask& task, const MlaWorkspac
 template <class Arch>
 void mla_merge_splits(const MlaProblem& p, int sequence, int splits, const float* partial_out,
                       const float* partial_lse, int head_begin, int head_end) noexcept {
-  using B = F32<Arch>;
-  constexpr int kLanes = static_cast<int>(B::size);
   alignas(64) float merged[kNopeDim];
   for (int h = head_begin; h < head_end; ++h) {
-    float max_lse = kMinusInf;
-    for (int s = 0; s < splits; ++s) max_lse = std::max(max_lse, partial_lse[s * p.heads + h]);
-    float total_weight = 0.f;
-    for (int i = 0; i < kNopeDim; i += kLanes) B(0.f).store_aligned(merged + i);
-    for (int s = 0; s < splits; ++s) {
-      const float weight = std::exp2(partial_lse[s * p.heads + h] - max_lse);
-      total_weight += weight;
-      const float* part = partial_out + (static_cast<std::int64_t>(s) * p.heads + h) * kNopeDim;
-      for (int i = 0; i < kNopeDim; i += kLanes) {
-        simd::fmadd<Arch>(B(weight), B::load_unaligned(part + i), B::load_aligned(merged + i))
-            .store_aligned(merged + i);
-      }
-    }
+    const core::LseWeights w =
+        core::merge_by_lse<Arch>(partial_out + static_cast<std::int64_t>(h) * kNopeDim,
+                                 static_cast<std::int64_t>(p.heads) * kNopeDim, partial_lse + h,
+                                 p.heads, splits, kNopeDim, merged);
     if (p.out_bf16) {
-      write_output<Arch, bf16>(p, sequence, h, merged, 1.f / total_weight);
+      write_output<Arch, bf16>(p, sequence, h, merged, 1.f / w.total);
     } else {
-      write_output<Arch, float>(p, sequence, h, merged, 1.f / total_weight);
+      write_output<Arch, float>(p, sequence, h, merged, 1.f / w.total);
     }
   }
 }
