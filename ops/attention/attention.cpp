@@ -26,6 +26,7 @@
 #include "ops/core/log2_domain.hpp"
 #include "ops/core/scratch.hpp"
 #include "ops/core/threads.hpp"
+#include "ops/schedule/split_plan.hpp"
 #include "ops/sparse/block_sparse.hpp"
 
 namespace ditops {
@@ -340,16 +341,6 @@ Call validate_varlen(const TensorView& q, const TensorView& k, const TensorView&
 
 // ---- execution --------------------------------------------------------------------------------
 
-struct SequenceShape {
-  std::int64_t q_len, kv_len, q_row0, k_row0;
-};
-SequenceShape sequence_shape(const FlashProblem& p, std::int64_t seq) {
-  if (p.cu_q) {
-    return {p.cu_q[seq + 1] - p.cu_q[seq], p.cu_k[seq + 1] - p.cu_k[seq], p.cu_q[seq], p.cu_k[seq]};
-  }
-  return {p.q_len, p.kv_len, 0, 0};
-}
-
 template <class T>
 float element(const void* base, std::int64_t offset) {
   return to_float(static_cast<const T*>(base)[offset]);
@@ -411,7 +402,7 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
   std::vector<char> used(heads_total, 0);
   for (const FlashTask& task : tasks) used[task.seq * p.kv_heads + task.kv_head] = 1;
   for (std::int64_t seq = 0; seq < p.batch; ++seq) {
-    const std::int64_t blocks = (sequence_shape(p, seq).kv_len + kKvBlock - 1) / kKvBlock;
+    const std::int64_t blocks = (sequence_of(p, seq).kv_len + kKvBlock - 1) / kKvBlock;
     for (std::int64_t head = 0; head < p.kv_heads; ++head) {
       if (!used[seq * p.kv_heads + head]) continue;
       packed.k_offset[seq * p.kv_heads + head] = k_total;
@@ -432,7 +423,7 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
       [&](std::int64_t begin, std::int64_t end, int) {
         for (std::int64_t j = begin; j < end; ++j) {
           const Job job = jobs[j];
-          const SequenceShape s = sequence_shape(p, job.seq);
+          const Sequence s = sequence_of(p, job.seq);
           const std::int64_t first_key = job.block * kKvBlock;
           const std::int64_t keys = std::min(kKvBlock, s.kv_len - first_key);
           const std::int64_t slot = job.seq * p.kv_heads + job.head;
@@ -541,7 +532,7 @@ void prepare_int8(FlashProblem& p, Int8Storage& storage, int chunk, int threads)
   storage.first_block.resize(heads_total);
   std::int64_t blocks_total = 0, max_blocks = 0;
   for (std::int64_t seq = 0; seq < p.batch; ++seq) {
-    const std::int64_t blocks = (sequence_shape(p, seq).kv_len + kKvBlock - 1) / kKvBlock;
+    const std::int64_t blocks = (sequence_of(p, seq).kv_len + kKvBlock - 1) / kKvBlock;
     max_blocks = std::max(max_blocks, blocks);
     for (std::int64_t head = 0; head < p.kv_heads; ++head) {
       storage.first_block[seq * p.kv_heads + head] = blocks_total;
@@ -584,7 +575,7 @@ struct RowOffsets {
 };
 RowOffsets row_offsets(const FlashProblem& p, std::int64_t seq, std::int64_t head,
                        std::int64_t pos) {
-  const SequenceShape s = sequence_shape(p, seq);
+  const Sequence s = sequence_of(p, seq);
   return {
       seq * p.out_strides.batch + (s.q_row0 + pos) * p.out_strides.seq + head * p.out_strides.head,
       seq * p.lse_strides.batch + (s.q_row0 + pos) * p.lse_strides.seq + head * p.lse_strides.head};
@@ -651,7 +642,7 @@ void run_flash(const FlashProblem& p, int threads, int int8_chunk) {
   std::vector<double> cost;
   std::int64_t longest_kv = 0;
   for (std::int64_t seq = 0; seq < p.batch; ++seq) {
-    const SequenceShape s = sequence_shape(p, seq);
+    const Sequence s = sequence_of(p, seq);
     longest_kv = std::max(longest_kv, s.kv_len);
     if (s.q_len == 0) continue;
     const std::int64_t q_block = std::max<std::int64_t>(1, 96 / group);
@@ -672,13 +663,13 @@ void run_flash(const FlashProblem& p, int threads, int int8_chunk) {
       }
     }
   }
-  // Split-KV: too few tasks to occupy the threads (decode-like shapes) and long enough KV.
+  // Split-KV: too few tasks to occupy the threads (decode-like shapes) and long enough KV: aim
+  // at 2 tasks per thread, at least 4 blocks per split.
   const std::int64_t kv_blocks = (longest_kv + kKvBlock - 1) / kKvBlock;
-  std::int64_t splits = 1;
-  if (threads > 1 && static_cast<std::int64_t>(tasks.size()) < 2 * threads && kv_blocks >= 8) {
-    splits = std::min<std::int64_t>((2 * threads + tasks.size() - 1) / tasks.size(), kv_blocks / 4);
-    splits = std::max<std::int64_t>(splits, 1);
-  }
+  const std::int64_t splits =
+      threads > 1
+          ? schedule::kv_splits(static_cast<std::int64_t>(tasks.size()), 2 * threads, kv_blocks, 4)
+          : 1;
   if (splits == 1) return run_flash_tasks(p, tasks, cost, threads, int8_chunk);
 
   const std::vector<FlashTask> base_tasks = tasks;
@@ -694,8 +685,9 @@ void run_flash(const FlashProblem& p, int threads, int int8_chunk) {
     const std::int64_t blocks = (t.kv_end + kKvBlock - 1) / kKvBlock;
     for (std::int64_t s = 0; s < splits; ++s) {
       FlashTask part = t;
-      part.kv_begin = std::min(t.kv_end, blocks * s / splits * kKvBlock);
-      part.kv_end = std::min(t.kv_end, blocks * (s + 1) / splits * kKvBlock);
+      const schedule::BlockRange range = schedule::split_blocks(blocks, splits, s);
+      part.kv_begin = std::min(t.kv_end, range.begin * kKvBlock);
+      part.kv_end = std::min(t.kv_end, range.end * kKvBlock);
       part.partial_out = partial_out.get() + (row_offset * splits + s * rows) * p.dv_padded;
       part.partial_lse = partial_lse.get() + row_offset * splits + s * rows;
       split_tasks.push_back(part);
@@ -732,7 +724,7 @@ void run_reference(const FlashProblem& p, float scale, int threads) {
   };
   std::vector<Job> jobs;
   for (std::int64_t seq = 0; seq < p.batch; ++seq) {
-    const std::int64_t q_len = sequence_shape(p, seq).q_len;
+    const std::int64_t q_len = sequence_of(p, seq).q_len;
     for (std::int64_t head = 0; head < p.heads; ++head) {
       for (std::int64_t q0 = 0; q0 < q_len; q0 += kRows) jobs.push_back({seq, head, q0});
     }
@@ -740,7 +732,7 @@ void run_reference(const FlashProblem& p, float scale, int threads) {
   const std::int64_t group = p.heads / p.kv_heads;
   core::parallel_tasks(static_cast<std::int64_t>(jobs.size()), threads, [&](std::int64_t j, int) {
     const Job job = jobs[j];
-    const SequenceShape s = sequence_shape(p, job.seq);
+    const Sequence s = sequence_of(p, job.seq);
     const std::int64_t rows = std::min(kRows, s.q_len - job.q0);
     const std::int64_t kv_head = job.head / group;
     Matrix q(rows, p.dk), k(s.kv_len, p.dk), v(s.kv_len, p.dv);

@@ -138,6 +138,21 @@ struct FlashTask {
   float* partial_lse = nullptr;
 };
 
+/// Sequence geometry: lengths and the row offsets of its first position (varlen sequences
+/// start inside the packed tensors).
+struct Sequence {
+  std::int64_t q_len, kv_len, q_row0, k_row0;
+};
+
+namespace {  // internal linkage: every ISA object keeps its own copy (ODR guard)
+inline Sequence sequence_of(const FlashProblem& p, std::int64_t seq) noexcept {
+  if (p.cu_q) {
+    return {p.cu_q[seq + 1] - p.cu_q[seq], p.cu_k[seq + 1] - p.cu_k[seq], p.cu_q[seq], p.cu_k[seq]};
+  }
+  return {p.q_len, p.kv_len, 0, 0};
+}
+}  // namespace
+
 /// Floats of per-thread scratch a task needs (for any ISA).
 inline std::int64_t flash_scratch_floats(const FlashProblem& p) noexcept {
   const std::int64_t rows = kMaxRowGroup * kMaxTileRows;

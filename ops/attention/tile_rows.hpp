@@ -24,18 +24,6 @@ using core::kMinusInf;
 template <class Arch>
 using B = simd::F32<Arch>;
 
-/// Sequence geometry of a task: lengths and the row offsets of its first position.
-struct Sequence {
-  std::int64_t q_len, kv_len, q_row0, k_row0;
-};
-
-inline Sequence sequence_of(const FlashProblem& p, std::int64_t seq) noexcept {
-  if (p.cu_q) {
-    return {p.cu_q[seq + 1] - p.cu_q[seq], p.cu_k[seq + 1] - p.cu_k[seq], p.cu_q[seq], p.cu_k[seq]};
-  }
-  return {p.q_len, p.kv_len, 0, 0};
-}
-
 /// Query heads a task covers: its head range, or the KV head's whole group.
 inline std::int64_t task_heads(const FlashProblem& p, const FlashTask& task) noexcept {
   return task.head_count > 0 ? task.head_count : p.heads / p.kv_heads;

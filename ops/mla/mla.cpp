@@ -17,6 +17,7 @@
 #include "ops/core/scratch.hpp"
 #include "ops/core/threads.hpp"
 #include "ops/mla/mla_kernel.hpp"
+#include "ops/schedule/split_plan.hpp"
 
 namespace ditops {
 namespace {
@@ -362,7 +363,7 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
     partial_base[b] = next_partial;
     const std::int64_t blocks = (seq_lens[b] + block_size - 1) / block_size;
     for (int s = 0; s < splits; ++s) {
-      const std::int64_t first_block = blocks * s / splits, end_block = blocks * (s + 1) / splits;
+      const auto [first_block, end_block] = schedule::split_blocks(blocks, splits, s);
       const int count = static_cast<int>(end_block - first_block);
       auto found = schedules.find(count);
       if (found == schedules.end()) {
@@ -386,9 +387,11 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
     if (splits > 1) next_partial += splits;
   }
   // Longest first, for the dynamic hand-out.
-  std::stable_sort(tasks.begin(), tasks.end(), [](const mla::MlaTask& a, const mla::MlaTask& b) {
-    return a.end_token - a.first_token > b.end_token - b.first_token;
-  });
+  std::vector<double> task_tokens;
+  for (const mla::MlaTask& task : tasks) task_tokens.push_back(task.end_token - task.first_token);
+  std::vector<mla::MlaTask> ordered;
+  for (std::int64_t index : schedule::longest_first(task_tokens)) ordered.push_back(tasks[index]);
+  tasks = std::move(ordered);
 
   static const core::IsaTable<TaskKernel> kTaskKernels = DITOPS_ISA_TABLE(mla::mla_decode_task);
   static const core::IsaTable<MergeKernel> kMergeKernels = DITOPS_ISA_TABLE(mla::mla_merge_splits);

@@ -5,10 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <tuple>
 #include <vector>
+
+#include "ops/schedule/split_plan.hpp"
 
 namespace ditops::schedule {
 namespace {
@@ -171,3 +174,41 @@ INSTANTIATE_TEST_SUITE_P(AllChunks, SlotReuse,
 
 }  // namespace
 }  // namespace ditops::schedule
+
+// ---- the split plan shared by the CPU drivers and the simulator's planner ----------------------
+
+TEST(SplitPlan, SplitsOnlyWhenItemsLeaveWorkersIdle) {
+  using ditops::schedule::kv_splits;
+  EXPECT_EQ(kv_splits(4, 4, 100, 4), 1);  // enough items
+  EXPECT_EQ(kv_splits(9, 4, 100, 4), 1);
+  EXPECT_EQ(kv_splits(1, 4, 100, 4), 4);   // one item, four workers
+  EXPECT_EQ(kv_splits(3, 4, 100, 4), 2);   // ceil(4 / 3)
+  EXPECT_EQ(kv_splits(1, 24, 40, 4), 10);  // capped: 4 blocks per split at least
+  EXPECT_EQ(kv_splits(1, 4, 7, 4), 1);     // too short to split
+  EXPECT_EQ(kv_splits(0, 4, 100, 4), 1);   // nothing to split
+  EXPECT_EQ(kv_splits(1, 4, 100, 0), 4);   // a zero minimum counts as 1
+}
+
+TEST(SplitPlan, BlockRangesCoverEveryBlockOnceAndDifferByAtMostOne) {
+  for (std::int64_t blocks : {1, 2, 7, 64, 65}) {
+    for (std::int64_t splits = 1; splits <= blocks && splits <= 9; ++splits) {
+      std::int64_t next = 0, smallest = blocks, largest = 0;
+      for (std::int64_t s = 0; s < splits; ++s) {
+        const auto range = ditops::schedule::split_blocks(blocks, splits, s);
+        EXPECT_EQ(range.begin, next) << blocks << " / " << splits;
+        smallest = std::min(smallest, range.end - range.begin);
+        largest = std::max(largest, range.end - range.begin);
+        next = range.end;
+      }
+      EXPECT_EQ(next, blocks);
+      EXPECT_GE(smallest, 1);
+      EXPECT_LE(largest - smallest, 1);
+    }
+  }
+}
+
+TEST(SplitPlan, LongestFirstKeepsTiesInIndexOrder) {
+  const std::vector<double> cost = {1., 5., 3., 5., 0.};
+  EXPECT_EQ(ditops::schedule::longest_first(cost), (std::vector<std::int64_t>{1, 3, 2, 0, 4}));
+  EXPECT_TRUE(ditops::schedule::longest_first({}).empty());
+}
