@@ -11,23 +11,11 @@
 #endif
 
 namespace ditops {
-#if DITOPS_ISA_LEVEL == 0
-using KernelArch = xsimd::sse2;
-#elif DITOPS_ISA_LEVEL == 1
-using KernelArch = xsimd::sse4_2;
-#elif DITOPS_ISA_LEVEL == 2
-using KernelArch = xsimd::fma3<xsimd::avx2>;
-#elif DITOPS_ISA_LEVEL == 3
-using KernelArch = xsimd::avx512bw;
-#elif DITOPS_ISA_LEVEL == 4
-using KernelArch = avx512_bf16;
-#else
-#error "unknown DITOPS_ISA_LEVEL"
-#endif
+using KernelArch = std::tuple_element_t<DITOPS_ISA_LEVEL, core::KernelArchs>;
 static_assert(KernelArch::supported(), "compile flags do not enable this ISA level");
 }  // namespace ditops
 
-#if DITOPS_ISA_LEVEL == 4
+#if DITOPS_ISA_LEVEL == 4  // the avx512bf16 variant (ditops::avx512_bf16)
 #if !defined(__AVX512BF16__) || !defined(__AVX512VNNI__)
 #error "the avx512_bf16 variant is compiled with -mavx512bf16 -mavx512vnni"
 #endif

@@ -76,22 +76,11 @@ int kernel_variant() noexcept {
   return variant;
 }
 
-const char* kernel_variant_name() noexcept {
-  return kernel_variant() == kAvx512Bf16Variant ? "avx512+bf16+vnni" : isa_name(active_isa());
-}
+const char* kernel_variant_name() noexcept { return kVariantNames[kernel_variant()]; }
 
 const char* isa_name(Isa isa) noexcept {
-  switch (isa) {
-    case Isa::scalar:
-      return "scalar";
-    case Isa::sse4_2:
-      return "sse4.2";
-    case Isa::avx2:
-      return "avx2";
-    case Isa::avx512:
-      return "avx512";
-  }
-  return "unknown";
+  const int level = static_cast<int>(isa);
+  return level >= 0 && level < kIsaCount ? kVariantNames[level] : "unknown";
 }
 
 }  // namespace ditops::core

@@ -3,7 +3,10 @@
 // never instantiates a batch, so any translation unit may include it.
 
 #include <array>
+#include <tuple>
 #include <xsimd/xsimd.hpp>
+
+#include "ops/core/isa_variants.hpp"  // generated from cmake/DitopsKernels.cmake
 
 namespace ditops::core {
 
@@ -24,8 +27,12 @@ const char* isa_name(Isa isa) noexcept;
 /// AVX512-BF16 and AVX512-VNNI (single-instruction bf16 rounding and dot products, int8 dot
 /// products). It runs when the level is avx512 and the CPU has both extensions, unless
 /// DITOPS_ISA=avx512bw asks for plain AVX-512 (so tests can cover both on one machine).
-inline constexpr int kKernelVariants = kIsaCount + 1;
+inline constexpr int kKernelVariants = DITOPS_KERNEL_VARIANT_COUNT;
 inline constexpr int kAvx512Bf16Variant = kIsaCount;
+static_assert(kKernelVariants == kIsaCount + 1,
+              "cmake/DitopsKernels.cmake lists one variant per Isa level plus avx512bf16");
+/// Names of the variants, by level ("scalar", "sse4.2", "avx2", "avx512", "avx512+bf16+vnni").
+inline constexpr const char* kVariantNames[kKernelVariants] = {DITOPS_KERNEL_VARIANT_NAMES};
 /// Index of the kernel variant this process runs (the Isa level, or kAvx512Bf16Variant).
 int kernel_variant() noexcept;
 /// "avx512+bf16+vnni" for the extension variant, else isa_name of the level.
@@ -50,11 +57,15 @@ struct avx512_bf16 : xsimd::avx512bw {
 };
 }  // namespace ditops
 
-// The xsimd architecture each variant instantiates (must match ops/core/arch.hpp).
-#define DITOPS_ISA_TABLE(kernel)                                                       \
-  {                                                                                    \
-    {                                                                                  \
-      &kernel<xsimd::sse2>, &kernel<xsimd::sse4_2>, &kernel<xsimd::fma3<xsimd::avx2>>, \
-          &kernel<xsimd::avx512bw>, &kernel<ditops::avx512_bf16>                       \
-    }                                                                                  \
+namespace ditops::core {
+/// The xsimd architecture of each kernel variant, by level (ops/core/arch.hpp picks a kernel
+/// source's own from it).
+using KernelArchs = std::tuple<DITOPS_KERNEL_ARCHS>;
+}  // namespace ditops::core
+
+// The instantiations of `kernel` for every variant, in level order.
+#define DITOPS_ISA_TABLE_ITEM(kernel, Arch) &kernel<Arch>,
+#define DITOPS_ISA_TABLE(kernel)                                   \
+  {                                                                \
+    { DITOPS_FOR_EACH_KERNEL_ARCH(DITOPS_ISA_TABLE_ITEM, kernel) } \
   }

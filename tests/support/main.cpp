@@ -16,9 +16,8 @@ std::string active_isa_name() { return cpu_info().isa; }
 
 namespace {
 int level_of(const std::string& name) {
-  const char* names[] = {"scalar", "sse4.2", "avx2", "avx512"};
-  for (int i = 0; i < 4; ++i) {
-    if (name == names[i]) return i;
+  for (int level = 0; level < core::kIsaCount; ++level) {
+    if (name == core::isa_name(static_cast<core::Isa>(level))) return level;
   }
   return -1;
 }
