@@ -230,11 +230,9 @@ Call validate_dense(const char* name, const TensorView& q, const TensorView& k, 
   }
   call.int8_chunk = options.int8_chunk;
   check_workspace(name, p, core::CheckedSize(batch) * kv_len, core::CheckedSize(batch) * q_len);
-  call.key = "b" + std::to_string(batch) + " sq" + std::to_string(q_len) + " sk" +
-             std::to_string(kv_len) + " n" + std::to_string(heads) + "/" +
-             std::to_string(p.kv_heads) + " d" + std::to_string(p.dk) + "/" + std::to_string(p.dv) +
-             " " + dtype_name(p.dtype) + (options.head_first ? " bnsd" : " bsnd") +
-             " mask:" + mask_key + (p.causal ? " causal" : "") + (p.lse ? " lse" : "");
+  call.layout = options.head_first ? "bnsd" : "bsnd";
+  call.mask = mask_key;
+  call.key = describe(call);
   return call;
 }
 
@@ -332,10 +330,8 @@ Call validate_varlen(const TensorView& q, const TensorView& k, const TensorView&
   }
   call.requested = checked_backend(name, options.backend);
   check_workspace(name, p, k.shape[0], q.shape[0]);
-  call.key = "varlen b" + std::to_string(p.batch) + " tq" + std::to_string(q.shape[0]) + " tk" +
-             std::to_string(k.shape[0]) + " n" + std::to_string(p.heads) + "/" +
-             std::to_string(p.kv_heads) + " d" + std::to_string(p.dk) + "/" + std::to_string(p.dv) +
-             " " + dtype_name(p.dtype) + (p.causal ? " causal" : "") + (p.lse ? " lse" : "");
+  call.layout = "varlen";
+  call.key = describe(call);
   return call;
 }
 
@@ -582,6 +578,20 @@ RowOffsets row_offsets(const FlashProblem& p, std::int64_t seq, std::int64_t hea
 }
 
 }  // namespace
+
+std::string describe(const Call& call) {
+  const FlashProblem& p = call.problem;
+  std::string text = call.layout == "varlen"
+                         ? "varlen b" + std::to_string(p.batch) + " tq" +
+                               std::to_string(p.cu_q[p.batch]) + " tk" +
+                               std::to_string(p.cu_k[p.batch])
+                         : "b" + std::to_string(p.batch) + " sq" + std::to_string(p.q_len) + " sk" +
+                               std::to_string(p.kv_len);
+  text += " n" + std::to_string(p.heads) + "/" + std::to_string(p.kv_heads) + " d" +
+          std::to_string(p.dk) + "/" + std::to_string(p.dv) + " " + dtype_name(p.dtype);
+  if (call.layout != "varlen") text += " " + call.layout + " mask:" + call.mask;
+  return text + (p.causal ? " causal" : "") + (p.lse ? " lse" : "");
+}
 
 void run_flash_tasks(FlashProblem p, const std::vector<FlashTask>& tasks,
                      const std::vector<double>& cost, int threads, int int8_chunk) {

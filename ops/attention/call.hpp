@@ -15,10 +15,17 @@ namespace ditops::attention {
 struct Call {
   FlashProblem problem;
   float scale = 1.f;
-  std::string key;  ///< tuner key (without the thread count)
+  std::string layout;         ///< "bsnd", "bnsd" or "varlen"
+  std::string mask = "none";  ///< the mask's dtype and shape, e.g. "bool[1, 1, 300, 400]"
+  std::string key;            ///< describe(*this): the tuner key (without the thread count)
   AttentionBackend requested = AttentionBackend::automatic;
   int int8_chunk = 2;  ///< the int8 backend's schedule chunk (1, 2 or 4)
 };
+
+/// The call in one line: shape, heads, head dims, dtype, layout, mask, causal, LSE (e.g.
+/// "b1 sq4608 sk4608 n24/24 d128/128 f32 bsnd mask:none causal"; varlen "varlen b3 tq.. tk.. ..").
+/// The tuner's key; errors and reports that name a problem use it too.
+std::string describe(const Call& call);
 
 /// Validates the tensors of a dense call (q, k, v, out when given, options.attn_mask and lse)
 /// and describes it; every check throws ditops::Error naming `name` and the argument.
