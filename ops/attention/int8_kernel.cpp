@@ -1,6 +1,6 @@
 // int8 attention, compiled once per ISA level (cmake/DitopsKernels.cmake).
 //
-// Operands (int8_pack_head, once per call): K minus its per-(sequence, KV head) mean
+// Operands (int8_quantize_kv_head, once per call): K minus its per-(sequence, KV head) mean
 // (SageAttention's smoothing: q·(k - mean) differs from q·k by a per-row constant, so the
 // softmax is unchanged and only the LSE needs q·mean back), quantized symmetrically per block
 // of 64 keys and stored four d per 32-bit word, keys in lanes; V quantized per block and
@@ -23,11 +23,12 @@
 // of its block's largest one; the accuracy tests (tests/attention/int8_test.cpp) measure the
 // result against the fp64 reference.
 
+#include "ops/attention/int8_kernel.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
 
-#include "ops/attention/attention_kernel.hpp"
 #include "ops/attention/tile_rows.hpp"
 #include "ops/core/arch.hpp"
 #include "ops/core/simd.hpp"
@@ -114,10 +115,10 @@ void key_mean(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, flo
 }
 
 template <class Arch, class T>
-void pack_block(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, std::int64_t block,
-                std::int64_t global, const float* mean) {
+void quantize_block(const FlashProblem& p, const Int8Operands& op, std::int64_t seq,
+                    std::int64_t kv_head, std::int64_t block, std::int64_t global,
+                    const float* mean) {
   constexpr int L = Int8Tiles<Arch>::kLanes;
-  const Int8Operands& op = p.int8;
   const Sequence s = sequence_of(p, seq);
   const std::int64_t first = block * kKvBlock;
   const std::int64_t keys = std::min(kKvBlock, s.kv_len - first);
@@ -125,10 +126,10 @@ void pack_block(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, s
                (s.k_row0 + first) * p.k_strides.seq + kv_head * p.k_strides.head;
   const T* v = static_cast<const T*>(p.v) + seq * p.v_strides.batch +
                (s.k_row0 + first) * p.v_strides.seq + kv_head * p.v_strides.head;
-  auto* k_out = const_cast<std::int8_t*>(op.k) + global * op.dk_words * kKvBlock * 4;
-  auto* k_sum = const_cast<std::int32_t*>(op.k_sum) + global * kKvBlock;
-  auto* v_out = const_cast<std::int8_t*>(op.v) + global * kKvBlock * p.dv_padded;
-  auto* v_scale = const_cast<float*>(op.v_scale) + global * p.dv_padded;
+  std::int8_t* k_out = op.k + global * op.dk_words * kKvBlock * 4;
+  std::int32_t* k_sum = op.k_sum + global * kKvBlock;
+  std::int8_t* v_out = op.v + global * kKvBlock * p.dv_padded;
+  float* v_scale = op.v_scale + global * p.dv_padded;
 
   // K: one scale for the block (symmetric, max |k - mean| / 127).
   B<Arch> k_top(0.f);
@@ -140,7 +141,7 @@ void pack_block(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, s
   }
   const float k_max = simd::reduce_max<Arch>(k_top);
   const float k_scale = simd::int8_scale(k_max);
-  const_cast<float*>(op.k_scale)[global] = k_scale;
+  op.k_scale[global] = k_scale;
   std::memset(k_out, 0, static_cast<std::size_t>(op.dk_words * kKvBlock * 4));
   std::fill(k_sum, k_sum + kKvBlock, 0);
   const B<Arch> k_inverse(1.f / k_scale);
@@ -269,8 +270,9 @@ class Int8Runner {
   static constexpr std::int64_t kRowsMax = kMaxRowGroup * kMaxTileRows;
 
  public:
-  Int8Runner(const FlashProblem& p, const FlashTask& task, float* scratch) noexcept
-      : p_(p), op_(p.int8), task_(task), seq_(sequence_of(p, task.seq)) {
+  Int8Runner(const FlashProblem& p, const Int8Operands& op, const FlashTask& task,
+             float* scratch) noexcept
+      : p_(p), op_(op), task_(task), seq_(sequence_of(p, task.seq)) {
     const std::int64_t head_slot = task.seq * p.kv_heads + task.kv_head;
     first_block_ = op_.first_block[head_slot];
     k_mean_ = op_.k_mean ? op_.k_mean + head_slot * p.dk : nullptr;
@@ -337,35 +339,17 @@ class Int8Runner {
       group_end = std::max(group_end, tile_max_[t]);
     }
     const std::int64_t blocks = (group_end - task_.kv_begin + kKvBlock - 1) / kKvBlock;
-    // Walk the cube order; after each run of equal cube stages, run their vector mirrors.
-    // Walk the cube order for the sequence's blocks, keeping this group's `blocks` (the order
-    // for fewer blocks is that order without the later ones: ops/schedule, tested there);
-    // after each run of equal cube stages, run their vector mirrors.
-    const schedule::StageInstance* order = op_.order;
-    const std::int64_t size = op_.order_size;
-    const auto next_kept = [&](std::int64_t i) {
-      while (i < size && order[i].block >= blocks) ++i;
-      return i;
-    };
-    const auto buffer_of = [&](std::int64_t i) { return order[i].slot * op_.chunk + order[i].sub; };
-    std::int64_t run_begin = next_kept(0);
-    while (run_begin < size) {
-      const schedule::Stage stage = order[run_begin].stage;
-      std::int64_t run_end = run_begin;
-      for (; run_end < size && order[run_end].stage == stage; run_end = next_kept(run_end + 1)) {
-        if (stage == schedule::Stage::qk) {
-          qk_stage(order[run_end].block, buffer_of(run_end));
-        } else {
-          pv_up_stage(order[run_end].block, buffer_of(run_end));
-        }
-      }
-      if (stage == schedule::Stage::qk) {
-        for (std::int64_t i = run_begin; i < run_end; i = next_kept(i + 1)) {
-          sm_stage(order[i].block, buffer_of(i));
-        }
-      }
-      run_begin = run_end;
-    }
+    // The shared schedule's stage order for this group's blocks; UP is PV's register-tile
+    // epilogue (pv_up_stage), so the UP mirrors have nothing left to do.
+    schedule::walk_stages(op_.order, op_.order_size, blocks,
+                          [this](const schedule::StageInstance& stage) {
+                            const int buffer = schedule::buffer_index(stage, op_.chunk);
+                            if (stage.stage == schedule::Stage::qk) qk_stage(stage.block, buffer);
+                            if (stage.stage == schedule::Stage::sm) sm_stage(stage.block, buffer);
+                            if (stage.stage == schedule::Stage::pv) {
+                              pv_up_stage(stage.block, buffer);
+                            }
+                          });
     for (int index = 0; index < row_count_; ++index) {
       finish_row<Arch, T>(p_, rows_[index], o_ + index * p_.dv_padded,
                           simd::reduce_add<Arch>(B<Arch>::load_aligned(row_sum_ + index * L)),
@@ -591,44 +575,47 @@ class Int8Runner {
 /// quantizes all of K and V, in parallel over (sequence, KV head) only: a decode call with one
 /// KV head packs on one thread (the backend is for prefill-sized work).
 template <class Arch, class T>
-void pack_head(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, float* mean) {
+void quantize_head(const FlashProblem& p, const Int8Operands& op, std::int64_t seq,
+                   std::int64_t kv_head, float* mean) {
   if (mean) key_mean<Arch, T>(p, seq, kv_head, mean);
   const std::int64_t blocks = (sequence_of(p, seq).kv_len + kKvBlock - 1) / kKvBlock;
-  const std::int64_t first = p.int8.first_block[seq * p.kv_heads + kv_head];
+  const std::int64_t first = op.first_block[seq * p.kv_heads + kv_head];
   for (std::int64_t block = 0; block < blocks; ++block) {
-    pack_block<Arch, T>(p, seq, kv_head, block, first + block, mean);
+    quantize_block<Arch, T>(p, op, seq, kv_head, block, first + block, mean);
   }
 }
 
 }  // namespace
 
 template <class Arch>
-void int8_pack_head(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head,
-                    float* mean) noexcept {
+void int8_quantize_kv_head(const FlashProblem& p, const Int8Operands& op, std::int64_t seq,
+                           std::int64_t kv_head, float* mean) noexcept {
   switch (p.dtype) {
     case DType::bf16:
-      return pack_head<Arch, bf16>(p, seq, kv_head, mean);
+      return quantize_head<Arch, bf16>(p, op, seq, kv_head, mean);
     case DType::f16:
-      return pack_head<Arch, f16>(p, seq, kv_head, mean);
+      return quantize_head<Arch, f16>(p, op, seq, kv_head, mean);
     default:
-      return pack_head<Arch, float>(p, seq, kv_head, mean);
+      return quantize_head<Arch, float>(p, op, seq, kv_head, mean);
   }
 }
 
 template <class Arch>
-void int8_task(const FlashProblem& p, const FlashTask& task, float* scratch) noexcept {
+void int8_attention_task(const FlashProblem& p, const Int8Operands& op, const FlashTask& task,
+                         float* scratch) noexcept {
   switch (p.dtype) {
     case DType::bf16:
-      return Int8Runner<Arch, bf16>(p, task, scratch).run();
+      return Int8Runner<Arch, bf16>(p, op, task, scratch).run();
     case DType::f16:
-      return Int8Runner<Arch, f16>(p, task, scratch).run();
+      return Int8Runner<Arch, f16>(p, op, task, scratch).run();
     default:
-      return Int8Runner<Arch, float>(p, task, scratch).run();
+      return Int8Runner<Arch, float>(p, op, task, scratch).run();
   }
 }
 
-template void int8_pack_head<KernelArch>(const FlashProblem&, std::int64_t, std::int64_t,
-                                         float*) noexcept;
-template void int8_task<KernelArch>(const FlashProblem&, const FlashTask&, float*) noexcept;
+template void int8_quantize_kv_head<KernelArch>(const FlashProblem&, const Int8Operands&,
+                                                std::int64_t, std::int64_t, float*) noexcept;
+template void int8_attention_task<KernelArch>(const FlashProblem&, const Int8Operands&,
+                                              const FlashTask&, float*) noexcept;
 
 }  // namespace ditops::attention

@@ -539,34 +539,20 @@ void mla_decode_task(const MlaProblem& p, const MlaTask& task, const MlaWorkspac
         static_cast<int>(std::min<std::int64_t>(p.block_size, task.end_token - first));
     return block_rows(p, task.block_ids[block], tokens);
   };
-  // Walk the cube order; after each run of equal cube stages, run their vector mirrors.
-  const schedule::StageInstance* order = task.order;
-  int run_begin = 0;
-  while (run_begin < task.order_size) {
-    int run_end = run_begin + 1;
-    while (run_end < task.order_size && order[run_end].stage == order[run_begin].stage) ++run_end;
-    const bool is_qk = order[run_begin].stage == schedule::Stage::qk;
-    for (int i = run_begin; i < run_end; ++i) {  // cube: QK or PV (+ UP, fused)
-      const schedule::StageInstance& stage = order[i];
-      const int buffer = stage.slot * p.chunk + stage.sub;
-      float* scores = ws.scores + buffer * slot_floats;
-      float* alpha = ws.alpha + buffer * p.padded_heads;
-      if (is_qk) {
-        qk_stage<Arch>(p, q, rows_of(stage.block), ws, scores);
-      } else {
-        pv_up_stage<Arch>(p, rows_of(stage.block), scores, alpha, ws);
-      }
-    }
-    if (is_qk) {
-      for (int i = run_begin; i < run_end; ++i) {  // vector: SM of the run's blocks
-        const schedule::StageInstance& stage = order[i];
-        const int buffer = stage.slot * p.chunk + stage.sub;
-        sm_stage<Arch>(p, rows_of(stage.block).tokens, ws, ws.scores + buffer * slot_floats,
-                       ws.alpha + buffer * p.padded_heads);
-      }
-    }
-    run_begin = run_end;
-  }
+  // The shared schedule's stage order; UP is PV's register-tile epilogue (pv_up_stage), so
+  // the UP mirrors have nothing left to do.
+  schedule::walk_stages(task.order, task.order_size, std::numeric_limits<std::int64_t>::max(),
+                        [&](const schedule::StageInstance& stage) {
+                          const int buffer = schedule::buffer_index(stage, p.chunk);
+                          float* scores = ws.scores + buffer * slot_floats;
+                          float* alpha = ws.alpha + buffer * p.padded_heads;
+                          if (stage.stage == schedule::Stage::qk)
+                            qk_stage<Arch>(p, q, rows_of(stage.block), ws, scores);
+                          if (stage.stage == schedule::Stage::sm)
+                            sm_stage<Arch>(p, rows_of(stage.block).tokens, ws, scores, alpha);
+                          if (stage.stage == schedule::Stage::pv)
+                            pv_up_stage<Arch>(p, rows_of(stage.block), scores, alpha, ws);
+                        });
   const int group_width = kNopeDim / p.scale_groups;
   for (int h = 0; h < p.heads; ++h) {
     float* values = ws.out_acc + h * kNopeDim;
