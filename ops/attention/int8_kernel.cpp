@@ -41,12 +41,21 @@ using simd::I32;
 template <class Arch>
 struct Int8Tiles {
   static constexpr int kLanes = static_cast<int>(B<Arch>::size);
-  static constexpr int kRows = simd::kIsAvx512<Arch> ? 6 : 2;
+  /// Rows x accumulator vectors of one register tile. VNNI: 6 x 4 int32 tiles fill 24 of 32
+  /// zmm. pmaddubsw (16 ymm / xmm): 4 x 2 accumulators, the 2 K or V vectors, the row word
+  /// and its |row|, the signed operand and the ones vector (15). The pmaddwd emulation needs
+  /// two widened copies of every K/V vector and row word: 2 x 2 on SSE2, 6 x 2 on AVX-512.
+  static constexpr int kRows = simd::kIsAvx512<Arch> ? 6 : simd::kHasMaddubs<Arch> ? 4 : 2;
   static constexpr int kBlockVecs = static_cast<int>(kKvBlock) / kLanes;
-  /// Accumulator vectors per row in one pass: with VNNI 6 x 4 int32 tiles fill 24 of 32 zmm;
-  /// the pmaddwd emulation needs two widened copies of every K/V vector, so 2.
   static constexpr int kPassVecs = simd::kHasBf16Vnni<Arch> ? 4 : 2;
   static_assert(kRows <= kMaxTileRows && kBlockVecs % kPassVecs == 0);
+  /// Q as the dot product takes it: u8 (q + 128) for vpdpbusd, whose offset each key's
+  /// 128 * sum(k) takes back; s8 for dot_s8s8 elsewhere (no offset, no key sums).
+  static constexpr simd::RowBytes kQBytes =
+      simd::kHasBf16Vnni<Arch> ? simd::RowBytes::u8 : simd::RowBytes::s8;
+  static constexpr int kQOffset = kQBytes == simd::RowBytes::u8 ? 128 : 0;
+  /// Largest u8 level of P: 255, or 127 where pmaddubsw would saturate 255 x 127 pairs.
+  static constexpr int kPLevels = simd::kDotU8Max<Arch>;
 };
 
 /// round(x) as int32 lanes (ties to even, the current rounding mode).
@@ -55,17 +64,30 @@ inline I32<Arch> round_to_int(B<Arch> x) noexcept {
   return xsimd::nearbyint_as_int(x);
 }
 
-constexpr float kLog2Of255 = 7.9943534368588578f;
+/// Quantized Q and K clamped to [-127, 127], where dot_s8s8 is exact. Values scaled by
+/// 127 / max |x| round to at most 127 already; the clamp makes that a guarantee rather than a
+/// property of the float rounding.
+template <class Arch>
+inline I32<Arch> clamp_int8(I32<Arch> q) noexcept {
+  return xsimd::max(xsimd::min(q, I32<Arch>(127)), I32<Arch>(-127));
+}
 
-/// 2^y for y <= log2(255) (-inf gives 0): with y = s - (block max - log2 255), the u8 level of
-/// a softmax weight relative to the block's largest one. The level keeps 8 bits, so AVX-512
-/// uses the degree-4 polynomial (0.01 of a level).
+/// log2 of the largest P level (Int8Tiles::kPLevels).
+template <class Arch>
+constexpr float kLog2OfPLevels =
+    Int8Tiles<Arch>::kPLevels == 255 ? 7.9943534368588578f : 6.9886846867721655f;
+
+/// 2^y for y <= log2(levels) (-inf gives 0): with y = s - (block max - log2 levels), the u8
+/// level of a softmax weight relative to the block's largest one. The level keeps at most 8
+/// bits, so AVX-512 (255 levels) uses the degree-4 polynomial (0.01 of a level).
 template <class Arch>
 inline B<Arch> exp2_level(B<Arch> y) noexcept {
   if constexpr (simd::kIsAvx512<Arch>) {
+    static_assert(Int8Tiles<Arch>::kPLevels == 255);
     return exp2_scores<Arch, 4>(y);
   } else {
-    return exp2_scores<Arch>(y - B<Arch>(kLog2Of255)) * B<Arch>(255.f);
+    constexpr float kLevels = Int8Tiles<Arch>::kPLevels;
+    return exp2_scores<Arch>(y - B<Arch>(kLog2OfPLevels<Arch>)) * B<Arch>(kLevels);
   }
 }
 
@@ -151,7 +173,7 @@ void quantize_block(const FlashProblem& p, const Int8Operands& op, std::int64_t 
       const std::int64_t width = std::min<std::int64_t>(L, p.dk - d);
       B<Arch> x = simd::load_chunk<Arch>(k + key * p.k_strides.seq, d, width);
       if (mean) x -= simd::load_chunk<Arch>(mean, d, width);
-      const I32<Arch> quantized = round_to_int<Arch>(x * k_inverse);  // zero past dk
+      const I32<Arch> quantized = clamp_int8(round_to_int<Arch>(x * k_inverse));  // 0 past dk
       sum += quantized;
       alignas(64) std::int8_t bytes[L];
       simd::store_low_bytes<Arch>(bytes, quantized);
@@ -160,7 +182,7 @@ void quantize_block(const FlashProblem& p, const Int8Operands& op, std::int64_t 
         std::memcpy(k_out + ((d / 4 + w) * kKvBlock + key) * 4, bytes + 4 * w, 4);
       }
     }
-    k_sum[key] = 128 * simd::reduce_add<Arch>(sum);
+    k_sum[key] = Int8Tiles<Arch>::kQOffset * simd::reduce_add<Arch>(sum);
   }
 
   // V: one scale per channel over the block's keys (running max in v_scale, key by key).
@@ -219,34 +241,35 @@ void quantize_block(const FlashProblem& p, const Int8Operands& op, std::int64_t 
   }
 }
 
-/// S[kRows][V * lanes] (rows 64 apart) = u8 Q rows (q_stride apart) · s8 K words at `k`
-/// (keys in lanes, [word][64 keys][4]) minus k_sum, exact int32.
+/// S[kRows][V * lanes] (rows 64 apart) = Q rows (q_stride apart, Int8Tiles::kQBytes) · s8 K
+/// words at `k` (keys in lanes, [word][64 keys][4]) minus k_sum (u8 Q only), exact int32.
 template <class Arch, int V>
-inline void qk_tile(const std::uint8_t* q, std::int64_t q_stride, const std::int8_t* k,
-                    std::int64_t words, const std::int32_t* k_sum, std::int32_t* s) noexcept {
-  constexpr int R = Int8Tiles<Arch>::kRows, L = Int8Tiles<Arch>::kLanes;
+inline void qk_tile_int8(const std::uint8_t* q, std::int64_t q_stride, const std::int8_t* k,
+                         std::int64_t words, const std::int32_t* k_sum, std::int32_t* s) noexcept {
+  using Tl = Int8Tiles<Arch>;
+  constexpr int R = Tl::kRows, L = Tl::kLanes;
   typename I32<Arch>::register_type acc[R][V];
-  simd::dot_tile_u8s8<Arch, R, V>(q, q_stride, 4, k, kKvBlock * 4, words, acc);
+  simd::dot_tile<Arch, R, V, Tl::kQBytes>(q, q_stride, 4, k, kKvBlock * 4, words, acc);
 #pragma GCC unroll 4
   for (int c = 0; c < V; ++c) {
-    const I32<Arch> offset = I32<Arch>::load_aligned(k_sum + c * L);
+    const I32<Arch> offset = Tl::kQOffset ? I32<Arch>::load_aligned(k_sum + c * L) : I32<Arch>(0);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
       (I32<Arch>(acc[r][c]) - offset).store_aligned(s + r * kKvBlock + c * L);
   }
 }
 
-/// acc[kRows][V] = u8 P rows (64 apart) · s8 V words at `v` ([word][dv_padded][4], starting at
-/// the pass's first column), exact int32; then the UP epilogue per row r:
-/// o[r] = alpha[r] * o[r] + p_factor[r] * v_scale * acc[r] (without kRescale every alpha is 1:
-/// the running max of no row rose, the common case once a row has seen its largest scores).
+/// acc[kRows][V] = u8 P rows (64 apart, levels <= Int8Tiles::kPLevels) · s8 V words at `v`
+/// ([word][dv_padded][4], starting at the pass's first column), exact int32; then the UP epilogue
+/// per row r: o[r] = alpha[r] * o[r] + p_factor[r] * v_scale * acc[r] (without kRescale every alpha
+/// is 1: the running max of no row rose, the common case once a row has seen its largest scores).
 template <class Arch, int V, bool kRescale>
-inline void pv_tile(const std::uint8_t* p, const std::int8_t* v, std::int64_t v_stride,
-                    std::int64_t words, const float* v_scale, const float* alpha,
-                    const float* p_factor, float* o, std::int64_t o_stride) noexcept {
+inline void pv_tile_u8s8(const std::uint8_t* p, const std::int8_t* v, std::int64_t v_stride,
+                         std::int64_t words, const float* v_scale, const float* alpha,
+                         const float* p_factor, float* o, std::int64_t o_stride) noexcept {
   constexpr int R = Int8Tiles<Arch>::kRows, L = Int8Tiles<Arch>::kLanes;
   typename I32<Arch>::register_type acc[R][V];
-  simd::dot_tile_u8s8<Arch, R, V>(p, kKvBlock, 4, v, v_stride * 4, words, acc);
+  simd::dot_tile<Arch, R, V, simd::RowBytes::u8>(p, kKvBlock, 4, v, v_stride * 4, words, acc);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const B<Arch> keep(alpha[r]), factor(p_factor[r]);
@@ -327,7 +350,7 @@ class Int8Runner {
         if (index >= row_count_) {  // padding row of the last tile: attends nothing
           rows_[index] = RowRef{};
           rows_[index].visible_end = task_.kv_begin;
-          std::memset(q8_ + index * q_stride_, 128, static_cast<std::size_t>(q_stride_));
+          std::memset(q8_ + index * q_stride_, Tl::kQOffset, static_cast<std::size_t>(q_stride_));
           q_factor_[index] = 0.f;
           tile_min_[t] = task_.kv_begin;
           continue;
@@ -378,7 +401,8 @@ class Int8Runner {
     for (std::int64_t d = 0; d < q_stride_; d += L) {
       const std::int64_t width = std::clamp<std::int64_t>(p_.dk - d, 0, L);
       const B<Arch> x = width > 0 ? simd::load_chunk<Arch>(q, d, width) * scale : B<Arch>(0.f);
-      simd::store_low_bytes<Arch>(dst + d, round_to_int<Arch>(x * inverse) + I32<Arch>(128));
+      simd::store_low_bytes<Arch>(
+          dst + d, clamp_int8(round_to_int<Arch>(x * inverse)) + I32<Arch>(Tl::kQOffset));
     }
   }
 
@@ -408,8 +432,8 @@ class Int8Runner {
       tile_keys = std::min(keys, tile_max_[t] - start);
       std::int32_t* s = s_ + (buffer * kRowsMax + t * R) * kKvBlock;
       for (int col = 0; col < BV; col += PV) {
-        qk_tile<Arch, PV>(q8_ + t * R * q_stride_, q_stride_, k + col * L * 4, op_.dk_words,
-                          k_sum + col * L, s + col * L);
+        qk_tile_int8<Arch, PV>(q8_ + t * R * q_stride_, q_stride_, k + col * L * 4, op_.dk_words,
+                               k_sum + col * L, s + col * L);
       }
     }
   }
@@ -462,7 +486,7 @@ class Int8Runner {
       const B<Arch> alpha =
           xsimd::select(active, simd::exp2_nonpositive<Arch>(old_max - m_new), B<Arch>(1.f));
       const B<Arch> p_factor = xsimd::select(
-          active, simd::exp2_nonpositive<Arch>(new_max - m_new) * B<Arch>(1.f / 255.f),
+          active, simd::exp2_nonpositive<Arch>(new_max - m_new) * B<Arch>(1.f / Tl::kPLevels),
           B<Arch>(0.f));
       alignas(64) float alpha_lanes[L], p_factor_lanes[L], m_lanes[L];
       alpha.store_aligned(alpha_lanes);
@@ -477,7 +501,7 @@ class Int8Runner {
         alpha_[slot_row] = alpha_lanes[i];
         p_factor_[slot_row] = p_factor_lanes[i];
         I32<Arch> sum(0);
-        const float shift = block_max[i] - kLog2Of255;
+        const float shift = block_max[i] - kLog2OfPLevels<Arch>;
 #pragma GCC unroll 4
         for (int c = 0; c < BV; ++c) {
           const B<Arch> y =
@@ -486,9 +510,9 @@ class Int8Runner {
                            xsimd::to_float(I32<Arch>::load_aligned(s_tile + i * kKvBlock + c * L)),
                            B<Arch>(factor[i]), B<Arch>(-shift));
           // An inactive row (block max -inf) gives NaN here: its levels are forced to 0.
-          // At most 255: y at the block max may round one ulp above log2(255).
+          // At most kPLevels: y at the block max may round one ulp above log2(kPLevels).
           const I32<Arch> level =
-              xsimd::min(round_to_int<Arch>(exp2_level<Arch>(y)), I32<Arch>(255));
+              xsimd::min(round_to_int<Arch>(exp2_level<Arch>(y)), I32<Arch>(Tl::kPLevels));
           const I32<Arch> kept = block_max[i] > kMinusInf ? level : I32<Arch>(0);
           sum += kept;  // the weights PV will use, as their integers
           simd::store_low_bytes<Arch>(p_row + c * L, kept);
@@ -546,7 +570,7 @@ class Int8Runner {
     const std::int64_t slot_row = buffer * kRowsMax + first_row;
     bool rescale = false;
     for (int r = 0; r < R; ++r) rescale |= alpha_[slot_row + r] != 1.f;
-    const auto tile = rescale ? &pv_tile<Arch, V, true> : &pv_tile<Arch, V, false>;
+    const auto tile = rescale ? &pv_tile_u8s8<Arch, V, true> : &pv_tile_u8s8<Arch, V, false>;
     tile(pq_ + slot_row * kKvBlock, v + col * 4, p_.dv_padded, words, v_scale + col,
          alpha_ + slot_row, p_factor_ + slot_row, o_ + first_row * p_.dv_padded + col,
          p_.dv_padded);

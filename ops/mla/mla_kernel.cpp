@@ -289,12 +289,13 @@ void sm_stage(const MlaProblem& p, int tokens, const MlaWorkspace& ws, float* sc
 }
 
 /// PV register tile: kPvHeads heads x kPvVectors vectors of output columns. With VNNI 6 x 4
-/// int32 accumulators fill 24 of 32 zmm; the pmaddwd emulation needs two widened copies of
-/// each value vector, so fewer.
+/// int32 accumulators fill 24 of 32 zmm; pmaddubsw (16 ymm / xmm) 4 x 2 beside the 2 value
+/// vectors, the level word, a temporary and the ones vector; the pmaddwd emulation needs two
+/// widened copies of each value vector, so fewer.
 template <class Arch>
-constexpr int kPvHeads = simd::kHasBf16Vnni<Arch> ? 6
-                         : simd::kIsAvx512<Arch>  ? 4
-                                                  : 2;
+constexpr int kPvHeads = simd::kHasBf16Vnni<Arch>                           ? 6
+                         : simd::kIsAvx512<Arch> || simd::kHasMaddubs<Arch> ? 4
+                                                                            : 2;
 template <class Arch>
 constexpr int kPvVectors = simd::kHasBf16Vnni<Arch> ? 4 : 2;
 
@@ -329,11 +330,12 @@ void pack_values(const MlaProblem& p, const BlockRows& rows, std::int8_t* pack) 
 
 /// P of one block as u8 levels per (scale group, head): the weight of token t in columns of
 /// group g is P[t][h] * key scale(t, g), quantized against the block's largest one:
-/// level = round(255 * w / max w), w = factor * level with factor = max w / 255 (0 for an
-/// all-zero head). levels: [group][word][Hp] words of 4 tokens; factor: [group][Hp]. The
-/// group's running softmax sum (UP: alpha * sum + this block's) adds the weights as quantized,
-/// factor * level / key scale: the output stays a convex combination of the values, where the
-/// exact sum would shrink it by the weights that round to 0.
+/// level = round(n * w / max w), w = factor * level with factor = max w / n (0 for an all-zero
+/// head), n = simd::kDotU8Max (255, or 127 where pmaddubsw multiplies the levels). levels:
+/// [group][word][Hp] words of 4 tokens; factor: [group][Hp]. The group's running softmax sum (UP:
+/// alpha * sum + this block's) adds the weights as quantized, factor * level / key scale: the
+/// output stays a convex combination of the values, where the exact sum would shrink it by the
+/// weights that round to 0.
 template <class Arch>
 void quantize_weights(const MlaProblem& p, const BlockRows& rows, const float* probs,
                       const float* alpha, const MlaWorkspace& ws) noexcept {
@@ -352,16 +354,17 @@ void quantize_weights(const MlaProblem& p, const BlockRows& rows, const float* p
       for (int t = 0; t < rows.tokens; ++t) {
         top = xsimd::max(top, B::load_unaligned(probs + t * hp + head0) * B(scale(t)));
       }
-      const B factor = top * B(1.f / 255.f);
+      constexpr float kLevels = simd::kDotU8Max<Arch>;
+      const B factor = top * B(1.f / kLevels);
       factor.store_unaligned(ws.level_factor + g * hp + head0);
-      const B inverse = xsimd::select(top > B(0.f), B(255.f) / top, B(0.f));
+      const B inverse = xsimd::select(top > B(0.f), B(kLevels) / top, B(0.f));
       B level_sum(0.f);  // sum of level / key scale: the weights PV uses, as softmax terms
       for (int word = 0; word < words; ++word) {
         I packed(0);
         for (int k = 0; k < 4 && 4 * word + k < rows.tokens; ++k) {
           const int t = 4 * word + k;
           const B w = B::load_unaligned(probs + t * hp + head0) * B(scale(t)) * inverse;
-          const I level = xsimd::min(xsimd::nearbyint_as_int(w), I(255));
+          const I level = xsimd::min(xsimd::nearbyint_as_int(w), I(simd::kDotU8Max<Arch>));
           level_sum = simd::fmadd<Arch>(xsimd::to_float(level), B(inverse_scale[t]), level_sum);
           packed = packed | (level << (8 * k));
         }
@@ -390,8 +393,8 @@ inline void value_tile(const MlaProblem& p, int head0, int column0, int words, i
   const auto* levels = reinterpret_cast<const std::uint8_t*>(
       ws.levels + group * (p.block_size / 4) * hp + head0);  // word w of head h: [w][hp]
   Reg acc[kHeads][V];
-  simd::dot_tile_u8s8<Arch, kHeads, V>(levels, 4, hp * 4, ws.value_pack + column0 * 4, kNopeDim * 4,
-                                       words, acc);
+  simd::dot_tile<Arch, kHeads, V, simd::RowBytes::u8>(
+      levels, 4, hp * 4, ws.value_pack + column0 * 4, kNopeDim * 4, words, acc);
 #pragma GCC unroll 8
   for (int h = 0; h < kHeads; ++h) {
     float* out = ws.out_acc + (head0 + h) * kNopeDim + column0;
