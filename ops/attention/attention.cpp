@@ -15,11 +15,13 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #include "ops/attention/attention_kernel.hpp"
 #include "ops/attention/backends.hpp"
 #include "ops/attention/call.hpp"
+#include "ops/attention/int8.hpp"
 #include "ops/attention/tuner.hpp"
 #include "ops/core/check.hpp"
 #include "ops/core/isa.hpp"
@@ -85,7 +87,7 @@ void check_head_dim(const Arg& arg, int dim) {
   }
 }
 
-/// Bounds every size pack_operands, prepare_int8 and run_flash compute (packed K and V, per-row
+/// Bounds every size pack_operands, Int8Backend and run_flash compute (packed K and V, per-row
 /// outputs, LSE and split partials, per-thread scratch) with overflow checks, before any of them
 /// is computed: where the bound fits int64 they do too, and aligned_array turns a size the
 /// machine cannot hold into an Error. `kv_rows` and `q_rows` count rows over the whole batch.
@@ -509,62 +511,6 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
   p.v_packed_offset = packed.v_offset.data();
 }
 
-/// The int8 backend's quantized K and V, key means and schedule orders, once per call.
-struct Int8Storage {
-  std::unique_ptr<std::int8_t[], AlignedFree> k, v;
-  std::unique_ptr<std::int32_t[], AlignedFree> k_sum;
-  std::unique_ptr<float[], AlignedFree> k_scale, v_scale, k_mean;
-  std::vector<std::int64_t> first_block;
-  std::vector<schedule::StageInstance> order;
-};
-
-void prepare_int8(FlashProblem& p, Int8Storage& storage, int chunk, int threads) {
-  using PackKernel = decltype(&int8_pack_head<xsimd::sse2>);
-  static const core::IsaTable<PackKernel> pack_kernels = DITOPS_ISA_TABLE(int8_pack_head);
-  Int8Operands& op = p.int8;
-  op.chunk = chunk;
-  op.dk_words = (p.dk + 3) / 4;
-  const std::int64_t heads_total = p.batch * p.kv_heads;
-  storage.first_block.resize(heads_total);
-  std::int64_t blocks_total = 0, max_blocks = 0;
-  for (std::int64_t seq = 0; seq < p.batch; ++seq) {
-    const std::int64_t blocks = (sequence_of(p, seq).kv_len + kKvBlock - 1) / kKvBlock;
-    max_blocks = std::max(max_blocks, blocks);
-    for (std::int64_t head = 0; head < p.kv_heads; ++head) {
-      storage.first_block[seq * p.kv_heads + head] = blocks_total;
-      blocks_total += blocks;
-    }
-  }
-  storage.k = aligned_array<std::int8_t>(blocks_total * op.dk_words * kKvBlock * 4);
-  storage.k_sum = aligned_array<std::int32_t>(blocks_total * kKvBlock);
-  storage.k_scale = aligned_array<float>(blocks_total);
-  storage.v = aligned_array<std::int8_t>(blocks_total * kKvBlock * p.dv_padded);
-  storage.v_scale = aligned_array<float>(blocks_total * p.dv_padded);
-  op.k = storage.k.get();
-  op.k_sum = storage.k_sum.get();
-  op.k_scale = storage.k_scale.get();
-  op.v = storage.v.get();
-  op.v_scale = storage.v_scale.get();
-  op.first_block = storage.first_block.data();
-  op.k_mean = nullptr;
-  if (int8_smooth_keys()) {
-    storage.k_mean = aligned_array<float>(heads_total * p.dk);
-    op.k_mean = storage.k_mean.get();
-  }
-  // Per (sequence, KV head): its mean, then its blocks, while the keys are still in L2.
-  const PackKernel pack = pack_kernels.get();
-  core::parallel_ranges(heads_total, threads, [&](std::int64_t begin, std::int64_t end, int) {
-    for (std::int64_t h = begin; h < end; ++h) {
-      pack(p, h / p.kv_heads, h % p.kv_heads,
-           op.k_mean ? storage.k_mean.get() + h * p.dk : nullptr);
-    }
-  });
-  // The shared schedule's cube order for the longest sequence (shorter ones skip blocks).
-  storage.order = schedule::make_schedule(static_cast<int>(max_blocks), chunk).cube;
-  op.order = storage.order.data();
-  op.order_size = static_cast<std::int64_t>(storage.order.size());
-}
-
 /// Element offsets of one query row's output and LSE.
 struct RowOffsets {
   std::int64_t out, lse;
@@ -598,8 +544,7 @@ void run_flash_tasks(FlashProblem p, const std::vector<FlashTask>& tasks,
   if (tasks.empty()) return;
   using Kernel = decltype(&flash_task<xsimd::sse2>);
   static const core::IsaTable<Kernel> flash_kernels = DITOPS_ISA_TABLE(flash_task);
-  static const core::IsaTable<Kernel> int8_kernels = DITOPS_ISA_TABLE(int8_task);
-  const Kernel kernel = int8_chunk > 0 ? int8_kernels.get() : flash_kernels.get();
+  const Kernel kernel = flash_kernels.get();
   // Handed out dynamically, the tasks of one (sequence, KV head) together, most expensive first,
   // and those heads by their most expensive task: consecutive tasks re-read the head's packed
   // K/V from L2/L3 (a plain cost order, under causal masking, cycles through every head's K/V
@@ -621,25 +566,25 @@ void run_flash_tasks(FlashProblem p, const std::vector<FlashTask>& tasks,
   });
 
   Packed packed;
-  Int8Storage int8_storage;
+  std::optional<Int8Backend> int8;
   if (int8_chunk > 0) {
-    prepare_int8(p, int8_storage, int8_chunk, threads);
+    int8.emplace(p, int8_chunk, threads);
   } else {
     pack_operands(p, packed, tasks, threads);
   }
   const int team = static_cast<int>(std::min<std::int64_t>(threads, tasks.size()));
   const std::int64_t scratch_floats =
-      round_up(int8_chunk > 0 ? (int8_scratch_bytes(p) + 3) / 4 : flash_scratch_floats(p), 16);
+      round_up(int8 ? int8->scratch_floats() : flash_scratch_floats(p), 16);
   auto scratch = aligned_array<float>(scratch_floats * std::max(team, 1));
   core::parallel_tasks(static_cast<std::int64_t>(tasks.size()), team,
                        [&](std::int64_t index, int thread) {
-                         kernel(p, tasks[order[index]], scratch.get() + thread * scratch_floats);
+                         float* task_scratch = scratch.get() + thread * scratch_floats;
+                         if (int8) {
+                           int8->run(tasks[order[index]], task_scratch);
+                         } else {
+                           kernel(p, tasks[order[index]], task_scratch);
+                         }
                        });
-}
-
-bool int8_smooth_keys() {
-  const char* env = std::getenv("DITOPS_INT8_SMOOTH_K");
-  return env == nullptr || std::strcmp(env, "0") != 0;
 }
 
 void run_flash(const FlashProblem& p, int threads, int int8_chunk) {

@@ -5,8 +5,6 @@
 #include <cstdint>
 #include <ditops/tensor.hpp>
 
-#include "ops/schedule/schedule.hpp"
-
 namespace ditops::attention {
 
 /// Keys per KV block: the unit of the online-softmax update. 64 keys give a 6 x 64 fp32 score
@@ -52,27 +50,6 @@ struct Strides {
 /// ("direct", for decode-like calls where packing would cost as much as the attention).
 enum class KLayout : std::uint8_t { packed, direct };
 
-/// Operands of the int8 backend, prepared once per call (attention.cpp, int8_pack_head) and
-/// indexed by a global KV block number g (first_block[seq * kv_heads + h] + block in sequence).
-/// K is smoothed (its per-(sequence, KV head) mean subtracted, which leaves the softmax as it
-/// was) and quantized per block, V per block and channel; see int8_kernel.cpp.
-struct Int8Operands {
-  std::int64_t dk_words = 0;            ///< ceil(dk / 4): 4 int8 of one key per 32-bit word
-  const std::int8_t* k = nullptr;       ///< block g at g * dk_words * 256: [dk_words][64 keys][4]
-  const std::int32_t* k_sum = nullptr;  ///< block g at g * 64: 128 * sum_d k per key
-  const float* k_scale = nullptr;       ///< [g]: value = int8 * scale
-  const float* k_mean = nullptr;        ///< [seq * kv_heads + h][dk] subtracted before quantizing
-  const std::int8_t* v = nullptr;       ///< block g at g * 64 * dv_padded: [16 words][dv_padded][4]
-  const float* v_scale = nullptr;       ///< block g at g * dv_padded: per channel
-  const std::int64_t* first_block = nullptr;
-  /// The shared schedule's cube order (QK, PV) for the longest sequence's blocks; a row group
-  /// with fewer blocks skips the later ones. A plain array: kernel objects instantiate no
-  /// std::vector code (ODR guard).
-  const schedule::StageInstance* order = nullptr;
-  std::int64_t order_size = 0;
-  int chunk = 2;  ///< options.int8_chunk: QK blocks ahead of their PV
-};
-
 struct FlashProblem {
   DType dtype = DType::f32;  ///< of q, k, v and out
   std::int64_t dk = 0, dv = 0;
@@ -107,7 +84,6 @@ struct FlashProblem {
   const float* v_packed = nullptr;
   const std::int64_t* v_packed_offset = nullptr;
   std::int64_t dv_padded = 0;  ///< dv rounded up to 16
-  Int8Operands int8;           ///< the int8 backend's operands (k, v null otherwise)
   // Token orders and row windows (block-sparse attention; null/0 for dense calls). A task's
   // query position pos is the sequence's query q_order[pos]; packed key position j holds key
   // k_order[j] (packing only: the kernel then reads K and V in that order, which requires
@@ -174,30 +150,6 @@ void flash_task(const FlashProblem& problem, const FlashTask& task, float* scrat
 template <class Arch>
 void flash_merge_splits(const FlashProblem& problem, const FlashTask& task, std::int64_t splits,
                         const float* partial_out, const float* partial_lse, float* merged) noexcept;
-
-/// Bytes of per-thread scratch an int8 task needs (any ISA, any chunk).
-inline std::int64_t int8_scratch_bytes(const FlashProblem& p) noexcept {
-  const std::int64_t rows = kMaxRowGroup * kMaxTileRows;
-  const std::int64_t buffers = 2 * 4;  // ping-pong slots x the largest chunk
-  const std::int64_t q_stride = (p.int8.dk_words * 4 + 63) / 64 * 64;
-  return rows * q_stride                      // Q as u8
-         + rows * (4 + kMaxLanes) * 4         // q factor, LSE shift, max, sums
-         + rows * p.dv_padded * 4             // O
-         + buffers * rows * kKvBlock * 5      // S (int32) and P (u8)
-         + buffers * rows * 2 * 4             // P factor, alpha
-         + buffers * kMaxRowGroup * 8 + 256;  // keys per tile; alignment
-}
-
-/// Quantizes the keys and values of one (sequence, KV head) into the Int8Operands arrays
-/// (their pointers, cast to writable, are the destination; first_block must be set). With
-/// `mean` set, first writes the head's key mean there (dk floats) and subtracts it (smoothing).
-template <class Arch>
-void int8_pack_head(const FlashProblem& problem, std::int64_t seq, std::int64_t kv_head,
-                    float* mean) noexcept;
-
-/// Runs one task with the int8 pipeline; scratch: int8_scratch_bytes(), 64-byte aligned.
-template <class Arch>
-void int8_task(const FlashProblem& problem, const FlashTask& task, float* scratch) noexcept;
 
 /// The flash_bf16 Q·K^T path (vdpbf16ps) runs: the avx512 kernel variant with AVX512-BF16.
 bool bf16_dot_available() noexcept;

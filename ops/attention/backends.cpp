@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "ops/attention/attention_kernel.hpp"
+#include "ops/attention/int8.hpp"
 #include "ops/sparse/block_sparse.hpp"
 
 namespace ditops::attention {
@@ -106,7 +107,7 @@ const Backend kInt8{AttentionBackend::int8,
                     [](const Call& call, const Config&) {
                       return "int8 chunk=" + std::to_string(call.int8_chunk) +
                              " row_group=" + std::to_string(kMaxRowGroup / call.int8_chunk) +
-                             (int8_smooth_keys() ? " smooth_k" : " smooth_k=off");
+                             (smooth_keys() ? " smooth_k" : " smooth_k=off");
                     }};
 
 const Backend kSparse{

@@ -48,8 +48,4 @@ void run_flash(const FlashProblem& p, int threads, int int8_chunk = 0);
 /// by an Eigen GEMM, masked, soft-maxed (std::exp) and multiplied by V.
 void run_reference(const FlashProblem& p, float scale, int threads);
 
-/// Whether the int8 backend subtracts the per-head key mean before quantizing (on unless
-/// DITOPS_INT8_SMOOTH_K=0, a diagnostic showing what smoothing buys on a model's inputs).
-bool int8_smooth_keys();
-
 }  // namespace ditops::attention

@@ -1,6 +1,6 @@
 // int8 attention, compiled once per ISA level (cmake/DitopsKernels.cmake).
 //
-// Operands (int8_pack_head, once per call): K minus its per-(sequence, KV head) mean
+// Operands (int8_quantize_kv_head, once per call): K minus its per-(sequence, KV head) mean
 // (SageAttention's smoothing: q·(k - mean) differs from q·k by a per-row constant, so the
 // softmax is unchanged and only the LSE needs q·mean back), quantized symmetrically per block
 // of 64 keys and stored four d per 32-bit word, keys in lanes; V quantized per block and
@@ -23,11 +23,12 @@
 // of its block's largest one; the accuracy tests (tests/attention/int8_test.cpp) measure the
 // result against the fp64 reference.
 
+#include "ops/attention/int8_kernel.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
 
-#include "ops/attention/attention_kernel.hpp"
 #include "ops/attention/tile_rows.hpp"
 #include "ops/core/arch.hpp"
 #include "ops/core/simd.hpp"
@@ -40,12 +41,21 @@ using simd::I32;
 template <class Arch>
 struct Int8Tiles {
   static constexpr int kLanes = static_cast<int>(B<Arch>::size);
-  static constexpr int kRows = simd::kIsAvx512<Arch> ? 6 : 2;
+  /// Rows x accumulator vectors of one register tile. VNNI: 6 x 4 int32 tiles fill 24 of 32
+  /// zmm. pmaddubsw (16 ymm / xmm): 4 x 2 accumulators, the 2 K or V vectors, the row word
+  /// and its |row|, the signed operand and the ones vector (15). The pmaddwd emulation needs
+  /// two widened copies of every K/V vector and row word: 2 x 2 on SSE2, 6 x 2 on AVX-512.
+  static constexpr int kRows = simd::kIsAvx512<Arch> ? 6 : simd::kHasMaddubs<Arch> ? 4 : 2;
   static constexpr int kBlockVecs = static_cast<int>(kKvBlock) / kLanes;
-  /// Accumulator vectors per row in one pass: with VNNI 6 x 4 int32 tiles fill 24 of 32 zmm;
-  /// the pmaddwd emulation needs two widened copies of every K/V vector, so 2.
   static constexpr int kPassVecs = simd::kHasBf16Vnni<Arch> ? 4 : 2;
   static_assert(kRows <= kMaxTileRows && kBlockVecs % kPassVecs == 0);
+  /// Q as the dot product takes it: u8 (q + 128) for vpdpbusd, whose offset each key's
+  /// 128 * sum(k) takes back; s8 for dot_s8s8 elsewhere (no offset, no key sums).
+  static constexpr simd::RowBytes kQBytes =
+      simd::kHasBf16Vnni<Arch> ? simd::RowBytes::u8 : simd::RowBytes::s8;
+  static constexpr int kQOffset = kQBytes == simd::RowBytes::u8 ? 128 : 0;
+  /// Largest u8 level of P: 255, or 127 where pmaddubsw would saturate 255 x 127 pairs.
+  static constexpr int kPLevels = simd::kDotU8Max<Arch>;
 };
 
 /// round(x) as int32 lanes (ties to even, the current rounding mode).
@@ -54,17 +64,30 @@ inline I32<Arch> round_to_int(B<Arch> x) noexcept {
   return xsimd::nearbyint_as_int(x);
 }
 
-constexpr float kLog2Of255 = 7.9943534368588578f;
+/// Quantized Q and K clamped to [-127, 127], where dot_s8s8 is exact. Values scaled by
+/// 127 / max |x| round to at most 127 already; the clamp makes that a guarantee rather than a
+/// property of the float rounding.
+template <class Arch>
+inline I32<Arch> clamp_int8(I32<Arch> q) noexcept {
+  return xsimd::max(xsimd::min(q, I32<Arch>(127)), I32<Arch>(-127));
+}
 
-/// 2^y for y <= log2(255) (-inf gives 0): with y = s - (block max - log2 255), the u8 level of
-/// a softmax weight relative to the block's largest one. The level keeps 8 bits, so AVX-512
-/// uses the degree-4 polynomial (0.01 of a level).
+/// log2 of the largest P level (Int8Tiles::kPLevels).
+template <class Arch>
+constexpr float kLog2OfPLevels =
+    Int8Tiles<Arch>::kPLevels == 255 ? 7.9943534368588578f : 6.9886846867721655f;
+
+/// 2^y for y <= log2(levels) (-inf gives 0): with y = s - (block max - log2 levels), the u8
+/// level of a softmax weight relative to the block's largest one. The level keeps at most 8
+/// bits, so AVX-512 (255 levels) uses the degree-4 polynomial (0.01 of a level).
 template <class Arch>
 inline B<Arch> exp2_level(B<Arch> y) noexcept {
   if constexpr (simd::kIsAvx512<Arch>) {
+    static_assert(Int8Tiles<Arch>::kPLevels == 255);
     return exp2_scores<Arch, 4>(y);
   } else {
-    return exp2_scores<Arch>(y - B<Arch>(kLog2Of255)) * B<Arch>(255.f);
+    constexpr float kLevels = Int8Tiles<Arch>::kPLevels;
+    return exp2_scores<Arch>(y - B<Arch>(kLog2OfPLevels<Arch>)) * B<Arch>(kLevels);
   }
 }
 
@@ -114,10 +137,10 @@ void key_mean(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, flo
 }
 
 template <class Arch, class T>
-void pack_block(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, std::int64_t block,
-                std::int64_t global, const float* mean) {
+void quantize_block(const FlashProblem& p, const Int8Operands& op, std::int64_t seq,
+                    std::int64_t kv_head, std::int64_t block, std::int64_t global,
+                    const float* mean) {
   constexpr int L = Int8Tiles<Arch>::kLanes;
-  const Int8Operands& op = p.int8;
   const Sequence s = sequence_of(p, seq);
   const std::int64_t first = block * kKvBlock;
   const std::int64_t keys = std::min(kKvBlock, s.kv_len - first);
@@ -125,10 +148,10 @@ void pack_block(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, s
                (s.k_row0 + first) * p.k_strides.seq + kv_head * p.k_strides.head;
   const T* v = static_cast<const T*>(p.v) + seq * p.v_strides.batch +
                (s.k_row0 + first) * p.v_strides.seq + kv_head * p.v_strides.head;
-  auto* k_out = const_cast<std::int8_t*>(op.k) + global * op.dk_words * kKvBlock * 4;
-  auto* k_sum = const_cast<std::int32_t*>(op.k_sum) + global * kKvBlock;
-  auto* v_out = const_cast<std::int8_t*>(op.v) + global * kKvBlock * p.dv_padded;
-  auto* v_scale = const_cast<float*>(op.v_scale) + global * p.dv_padded;
+  std::int8_t* k_out = op.k + global * op.dk_words * kKvBlock * 4;
+  std::int32_t* k_sum = op.k_sum + global * kKvBlock;
+  std::int8_t* v_out = op.v + global * kKvBlock * p.dv_padded;
+  float* v_scale = op.v_scale + global * p.dv_padded;
 
   // K: one scale for the block (symmetric, max |k - mean| / 127).
   B<Arch> k_top(0.f);
@@ -140,7 +163,7 @@ void pack_block(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, s
   }
   const float k_max = simd::reduce_max<Arch>(k_top);
   const float k_scale = simd::int8_scale(k_max);
-  const_cast<float*>(op.k_scale)[global] = k_scale;
+  op.k_scale[global] = k_scale;
   std::memset(k_out, 0, static_cast<std::size_t>(op.dk_words * kKvBlock * 4));
   std::fill(k_sum, k_sum + kKvBlock, 0);
   const B<Arch> k_inverse(1.f / k_scale);
@@ -150,7 +173,7 @@ void pack_block(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, s
       const std::int64_t width = std::min<std::int64_t>(L, p.dk - d);
       B<Arch> x = simd::load_chunk<Arch>(k + key * p.k_strides.seq, d, width);
       if (mean) x -= simd::load_chunk<Arch>(mean, d, width);
-      const I32<Arch> quantized = round_to_int<Arch>(x * k_inverse);  // zero past dk
+      const I32<Arch> quantized = clamp_int8(round_to_int<Arch>(x * k_inverse));  // 0 past dk
       sum += quantized;
       alignas(64) std::int8_t bytes[L];
       simd::store_low_bytes<Arch>(bytes, quantized);
@@ -159,7 +182,7 @@ void pack_block(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, s
         std::memcpy(k_out + ((d / 4 + w) * kKvBlock + key) * 4, bytes + 4 * w, 4);
       }
     }
-    k_sum[key] = 128 * simd::reduce_add<Arch>(sum);
+    k_sum[key] = Int8Tiles<Arch>::kQOffset * simd::reduce_add<Arch>(sum);
   }
 
   // V: one scale per channel over the block's keys (running max in v_scale, key by key).
@@ -218,34 +241,35 @@ void pack_block(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, s
   }
 }
 
-/// S[kRows][V * lanes] (rows 64 apart) = u8 Q rows (q_stride apart) · s8 K words at `k`
-/// (keys in lanes, [word][64 keys][4]) minus k_sum, exact int32.
+/// S[kRows][V * lanes] (rows 64 apart) = Q rows (q_stride apart, Int8Tiles::kQBytes) · s8 K
+/// words at `k` (keys in lanes, [word][64 keys][4]) minus k_sum (u8 Q only), exact int32.
 template <class Arch, int V>
-inline void qk_tile(const std::uint8_t* q, std::int64_t q_stride, const std::int8_t* k,
-                    std::int64_t words, const std::int32_t* k_sum, std::int32_t* s) noexcept {
-  constexpr int R = Int8Tiles<Arch>::kRows, L = Int8Tiles<Arch>::kLanes;
+inline void qk_tile_int8(const std::uint8_t* q, std::int64_t q_stride, const std::int8_t* k,
+                         std::int64_t words, const std::int32_t* k_sum, std::int32_t* s) noexcept {
+  using Tl = Int8Tiles<Arch>;
+  constexpr int R = Tl::kRows, L = Tl::kLanes;
   typename I32<Arch>::register_type acc[R][V];
-  simd::dot_tile_u8s8<Arch, R, V>(q, q_stride, 4, k, kKvBlock * 4, words, acc);
+  simd::dot_tile<Arch, R, V, Tl::kQBytes>(q, q_stride, 4, k, kKvBlock * 4, words, acc);
 #pragma GCC unroll 4
   for (int c = 0; c < V; ++c) {
-    const I32<Arch> offset = I32<Arch>::load_aligned(k_sum + c * L);
+    const I32<Arch> offset = Tl::kQOffset ? I32<Arch>::load_aligned(k_sum + c * L) : I32<Arch>(0);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
       (I32<Arch>(acc[r][c]) - offset).store_aligned(s + r * kKvBlock + c * L);
   }
 }
 
-/// acc[kRows][V] = u8 P rows (64 apart) · s8 V words at `v` ([word][dv_padded][4], starting at
-/// the pass's first column), exact int32; then the UP epilogue per row r:
-/// o[r] = alpha[r] * o[r] + p_factor[r] * v_scale * acc[r] (without kRescale every alpha is 1:
-/// the running max of no row rose, the common case once a row has seen its largest scores).
+/// acc[kRows][V] = u8 P rows (64 apart, levels <= Int8Tiles::kPLevels) · s8 V words at `v`
+/// ([word][dv_padded][4], starting at the pass's first column), exact int32; then the UP epilogue
+/// per row r: o[r] = alpha[r] * o[r] + p_factor[r] * v_scale * acc[r] (without kRescale every alpha
+/// is 1: the running max of no row rose, the common case once a row has seen its largest scores).
 template <class Arch, int V, bool kRescale>
-inline void pv_tile(const std::uint8_t* p, const std::int8_t* v, std::int64_t v_stride,
-                    std::int64_t words, const float* v_scale, const float* alpha,
-                    const float* p_factor, float* o, std::int64_t o_stride) noexcept {
+inline void pv_tile_u8s8(const std::uint8_t* p, const std::int8_t* v, std::int64_t v_stride,
+                         std::int64_t words, const float* v_scale, const float* alpha,
+                         const float* p_factor, float* o, std::int64_t o_stride) noexcept {
   constexpr int R = Int8Tiles<Arch>::kRows, L = Int8Tiles<Arch>::kLanes;
   typename I32<Arch>::register_type acc[R][V];
-  simd::dot_tile_u8s8<Arch, R, V>(p, kKvBlock, 4, v, v_stride * 4, words, acc);
+  simd::dot_tile<Arch, R, V, simd::RowBytes::u8>(p, kKvBlock, 4, v, v_stride * 4, words, acc);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const B<Arch> keep(alpha[r]), factor(p_factor[r]);
@@ -269,8 +293,9 @@ class Int8Runner {
   static constexpr std::int64_t kRowsMax = kMaxRowGroup * kMaxTileRows;
 
  public:
-  Int8Runner(const FlashProblem& p, const FlashTask& task, float* scratch) noexcept
-      : p_(p), op_(p.int8), task_(task), seq_(sequence_of(p, task.seq)) {
+  Int8Runner(const FlashProblem& p, const Int8Operands& op, const FlashTask& task,
+             float* scratch) noexcept
+      : p_(p), op_(op), task_(task), seq_(sequence_of(p, task.seq)) {
     const std::int64_t head_slot = task.seq * p.kv_heads + task.kv_head;
     first_block_ = op_.first_block[head_slot];
     k_mean_ = op_.k_mean ? op_.k_mean + head_slot * p.dk : nullptr;
@@ -325,7 +350,7 @@ class Int8Runner {
         if (index >= row_count_) {  // padding row of the last tile: attends nothing
           rows_[index] = RowRef{};
           rows_[index].visible_end = task_.kv_begin;
-          std::memset(q8_ + index * q_stride_, 128, static_cast<std::size_t>(q_stride_));
+          std::memset(q8_ + index * q_stride_, Tl::kQOffset, static_cast<std::size_t>(q_stride_));
           q_factor_[index] = 0.f;
           tile_min_[t] = task_.kv_begin;
           continue;
@@ -337,35 +362,17 @@ class Int8Runner {
       group_end = std::max(group_end, tile_max_[t]);
     }
     const std::int64_t blocks = (group_end - task_.kv_begin + kKvBlock - 1) / kKvBlock;
-    // Walk the cube order; after each run of equal cube stages, run their vector mirrors.
-    // Walk the cube order for the sequence's blocks, keeping this group's `blocks` (the order
-    // for fewer blocks is that order without the later ones: ops/schedule, tested there);
-    // after each run of equal cube stages, run their vector mirrors.
-    const schedule::StageInstance* order = op_.order;
-    const std::int64_t size = op_.order_size;
-    const auto next_kept = [&](std::int64_t i) {
-      while (i < size && order[i].block >= blocks) ++i;
-      return i;
-    };
-    const auto buffer_of = [&](std::int64_t i) { return order[i].slot * op_.chunk + order[i].sub; };
-    std::int64_t run_begin = next_kept(0);
-    while (run_begin < size) {
-      const schedule::Stage stage = order[run_begin].stage;
-      std::int64_t run_end = run_begin;
-      for (; run_end < size && order[run_end].stage == stage; run_end = next_kept(run_end + 1)) {
-        if (stage == schedule::Stage::qk) {
-          qk_stage(order[run_end].block, buffer_of(run_end));
-        } else {
-          pv_up_stage(order[run_end].block, buffer_of(run_end));
-        }
-      }
-      if (stage == schedule::Stage::qk) {
-        for (std::int64_t i = run_begin; i < run_end; i = next_kept(i + 1)) {
-          sm_stage(order[i].block, buffer_of(i));
-        }
-      }
-      run_begin = run_end;
-    }
+    // The shared schedule's stage order for this group's blocks; UP is PV's register-tile
+    // epilogue (pv_up_stage), so the UP mirrors have nothing left to do.
+    schedule::walk_stages(op_.order, op_.order_size, blocks,
+                          [this](const schedule::StageInstance& stage) {
+                            const int buffer = schedule::buffer_index(stage, op_.chunk);
+                            if (stage.stage == schedule::Stage::qk) qk_stage(stage.block, buffer);
+                            if (stage.stage == schedule::Stage::sm) sm_stage(stage.block, buffer);
+                            if (stage.stage == schedule::Stage::pv) {
+                              pv_up_stage(stage.block, buffer);
+                            }
+                          });
     for (int index = 0; index < row_count_; ++index) {
       finish_row<Arch, T>(p_, rows_[index], o_ + index * p_.dv_padded,
                           simd::reduce_add<Arch>(B<Arch>::load_aligned(row_sum_ + index * L)),
@@ -394,7 +401,8 @@ class Int8Runner {
     for (std::int64_t d = 0; d < q_stride_; d += L) {
       const std::int64_t width = std::clamp<std::int64_t>(p_.dk - d, 0, L);
       const B<Arch> x = width > 0 ? simd::load_chunk<Arch>(q, d, width) * scale : B<Arch>(0.f);
-      simd::store_low_bytes<Arch>(dst + d, round_to_int<Arch>(x * inverse) + I32<Arch>(128));
+      simd::store_low_bytes<Arch>(
+          dst + d, clamp_int8(round_to_int<Arch>(x * inverse)) + I32<Arch>(Tl::kQOffset));
     }
   }
 
@@ -424,8 +432,8 @@ class Int8Runner {
       tile_keys = std::min(keys, tile_max_[t] - start);
       std::int32_t* s = s_ + (buffer * kRowsMax + t * R) * kKvBlock;
       for (int col = 0; col < BV; col += PV) {
-        qk_tile<Arch, PV>(q8_ + t * R * q_stride_, q_stride_, k + col * L * 4, op_.dk_words,
-                          k_sum + col * L, s + col * L);
+        qk_tile_int8<Arch, PV>(q8_ + t * R * q_stride_, q_stride_, k + col * L * 4, op_.dk_words,
+                               k_sum + col * L, s + col * L);
       }
     }
   }
@@ -478,7 +486,7 @@ class Int8Runner {
       const B<Arch> alpha =
           xsimd::select(active, simd::exp2_nonpositive<Arch>(old_max - m_new), B<Arch>(1.f));
       const B<Arch> p_factor = xsimd::select(
-          active, simd::exp2_nonpositive<Arch>(new_max - m_new) * B<Arch>(1.f / 255.f),
+          active, simd::exp2_nonpositive<Arch>(new_max - m_new) * B<Arch>(1.f / Tl::kPLevels),
           B<Arch>(0.f));
       alignas(64) float alpha_lanes[L], p_factor_lanes[L], m_lanes[L];
       alpha.store_aligned(alpha_lanes);
@@ -493,7 +501,7 @@ class Int8Runner {
         alpha_[slot_row] = alpha_lanes[i];
         p_factor_[slot_row] = p_factor_lanes[i];
         I32<Arch> sum(0);
-        const float shift = block_max[i] - kLog2Of255;
+        const float shift = block_max[i] - kLog2OfPLevels<Arch>;
 #pragma GCC unroll 4
         for (int c = 0; c < BV; ++c) {
           const B<Arch> y =
@@ -502,9 +510,9 @@ class Int8Runner {
                            xsimd::to_float(I32<Arch>::load_aligned(s_tile + i * kKvBlock + c * L)),
                            B<Arch>(factor[i]), B<Arch>(-shift));
           // An inactive row (block max -inf) gives NaN here: its levels are forced to 0.
-          // At most 255: y at the block max may round one ulp above log2(255).
+          // At most kPLevels: y at the block max may round one ulp above log2(kPLevels).
           const I32<Arch> level =
-              xsimd::min(round_to_int<Arch>(exp2_level<Arch>(y)), I32<Arch>(255));
+              xsimd::min(round_to_int<Arch>(exp2_level<Arch>(y)), I32<Arch>(Tl::kPLevels));
           const I32<Arch> kept = block_max[i] > kMinusInf ? level : I32<Arch>(0);
           sum += kept;  // the weights PV will use, as their integers
           simd::store_low_bytes<Arch>(p_row + c * L, kept);
@@ -562,7 +570,7 @@ class Int8Runner {
     const std::int64_t slot_row = buffer * kRowsMax + first_row;
     bool rescale = false;
     for (int r = 0; r < R; ++r) rescale |= alpha_[slot_row + r] != 1.f;
-    const auto tile = rescale ? &pv_tile<Arch, V, true> : &pv_tile<Arch, V, false>;
+    const auto tile = rescale ? &pv_tile_u8s8<Arch, V, true> : &pv_tile_u8s8<Arch, V, false>;
     tile(pq_ + slot_row * kKvBlock, v + col * 4, p_.dv_padded, words, v_scale + col,
          alpha_ + slot_row, p_factor_ + slot_row, o_ + first_row * p_.dv_padded + col,
          p_.dv_padded);
@@ -591,44 +599,47 @@ class Int8Runner {
 /// quantizes all of K and V, in parallel over (sequence, KV head) only: a decode call with one
 /// KV head packs on one thread (the backend is for prefill-sized work).
 template <class Arch, class T>
-void pack_head(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, float* mean) {
+void quantize_head(const FlashProblem& p, const Int8Operands& op, std::int64_t seq,
+                   std::int64_t kv_head, float* mean) {
   if (mean) key_mean<Arch, T>(p, seq, kv_head, mean);
   const std::int64_t blocks = (sequence_of(p, seq).kv_len + kKvBlock - 1) / kKvBlock;
-  const std::int64_t first = p.int8.first_block[seq * p.kv_heads + kv_head];
+  const std::int64_t first = op.first_block[seq * p.kv_heads + kv_head];
   for (std::int64_t block = 0; block < blocks; ++block) {
-    pack_block<Arch, T>(p, seq, kv_head, block, first + block, mean);
+    quantize_block<Arch, T>(p, op, seq, kv_head, block, first + block, mean);
   }
 }
 
 }  // namespace
 
 template <class Arch>
-void int8_pack_head(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head,
-                    float* mean) noexcept {
+void int8_quantize_kv_head(const FlashProblem& p, const Int8Operands& op, std::int64_t seq,
+                           std::int64_t kv_head, float* mean) noexcept {
   switch (p.dtype) {
     case DType::bf16:
-      return pack_head<Arch, bf16>(p, seq, kv_head, mean);
+      return quantize_head<Arch, bf16>(p, op, seq, kv_head, mean);
     case DType::f16:
-      return pack_head<Arch, f16>(p, seq, kv_head, mean);
+      return quantize_head<Arch, f16>(p, op, seq, kv_head, mean);
     default:
-      return pack_head<Arch, float>(p, seq, kv_head, mean);
+      return quantize_head<Arch, float>(p, op, seq, kv_head, mean);
   }
 }
 
 template <class Arch>
-void int8_task(const FlashProblem& p, const FlashTask& task, float* scratch) noexcept {
+void int8_attention_task(const FlashProblem& p, const Int8Operands& op, const FlashTask& task,
+                         float* scratch) noexcept {
   switch (p.dtype) {
     case DType::bf16:
-      return Int8Runner<Arch, bf16>(p, task, scratch).run();
+      return Int8Runner<Arch, bf16>(p, op, task, scratch).run();
     case DType::f16:
-      return Int8Runner<Arch, f16>(p, task, scratch).run();
+      return Int8Runner<Arch, f16>(p, op, task, scratch).run();
     default:
-      return Int8Runner<Arch, float>(p, task, scratch).run();
+      return Int8Runner<Arch, float>(p, op, task, scratch).run();
   }
 }
 
-template void int8_pack_head<KernelArch>(const FlashProblem&, std::int64_t, std::int64_t,
-                                         float*) noexcept;
-template void int8_task<KernelArch>(const FlashProblem&, const FlashTask&, float*) noexcept;
+template void int8_quantize_kv_head<KernelArch>(const FlashProblem&, const Int8Operands&,
+                                                std::int64_t, std::int64_t, float*) noexcept;
+template void int8_attention_task<KernelArch>(const FlashProblem&, const Int8Operands&,
+                                              const FlashTask&, float*) noexcept;
 
 }  // namespace ditops::attention

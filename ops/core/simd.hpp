@@ -256,10 +256,47 @@ inline I32<Arch> madd_int16(I32<Arch> a, I32<Arch> b) noexcept {
   }
 }
 
-/// acc + the per-lane sum of the 4 byte products unsigned(a) x signed(b): vpdpbusd (the
-/// non-saturating form) with AVX512-VNNI. Elsewhere the same exact int32 from bytes widened to
-/// int16 pairs through pmaddwd (bytes 0 and 2, then 1 and 3); vpmaddubsw would be fewer
-/// instructions but saturates its int16 pair sums (255 * -128 * 2 does not fit).
+/// Whether the int8 dot products below run on pmaddubsw: the SSE4.2 and AVX2 levels (SSSE3
+/// has it and psignb; AVX-512 has no vpsignb, and its VNNI variant has vpdpbusd instead).
+template <class Arch>
+inline constexpr bool kHasMaddubs = kIsAvx2<Arch> || std::is_base_of_v<xsimd::ssse3, Arch>;
+
+/// The largest u8 operand dot_u8s8 multiplies exactly by any s8 operand: pmaddubsw saturates
+/// its int16 sums of two products, which hold 2 x 127 x 128 = 32512 but not 2 x 255 x 128.
+template <class Arch>
+inline constexpr int kDotU8Max = kHasMaddubs<Arch> ? 127 : 255;
+
+/// The even (sign-extended low) and odd (high) bytes of each 16-bit half of v, as int16: the
+/// pmaddwd emulation's widening (an arithmetic 16-bit shift sign-extends).
+template <class Arch>
+inline void widen_s8(I32<Arch> v, I32<Arch>& even, I32<Arch>& odd) noexcept {
+  if constexpr (kIsAvx512<Arch>) {
+    even = _mm512_srai_epi16(_mm512_slli_epi16(v, 8), 8);
+    odd = _mm512_srai_epi16(v, 8);
+  } else if constexpr (kIsAvx2<Arch>) {
+    even = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8);
+    odd = _mm256_srai_epi16(v, 8);
+  } else {
+    even = _mm_srai_epi16(_mm_slli_epi16(v, 8), 8);
+    odd = _mm_srai_epi16(v, 8);
+  }
+}
+
+/// acc + the per-lane sum of the 2 int16 pair sums of pmaddubsw(unsigned(a), signed(b)).
+template <class Arch>
+inline I32<Arch> add_maddubs(I32<Arch> acc, I32<Arch> a, I32<Arch> b) noexcept {
+  const I32<Arch> int16_ones(0x00010001);
+  if constexpr (kIsAvx2<Arch>) {
+    return acc + madd_int16<Arch>(_mm256_maddubs_epi16(a, b), int16_ones);
+  } else {
+    return acc + madd_int16<Arch>(_mm_maddubs_epi16(a, b), int16_ones);
+  }
+}
+
+/// acc + the per-lane sum of the 4 byte products unsigned(a) x signed(b), exact for a <=
+/// kDotU8Max: vpdpbusd (the non-saturating form) with AVX512-VNNI; pmaddubsw, then pmaddwd by
+/// ones, on the SSE4.2 and AVX2 levels; elsewhere bytes widened to int16 pairs through pmaddwd
+/// (bytes 0 and 2, then 1 and 3).
 template <class Arch>
 inline I32<Arch> dot_u8s8(I32<Arch> acc, I32<Arch> a, I32<Arch> b) noexcept {
   if constexpr (kHasBf16Vnni<Arch>) {
@@ -273,37 +310,54 @@ inline I32<Arch> dot_u8s8(I32<Arch> acc, I32<Arch> a, I32<Arch> b) noexcept {
         : "+v"(sum)
         : "v"(static_cast<__m512i>(a)), "v"(static_cast<__m512i>(b)));
     return sum;
+  } else if constexpr (kHasMaddubs<Arch>) {
+    return add_maddubs<Arch>(acc, a, b);
   } else {
     const I32<Arch> low_bytes(0x00ff00ff);
     const I32<Arch> a_even = a & low_bytes, a_odd = (a >> 8) & low_bytes;
-    // Sign-extending each 16-bit half's low (b << 8) or high byte: an arithmetic 16-bit shift.
     I32<Arch> b_even, b_odd;
-    if constexpr (kIsAvx512<Arch>) {
-      b_even = _mm512_srai_epi16(_mm512_slli_epi16(b, 8), 8);
-      b_odd = _mm512_srai_epi16(b, 8);
-    } else if constexpr (kIsAvx2<Arch>) {
-      b_even = _mm256_srai_epi16(_mm256_slli_epi16(b, 8), 8);
-      b_odd = _mm256_srai_epi16(b, 8);
-    } else {
-      b_even = _mm_srai_epi16(_mm_slli_epi16(b, 8), 8);
-      b_odd = _mm_srai_epi16(b, 8);
-    }
+    widen_s8<Arch>(b, b_even, b_odd);
     return acc + madd_int16<Arch>(a_even, b_even) + madd_int16<Arch>(a_odd, b_odd);
   }
 }
 
-/// The int8 register tile of the int8 attention and MLA kernels: acc[r][c] += the u8 word of
-/// row r at word w (rows + r * row_bytes + w * word_row_bytes) times the V consecutive s8
-/// vectors of word w (vectors + w * word_bytes), exact int32, for w < words. Accumulators are
-/// plain register arrays: GCC kept arrays of xsimd integer batches in memory (a store and a
-/// reload around every vpdpbusd).
-template <class Arch, int R, int V>
-[[gnu::always_inline]] inline void dot_tile_u8s8(
-    const std::uint8_t* rows, std::int64_t row_bytes, std::int64_t word_row_bytes,
+/// acc + the per-lane sum of the 4 byte products signed(a) x signed(b), exact for bytes in
+/// [-127, 127] (the sign trick would turn a b of -128 into -128 again). pmaddubsw levels: |a|
+/// as u8 times b carrying a's sign (psignb), the pair sums within 2 x 127 x 127; elsewhere
+/// both widened to int16 through pmaddwd. The VNNI variant multiplies u8 by s8 (dot_u8s8).
+template <class Arch>
+inline I32<Arch> dot_s8s8(I32<Arch> acc, I32<Arch> a, I32<Arch> b) noexcept {
+  static_assert(!kHasBf16Vnni<Arch>, "the VNNI kernels use dot_u8s8");
+  if constexpr (kHasMaddubs<Arch>) {
+    if constexpr (kIsAvx2<Arch>) {
+      return add_maddubs<Arch>(acc, _mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+    } else {
+      return add_maddubs<Arch>(acc, _mm_sign_epi8(a, a), _mm_sign_epi8(b, a));
+    }
+  } else {
+    I32<Arch> a_even, a_odd, b_even, b_odd;
+    widen_s8<Arch>(a, a_even, a_odd);
+    widen_s8<Arch>(b, b_even, b_odd);
+    return acc + madd_int16<Arch>(a_even, b_even) + madd_int16<Arch>(a_odd, b_odd);
+  }
+}
+
+/// The byte type of the broadcast rows of dot_tile: u8 (dot_u8s8) or s8 (dot_s8s8).
+enum class RowBytes : std::uint8_t { u8, s8 };
+
+/// The int8 register tile of the int8 attention and MLA kernels: acc[r][c] += the word of row
+/// r at word w (rows + r * row_bytes + w * word_row_bytes; bytes as kRowBytes) times the V
+/// consecutive s8 vectors of word w (vectors + w * word_bytes), exact int32 within the ranges
+/// of dot_u8s8 / dot_s8s8, for w < words. Accumulators are plain register arrays: GCC kept
+/// arrays of xsimd integer batches in memory (a store and a reload around every vpdpbusd).
+template <class Arch, int R, int V, RowBytes kRowBytes>
+[[gnu::always_inline]] inline void dot_tile(
+    const void* rows, std::int64_t row_bytes, std::int64_t word_row_bytes,
     const std::int8_t* vectors, std::int64_t word_bytes, std::int64_t words,
     typename I32<Arch>::register_type (&acc)[R][V]) noexcept {
   using Reg = typename I32<Arch>::register_type;
   constexpr std::int64_t kLanes = I32<Arch>::size;
+  const auto* row_base = static_cast<const std::uint8_t*>(rows);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
@@ -317,10 +371,16 @@ template <class Arch, int R, int V>
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       std::int32_t bytes;
-      std::memcpy(&bytes, rows + r * row_bytes + word * word_row_bytes, sizeof bytes);
+      std::memcpy(&bytes, row_base + r * row_bytes + word * word_row_bytes, sizeof bytes);
       const Reg row = I32<Arch>(bytes);
 #pragma GCC unroll 4
-      for (int c = 0; c < V; ++c) acc[r][c] = dot_u8s8<Arch>(acc[r][c], row, vector[c]);
+      for (int c = 0; c < V; ++c) {
+        if constexpr (kRowBytes == RowBytes::u8) {
+          acc[r][c] = dot_u8s8<Arch>(acc[r][c], row, vector[c]);
+        } else {
+          acc[r][c] = dot_s8s8<Arch>(acc[r][c], row, vector[c]);
+        }
+      }
     }
   }
 }
@@ -362,16 +422,24 @@ inline float int8_scale(float top) noexcept {
 }
 
 /// The low byte of each int32 lane (values known to fit) to dst, F32<Arch>::size bytes.
+/// SSE and AVX2 have no truncating narrow: the low bytes (0..255, masked) go through the
+/// saturating packs, which keep them as they are. The quantizers of the int8 kernels call
+/// this once per vector of levels, so a store and a byte loop per vector (the softmax's P:
+/// once per score) measured as a quarter of the softmax stage.
 template <class Arch>
 inline void store_low_bytes(void* dst, I32<Arch> v) noexcept {
   if constexpr (kIsAvx512<Arch>) {
     _mm_storeu_si128(static_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(v));
+  } else if constexpr (kIsAvx2<Arch>) {
+    const __m256i words = _mm256_packs_epi32(v & I32<Arch>(0xff), I32<Arch>(0));
+    const __m256i bytes = _mm256_packus_epi16(words, words);  // 4 bytes per 128-bit lane
+    const __m128i low8 = _mm_unpacklo_epi32(_mm256_castsi256_si128(bytes),
+                                            _mm256_extracti128_si256(bytes, 1));
+    _mm_storel_epi64(static_cast<__m128i*>(dst), low8);
   } else {
-    alignas(64) std::int32_t lanes[I32<Arch>::size];
-    v.store_aligned(lanes);
-    auto* bytes = static_cast<std::uint8_t*>(dst);
-    for (std::size_t i = 0; i < I32<Arch>::size; ++i)
-      bytes[i] = static_cast<std::uint8_t>(lanes[i]);
+    const __m128i words = _mm_packs_epi32(v & I32<Arch>(0xff), _mm_setzero_si128());
+    const std::int32_t bytes = _mm_cvtsi128_si32(_mm_packus_epi16(words, words));
+    std::memcpy(dst, &bytes, sizeof bytes);
   }
 }
 

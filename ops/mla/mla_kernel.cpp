@@ -290,12 +290,13 @@ void sm_stage(const MlaProblem& p, int tokens, const MlaWorkspace& ws, float* sc
 }
 
 /// PV register tile: kPvHeads heads x kPvVectors vectors of output columns. With VNNI 6 x 4
-/// int32 accumulators fill 24 of 32 zmm; the pmaddwd emulation needs two widened copies of
-/// each value vector, so fewer.
+/// int32 accumulators fill 24 of 32 zmm; pmaddubsw (16 ymm / xmm) 4 x 2 beside the 2 value
+/// vectors, the level word, a temporary and the ones vector; the pmaddwd emulation needs two
+/// widened copies of each value vector, so fewer.
 template <class Arch>
-constexpr int kPvHeads = simd::kHasBf16Vnni<Arch> ? 6
-                         : simd::kIsAvx512<Arch>  ? 4
-                                                  : 2;
+constexpr int kPvHeads = simd::kHasBf16Vnni<Arch>                           ? 6
+                         : simd::kIsAvx512<Arch> || simd::kHasMaddubs<Arch> ? 4
+                                                                            : 2;
 template <class Arch>
 constexpr int kPvVectors = simd::kHasBf16Vnni<Arch> ? 4 : 2;
 
@@ -330,11 +331,12 @@ void pack_values(const MlaProblem& p, const BlockRows& rows, std::int8_t* pack) 
 
 /// P of one block as u8 levels per (scale group, head): the weight of token t in columns of
 /// group g is P[t][h] * key scale(t, g), quantized against the block's largest one:
-/// level = round(255 * w / max w), w = factor * level with factor = max w / 255 (0 for an
-/// all-zero head). levels: [group][word][Hp] words of 4 tokens; factor: [group][Hp]. The
-/// group's running softmax sum (UP: alpha * sum + this block's) adds the weights as quantized,
-/// factor * level / key scale: the output stays a convex combination of the values, where the
-/// exact sum would shrink it by the weights that round to 0.
+/// level = round(n * w / max w), w = factor * level with factor = max w / n (0 for an all-zero
+/// head), n = simd::kDotU8Max (255, or 127 where pmaddubsw multiplies the levels). levels:
+/// [group][word][Hp] words of 4 tokens; factor: [group][Hp]. The group's running softmax sum (UP:
+/// alpha * sum + this block's) adds the weights as quantized, factor * level / key scale: the
+/// output stays a convex combination of the values, where the exact sum would shrink it by the
+/// weights that round to 0.
 template <class Arch>
 void quantize_weights(const MlaProblem& p, const BlockRows& rows, const float* probs,
                       const float* alpha, const MlaWorkspace& ws) noexcept {
@@ -353,16 +355,17 @@ void quantize_weights(const MlaProblem& p, const BlockRows& rows, const float* p
       for (int t = 0; t < rows.tokens; ++t) {
         top = xsimd::max(top, B::load_unaligned(probs + t * hp + head0) * B(scale(t)));
       }
-      const B factor = top * B(1.f / 255.f);
+      constexpr float kLevels = simd::kDotU8Max<Arch>;
+      const B factor = top * B(1.f / kLevels);
       factor.store_unaligned(ws.level_factor + g * hp + head0);
-      const B inverse = xsimd::select(top > B(0.f), B(255.f) / top, B(0.f));
+      const B inverse = xsimd::select(top > B(0.f), B(kLevels) / top, B(0.f));
       B level_sum(0.f);  // sum of level / key scale: the weights PV uses, as softmax terms
       for (int word = 0; word < words; ++word) {
         I packed(0);
         for (int k = 0; k < 4 && 4 * word + k < rows.tokens; ++k) {
           const int t = 4 * word + k;
           const B w = B::load_unaligned(probs + t * hp + head0) * B(scale(t)) * inverse;
-          const I level = xsimd::min(xsimd::nearbyint_as_int(w), I(255));
+          const I level = xsimd::min(xsimd::nearbyint_as_int(w), I(simd::kDotU8Max<Arch>));
           level_sum = simd::fmadd<Arch>(xsimd::to_float(level), B(inverse_scale[t]), level_sum);
           packed = packed | (level << (8 * k));
         }
@@ -391,8 +394,8 @@ inline void value_tile(const MlaProblem& p, int head0, int column0, int words, i
   const auto* levels = reinterpret_cast<const std::uint8_t*>(
       ws.levels + group * (p.block_size / 4) * hp + head0);  // word w of head h: [w][hp]
   Reg acc[kHeads][V];
-  simd::dot_tile_u8s8<Arch, kHeads, V>(levels, 4, hp * 4, ws.value_pack + column0 * 4, kNopeDim * 4,
-                                       words, acc);
+  simd::dot_tile<Arch, kHeads, V, simd::RowBytes::u8>(
+      levels, 4, hp * 4, ws.value_pack + column0 * 4, kNopeDim * 4, words, acc);
 #pragma GCC unroll 8
   for (int h = 0; h < kHeads; ++h) {
     float* out = ws.out_acc + (head0 + h) * kNopeDim + column0;
@@ -540,34 +543,20 @@ void mla_decode_task(const MlaProblem& p, const MlaTask& task, const MlaWorkspac
         static_cast<int>(std::min<std::int64_t>(p.block_size, task.end_token - first));
     return block_rows(p, task.block_ids[block], tokens);
   };
-  // Walk the cube order; after each run of equal cube stages, run their vector mirrors.
-  const schedule::StageInstance* order = task.order;
-  int run_begin = 0;
-  while (run_begin < task.order_size) {
-    int run_end = run_begin + 1;
-    while (run_end < task.order_size && order[run_end].stage == order[run_begin].stage) ++run_end;
-    const bool is_qk = order[run_begin].stage == schedule::Stage::qk;
-    for (int i = run_begin; i < run_end; ++i) {  // cube: QK or PV (+ UP, fused)
-      const schedule::StageInstance& stage = order[i];
-      const int buffer = stage.slot * p.chunk + stage.sub;
-      float* scores = ws.scores + buffer * slot_floats;
-      float* alpha = ws.alpha + buffer * p.padded_heads;
-      if (is_qk) {
-        qk_stage<Arch>(p, q, rows_of(stage.block), ws, scores);
-      } else {
-        pv_up_stage<Arch>(p, rows_of(stage.block), scores, alpha, ws);
-      }
-    }
-    if (is_qk) {
-      for (int i = run_begin; i < run_end; ++i) {  // vector: SM of the run's blocks
-        const schedule::StageInstance& stage = order[i];
-        const int buffer = stage.slot * p.chunk + stage.sub;
-        sm_stage<Arch>(p, rows_of(stage.block).tokens, ws, ws.scores + buffer * slot_floats,
-                       ws.alpha + buffer * p.padded_heads);
-      }
-    }
-    run_begin = run_end;
-  }
+  // The shared schedule's stage order; UP is PV's register-tile epilogue (pv_up_stage), so
+  // the UP mirrors have nothing left to do.
+  schedule::walk_stages(task.order, task.order_size, std::numeric_limits<std::int64_t>::max(),
+                        [&](const schedule::StageInstance& stage) {
+                          const int buffer = schedule::buffer_index(stage, p.chunk);
+                          float* scores = ws.scores + buffer * slot_floats;
+                          float* alpha = ws.alpha + buffer * p.padded_heads;
+                          if (stage.stage == schedule::Stage::qk)
+                            qk_stage<Arch>(p, q, rows_of(stage.block), ws, scores);
+                          if (stage.stage == schedule::Stage::sm)
+                            sm_stage<Arch>(p, rows_of(stage.block).tokens, ws, scores, alpha);
+                          if (stage.stage == schedule::Stage::pv)
+                            pv_up_stage<Arch>(p, rows_of(stage.block), scores, alpha, ws);
+                        });
   const int group_width = kNopeDim / p.scale_groups;
   for (int h = 0; h < p.heads; ++h) {
     float* values = ws.out_acc + h * kNopeDim;

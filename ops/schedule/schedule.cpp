@@ -22,10 +22,6 @@ void append_group(std::vector<StageInstance>& order, Stage stage, int group, int
 
 bool valid_chunk(int chunk) noexcept { return chunk == 1 || chunk == 2 || chunk == 4; }
 
-Stage vector_stage_for(Stage cube_stage) noexcept {
-  return cube_stage == Stage::qk ? Stage::sm : Stage::up;
-}
-
 Engine engine_of(Stage stage) noexcept {
   return stage == Stage::qk || stage == Stage::pv ? Engine::cube : Engine::vector;
 }

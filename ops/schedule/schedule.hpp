@@ -57,9 +57,47 @@ bool valid_chunk(int chunk) noexcept;
 /// std::invalid_argument for other values.
 Schedule make_schedule(int num_blocks, int chunk, const ScheduleOptions& options = {});
 
-Stage vector_stage_for(Stage cube_stage) noexcept;  // QK -> SM, PV -> UP
+/// The vector stage that mirrors a cube stage: QK -> SM, PV -> UP.
+constexpr Stage vector_stage_for(Stage cube_stage) noexcept {
+  return cube_stage == Stage::qk ? Stage::sm : Stage::up;
+}
 Engine engine_of(Stage stage) noexcept;
 const char* stage_name(Stage stage) noexcept;  // "QK", "SM", "PV", "UP"
+
+/// The S / P / O_tmp buffer of an instance among the 2 * chunk a kernel keeps: its ping-pong
+/// slot, then its position inside the slot.
+constexpr int buffer_index(const StageInstance& instance, int chunk) noexcept {
+  return instance.slot * chunk + instance.sub;
+}
+
+/// Runs a cube order (Schedule::cube) the way a CPU kernel executes it on one core: each run of
+/// equal cube stages, then that run's vector mirrors (a run of QKs, then their SMs; a run of
+/// PVs, then their UPs). This is the simulator's stage order with the cube and vector sides
+/// taking turns. Instances of blocks >= `blocks` are skipped: the order for fewer blocks is
+/// the order for more without the later blocks (tested in the schedule tests), so one order
+/// serves every task of a call. run(instance) sees instance.stage in {qk, sm, pv, up}.
+template <class Run>
+void walk_stages(const StageInstance* order, std::int64_t size, std::int64_t blocks,
+                 const Run& run) {
+  const auto next_kept = [&](std::int64_t i) {
+    while (i < size && order[i].block >= blocks) ++i;
+    return i;
+  };
+  std::int64_t run_begin = next_kept(0);
+  while (run_begin < size) {
+    const Stage cube_stage = order[run_begin].stage;
+    std::int64_t run_end = run_begin;
+    for (; run_end < size && order[run_end].stage == cube_stage; run_end = next_kept(run_end + 1)) {
+      run(order[run_end]);
+    }
+    for (std::int64_t i = run_begin; i < run_end; i = next_kept(i + 1)) {
+      StageInstance mirror = order[i];
+      mirror.stage = vector_stage_for(cube_stage);
+      run(mirror);
+    }
+    run_begin = run_end;
+  }
+}
 
 /// "QK0 QK1 PV0 ..." for logs and tests.
 std::string to_string(const std::vector<StageInstance>& order);

@@ -36,7 +36,8 @@ struct MlaReference {
   std::vector<double> bound;  ///< [B, H]: worst-case |out - ref| per element from quantizing q
   /// [B, H, 512]: worst-case |out - ref| from quantizing the softmax weights for P·V as the
   /// library does (mla.hpp): per paged block, head and scale group g, the weights
-  /// w_t = p_t * s_t,g are rounded to levels of max w / 255 (error <= half a level each), and
+  /// w_t = p_t * s_t,g are rounded to levels of max w / weight_levels (255, or 127 on the ISA
+  /// levels that multiply them with pmaddubsw; error <= half a level each), and
   /// the output is the quantized numerator over the sum of the quantized weights w~_t / s_t.
   /// With eN[d] = sum_t (level_t / 2) |q_t[d]| and eD = sum_t (level_t / 2) / s_t:
   /// |out~ - out| <= (eN[d] + max_t |v_t[d]| eD) / (D - eD), D = sum_t p_t.
@@ -48,8 +49,8 @@ template <class Q, class R>
 MlaReference mla_reference(const TestTensor<Q>& q_nope, const TestTensor<Q>& q_rope,
                            const TestTensor<std::int8_t>& nope, const TestTensor<float>& nope_scale,
                            const TestTensor<R>& rope, const TestTensor<std::int32_t>& block_table,
-                           const std::vector<std::int32_t>& seq_lens, double scale,
-                           bool quantize_q) {
+                           const std::vector<std::int32_t>& seq_lens, double scale, bool quantize_q,
+                           int weight_levels) {
   const std::int64_t batch = q_nope.shape()[0], heads = q_nope.shape()[1];
   const std::int64_t block_size = nope.shape()[1], groups = nope_scale.shape()[2];
   const std::int64_t max_blocks = block_table.shape()[1];
@@ -131,7 +132,7 @@ MlaReference mla_reference(const TestTensor<Q>& q_nope, const TestTensor<Q>& q_r
           for (std::int64_t t = first; t < end; ++t) {
             top = std::max(top, logits[t] * nope_scale.value(row_of(t) * groups + g));
           }
-          const double half_level = top / 255.0 / 2.0;
+          const double half_level = top / weight_levels / 2.0;
           for (std::int64_t t = first; t < end; ++t) {
             const double s = nope_scale.value(row_of(t) * groups + g);
             if (!(s > 0)) continue;

@@ -1,0 +1,74 @@
+#include "ops/attention/int8.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "ops/core/isa.hpp"
+#include "ops/core/threads.hpp"
+
+namespace ditops::attention {
+bool smooth_keys() {
+  const char* env = std::getenv("DITOPS_INT8_SMOOTH_K");
+  return env == nullptr || std::strcmp(env, "0") != 0;
+}
+
+Int8Backend::Int8Backend(const FlashProblem& p, int chunk, int threads) : problem_(p) {
+  using QuantizeKernel = decltype(&int8_quantize_kv_head<xsimd::sse2>);
+  static const core::IsaTable<QuantizeKernel> quantize_kernels =
+      DITOPS_ISA_TABLE(int8_quantize_kv_head);
+  using TaskKernel = decltype(&int8_attention_task<xsimd::sse2>);
+  static const core::IsaTable<TaskKernel> task_kernels = DITOPS_ISA_TABLE(int8_attention_task);
+  task_kernel_ = task_kernels.get();
+  Int8Operands& op = operands_;
+  op.chunk = chunk;
+  op.dk_words = (p.dk + 3) / 4;
+  const std::int64_t heads_total = p.batch * p.kv_heads;
+  first_block_.resize(heads_total);
+  std::int64_t blocks_total = 0, max_blocks = 0;
+  for (std::int64_t seq = 0; seq < p.batch; ++seq) {
+    const std::int64_t kv_len = p.cu_k ? p.cu_k[seq + 1] - p.cu_k[seq] : p.kv_len;
+    const std::int64_t blocks = (kv_len + kKvBlock - 1) / kKvBlock;
+    max_blocks = std::max(max_blocks, blocks);
+    for (std::int64_t head = 0; head < p.kv_heads; ++head) {
+      first_block_[seq * p.kv_heads + head] = blocks_total;
+      blocks_total += blocks;
+    }
+  }
+  k_ = core::aligned_array<std::int8_t>(blocks_total * op.dk_words * kKvBlock * 4);
+  k_sum_ = core::aligned_array<std::int32_t>(blocks_total * kKvBlock);
+  k_scale_ = core::aligned_array<float>(blocks_total);
+  v_ = core::aligned_array<std::int8_t>(blocks_total * kKvBlock * p.dv_padded);
+  v_scale_ = core::aligned_array<float>(blocks_total * p.dv_padded);
+  op.k = k_.get();
+  op.k_sum = k_sum_.get();
+  op.k_scale = k_scale_.get();
+  op.v = v_.get();
+  op.v_scale = v_scale_.get();
+  op.first_block = first_block_.data();
+  if (smooth_keys()) {
+    k_mean_ = core::aligned_array<float>(heads_total * p.dk);
+    op.k_mean = k_mean_.get();
+  }
+  // Per (sequence, KV head): its mean, then its blocks, while the keys are still in L2.
+  const QuantizeKernel quantize = quantize_kernels.get();
+  core::parallel_ranges(heads_total, threads, [&](std::int64_t begin, std::int64_t end, int) {
+    for (std::int64_t h = begin; h < end; ++h) {
+      quantize(p, op, h / p.kv_heads, h % p.kv_heads, op.k_mean ? op.k_mean + h * p.dk : nullptr);
+    }
+  });
+  // The shared schedule's cube order for the longest sequence (shorter ones skip blocks).
+  order_ = schedule::make_schedule(static_cast<int>(max_blocks), chunk).cube;
+  op.order = order_.data();
+  op.order_size = static_cast<std::int64_t>(order_.size());
+}
+
+std::int64_t Int8Backend::scratch_floats() const noexcept {
+  return (int8_scratch_bytes(problem_, operands_) + 3) / 4;
+}
+
+void Int8Backend::run(const FlashTask& task, float* scratch) const noexcept {
+  task_kernel_(problem_, operands_, task, scratch);
+}
+
+}  // namespace ditops::attention
