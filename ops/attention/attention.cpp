@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ditops/attention.hpp>
@@ -79,11 +80,7 @@ AttentionBackend checked_backend(const char* call, AttentionBackend backend) {
 }
 
 float checked_scale(const char* call, const std::optional<float>& scale, std::int64_t dk) {
-  if (!scale) return 1.f / std::sqrt(static_cast<float>(dk));
-  if (!std::isfinite(*scale) || *scale <= 0.f) {
-    core::fail(call, "scale (" + std::to_string(*scale) + ") must be finite and > 0");
-  }
-  return *scale;
+  return core::check_softmax_scale(call, "scale", scale, 1.f / std::sqrt(static_cast<float>(dk)));
 }
 
 void check_heads(const Arg& q, int q_dim, const Arg& k, int k_dim) {
@@ -121,6 +118,36 @@ void check_workspace(const char* name, const FlashProblem& p, core::CheckedSize 
     core::fail(name, "q, k and v (Dk " + std::to_string(p.dk) + ", Dv " + std::to_string(p.dv) +
                          ", " + std::to_string(p.heads) +
                          " heads) need more than 2^63 bytes of workspace");
+  }
+}
+
+/// Refuses an additive mask element above kAdditiveMaskLimit (+inf included): the one value
+/// range whose softmax the backends would compute differently. One pass over the mask, next to
+/// attention's Dk multiply-adds per mask element.
+void check_additive_mask_range(const char* name, const TensorView& mask) {
+  const float* data = static_cast<const float*>(mask.data);
+  std::int64_t index[4] = {0, 0, 0, 0};
+  const std::int64_t rows = numel(mask) / mask.shape[mask.rank - 1];
+  for (std::int64_t row = 0; row < rows; ++row) {
+    std::int64_t offset = 0, rest = row;
+    for (int d = mask.rank - 2; d >= 0; --d) {
+      index[d] = rest % mask.shape[d];
+      rest /= mask.shape[d];
+      offset += index[d] * mask.strides[d];
+    }
+    const std::int64_t last = mask.shape[mask.rank - 1];
+    for (std::int64_t j = 0; j < last; ++j) {
+      if (!(data[offset + j] > kAdditiveMaskLimit)) continue;
+      index[mask.rank - 1] = j;
+      std::string where;
+      for (int d = 0; d < mask.rank; ++d) where += (d ? ", " : "") + std::to_string(index[d]);
+      char text[160];
+      std::snprintf(text, sizeof text,
+                    "] (%g) is above 2^126: an additive mask element must be at most 2^126 "
+                    "(-inf or below -2^126 excludes a key)",
+                    static_cast<double>(data[offset + j]));
+      core::fail(name, "attn_mask[" + where + text);
+    }
   }
 }
 
@@ -202,6 +229,7 @@ Call validate_dense(const char* name, const TensorView& q, const TensorView& k, 
     mask_key =
         std::string(mask.dtype == DType::boolean ? "bool" : "f32") + core::shape_string(mask);
     if (numel(mask) == 0) p.mask_kind = MaskKind::none;
+    if (p.mask_kind == MaskKind::additive) check_additive_mask_range(name, mask);
   }
 
   std::vector<const Arg*> inputs = {&q_arg, &k_arg, &v_arg};
@@ -826,7 +854,8 @@ void run_reference(const FlashProblem& p, float scale, int threads) {
             !static_cast<const std::uint8_t*>(p.mask)[mask_row + key]) {
           value = kMinusInf;
         } else if (p.mask_kind == MaskKind::additive) {
-          value += static_cast<const float*>(p.mask)[mask_row + key];
+          const float bias = static_cast<const float*>(p.mask)[mask_row + key];
+          value = bias < -kAdditiveMaskLimit ? kMinusInf : value + bias;
         }
         top = std::max(top, value);
       }
