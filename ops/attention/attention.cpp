@@ -457,8 +457,15 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
   const std::int64_t k_block_elements = (p.bf16_dot ? dk_padded : p.dk) * kKvBlock;
   std::vector<char> used(heads_total, 0);
   for (const FlashTask& task : tasks) used[task.seq * p.kv_heads + task.kv_head] = 1;
+  // One job per packed block: as many as a broadcast K's length allows, so sized (and checked)
+  // before the list grows.
+  core::CheckedSize job_count = 0;
+  for (std::int64_t slot = 0; slot < heads_total; ++slot) {
+    if (used[slot]) job_count = job_count + blocks_of(sequence_shape(p, slot / p.kv_heads).kv_len);
+  }
+  core::checked_reserve(jobs, job_count);
   for (std::int64_t seq = 0; seq < p.batch; ++seq) {
-    const std::int64_t blocks = (sequence_shape(p, seq).kv_len + kKvBlock - 1) / kKvBlock;
+    const std::int64_t blocks = blocks_of(sequence_shape(p, seq).kv_len);
     for (std::int64_t head = 0; head < p.kv_heads; ++head) {
       if (!used[seq * p.kv_heads + head]) continue;
       packed.k_offset[seq * p.kv_heads + head] = k_total;
@@ -812,6 +819,18 @@ void run_reference(const FlashProblem& p, float scale, int threads) {
     std::int64_t seq, head, q0;
   };
   std::vector<Job> jobs;
+  // Per thread, the materialized Q, K, V, scores and output (and Eigen's product temporaries)
+  // of the longest sequence: checked here, since an allocation failing inside the thread team
+  // would terminate the process. (Q rows are bounded by out; K rows may be a broadcast view.)
+  std::int64_t longest_kv = 0;
+  for (std::int64_t seq = 0; seq < p.batch; ++seq) {
+    longest_kv = std::max(longest_kv, sequence_shape(p, seq).kv_len);
+  }
+  const core::CheckedSize per_thread =
+      (core::CheckedSize(kRows) * (p.dk + p.dv) + core::CheckedSize(longest_kv) * (p.dk + p.dv) +
+       core::CheckedSize(kRows) * longest_kv * 2) *
+      2;
+  core::check_allocation(per_thread * threads, sizeof(float));
   for (std::int64_t seq = 0; seq < p.batch; ++seq) {
     const std::int64_t q_len = sequence_shape(p, seq).q_len;
     for (std::int64_t head = 0; head < p.heads; ++head) {
@@ -882,6 +901,9 @@ void run_reference(const FlashProblem& p, float scale, int threads) {
 
 /// Applies `config` to the problem (the flash backends) or runs the reference.
 void run_config(const Call& call, const Config& config, int threads) {
+  // No query row, nothing to write: a batch or head count of any size (q, out and lse have no
+  // elements) must not be walked.
+  if (call.problem.cu_q == nullptr && call.problem.q_len == 0) return;
   if (config.backend == AttentionBackend::reference) {
     return run_reference(call.problem, call.scale, threads);
   }
