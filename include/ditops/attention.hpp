@@ -13,11 +13,13 @@ namespace ditops {
 enum class AttentionBackend { automatic, reference, flash, flash_bf16, int8, sparse };
 
 struct AttentionOptions {
-  std::optional<float> scale;  ///< default 1/sqrt(Dk)
+  std::optional<float> scale;  ///< default 1/sqrt(Dk); finite, > 0 and <= 65536
   bool causal = false;         ///< bottom-right aligned when Sq != Sk
   bool head_first = false;     ///< false: q,k,v,out are BSND; true: BNSD
   TensorView attn_mask{};      ///< boolean (true = attend) or f32 additive; broadcastable as
-                               ///< [B|1, N|1, Sq|1, Sk]; rank 2 means [Sq, Sk]
+                               ///< [B|1, N|1, Sq|1, Sk]; rank 2 means [Sq, Sk]. Additive
+                               ///< elements above 2^126 (+inf) are an Error; below -2^126
+                               ///< (-FLT_MAX) they exclude the key like -inf.
   TensorView lse{};            ///< optional output, f32 [B, N, Sq], natural-log log-sum-exp
   AttentionBackend backend = AttentionBackend::automatic;
   int int8_chunk = 2;  ///< int8 backend only: 1, 2 or 4

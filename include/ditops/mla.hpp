@@ -25,7 +25,7 @@ struct MlaPagedCache {
 };
 
 struct MlaDecodeOptions {
-  std::optional<float> scale;  // default 1/sqrt(576)
+  std::optional<float> scale;  // default 1/sqrt(576); finite, > 0 and <= 65536
   int chunk = 2;               // 1, 2 or 4: QK blocks run ahead of their PV
   int num_splits = 0;          // KV splits per sequence; 0 = automatic
 };

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ditops/attention.hpp>
@@ -63,11 +64,7 @@ AttentionBackend checked_backend(const char* call, AttentionBackend backend) {
 }
 
 float checked_scale(const char* call, const std::optional<float>& scale, std::int64_t dk) {
-  if (!scale) return 1.f / std::sqrt(static_cast<float>(dk));
-  if (!std::isfinite(*scale) || *scale <= 0.f) {
-    core::fail(call, "scale (" + std::to_string(*scale) + ") must be finite and > 0");
-  }
-  return *scale;
+  return core::check_softmax_scale(call, "scale", scale, 1.f / std::sqrt(static_cast<float>(dk)));
 }
 
 void check_heads(const Arg& q, int q_dim, const Arg& k, int k_dim) {
@@ -105,6 +102,36 @@ void check_workspace(const char* name, const FlashProblem& p, core::CheckedSize 
     core::fail(name, "q, k and v (Dk " + std::to_string(p.dk) + ", Dv " + std::to_string(p.dv) +
                          ", " + std::to_string(p.heads) +
                          " heads) need more than 2^63 bytes of workspace");
+  }
+}
+
+/// Refuses an additive mask element above kAdditiveMaskLimit (+inf included): the one value
+/// range whose softmax the backends would compute differently. One pass over the mask, next to
+/// attention's Dk multiply-adds per mask element.
+void check_additive_mask_range(const char* name, const TensorView& mask) {
+  const float* data = static_cast<const float*>(mask.data);
+  std::int64_t index[4] = {0, 0, 0, 0};
+  const std::int64_t rows = numel(mask) / mask.shape[mask.rank - 1];
+  for (std::int64_t row = 0; row < rows; ++row) {
+    std::int64_t offset = 0, rest = row;
+    for (int d = mask.rank - 2; d >= 0; --d) {
+      index[d] = rest % mask.shape[d];
+      rest /= mask.shape[d];
+      offset += index[d] * mask.strides[d];
+    }
+    const std::int64_t last = mask.shape[mask.rank - 1];
+    for (std::int64_t j = 0; j < last; ++j) {
+      if (!(data[offset + j] > kAdditiveMaskLimit)) continue;
+      index[mask.rank - 1] = j;
+      std::string where;
+      for (int d = 0; d < mask.rank; ++d) where += (d ? ", " : "") + std::to_string(index[d]);
+      char text[160];
+      std::snprintf(text, sizeof text,
+                    "] (%g) is above 2^126: an additive mask element must be at most 2^126 "
+                    "(-inf or below -2^126 excludes a key)",
+                    static_cast<double>(data[offset + j]));
+      core::fail(name, "attn_mask[" + where + text);
+    }
   }
 }
 
@@ -186,6 +213,7 @@ Call validate_dense(const char* name, const TensorView& q, const TensorView& k, 
     mask_key =
         std::string(mask.dtype == DType::boolean ? "bool" : "f32") + core::shape_string(mask);
     if (numel(mask) == 0) p.mask_kind = MaskKind::none;
+    if (p.mask_kind == MaskKind::additive) check_additive_mask_range(name, mask);
   }
 
   std::vector<const Arg*> inputs = {&q_arg, &k_arg, &v_arg};
@@ -399,8 +427,15 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
   const std::int64_t k_block_elements = (p.bf16_dot ? dk_padded : p.dk) * kKvBlock;
   std::vector<char> used(heads_total, 0);
   for (const FlashTask& task : tasks) used[task.seq * p.kv_heads + task.kv_head] = 1;
+  // One job per packed block: as many as a broadcast K's length allows, so sized (and checked)
+  // before the list grows.
+  core::CheckedSize job_count = 0;
+  for (std::int64_t slot = 0; slot < heads_total; ++slot) {
+    if (used[slot]) job_count = job_count + blocks_of(sequence_of(p, slot / p.kv_heads).kv_len);
+  }
+  core::checked_reserve(jobs, job_count);
   for (std::int64_t seq = 0; seq < p.batch; ++seq) {
-    const std::int64_t blocks = (sequence_of(p, seq).kv_len + kKvBlock - 1) / kKvBlock;
+    const std::int64_t blocks = blocks_of(sequence_of(p, seq).kv_len);
     for (std::int64_t head = 0; head < p.kv_heads; ++head) {
       if (!used[seq * p.kv_heads + head]) continue;
       packed.k_offset[seq * p.kv_heads + head] = k_total;
@@ -678,6 +713,18 @@ void run_reference(const FlashProblem& p, float scale, int threads) {
     std::int64_t seq, head, q0;
   };
   std::vector<Job> jobs;
+  // Per thread, the materialized Q, K, V, scores and output (and Eigen's product temporaries)
+  // of the longest sequence: checked here, since an allocation failing inside the thread team
+  // would terminate the process. (Q rows are bounded by out; K rows may be a broadcast view.)
+  std::int64_t longest_kv = 0;
+  for (std::int64_t seq = 0; seq < p.batch; ++seq) {
+    longest_kv = std::max(longest_kv, sequence_of(p, seq).kv_len);
+  }
+  const core::CheckedSize per_thread =
+      (core::CheckedSize(kRows) * (p.dk + p.dv) + core::CheckedSize(longest_kv) * (p.dk + p.dv) +
+       core::CheckedSize(kRows) * longest_kv * 2) *
+      2;
+  core::check_allocation(per_thread * threads, sizeof(float));
   for (std::int64_t seq = 0; seq < p.batch; ++seq) {
     const std::int64_t q_len = sequence_of(p, seq).q_len;
     for (std::int64_t head = 0; head < p.heads; ++head) {
@@ -720,7 +767,8 @@ void run_reference(const FlashProblem& p, float scale, int threads) {
             !static_cast<const std::uint8_t*>(p.mask)[mask_row + key]) {
           value = kMinusInf;
         } else if (p.mask_kind == MaskKind::additive) {
-          value += static_cast<const float*>(p.mask)[mask_row + key];
+          const float bias = static_cast<const float*>(p.mask)[mask_row + key];
+          value = bias < -kAdditiveMaskLimit ? kMinusInf : value + bias;
         }
         top = std::max(top, value);
       }

@@ -26,6 +26,11 @@ inline constexpr int kMaxRowGroup = 16;
 /// peak with 64-float V rows).
 inline constexpr std::int64_t kPanel = 16;
 
+/// KV blocks covering `keys` keys.
+inline constexpr std::int64_t blocks_of(std::int64_t keys) noexcept {
+  return (keys + kKvBlock - 1) / kKvBlock;
+}
+
 /// Offset of K[key][d] in a packed K^T block ([kKvBlock / kPanel][dk][kPanel]).
 inline constexpr std::int64_t packed_k_offset(std::int64_t key, std::int64_t d,
                                               std::int64_t dk) noexcept {
@@ -39,6 +44,14 @@ inline constexpr std::int64_t packed_v_offset(std::int64_t key, std::int64_t col
 inline constexpr std::int64_t kMaxLanes = 16;
 
 enum class MaskKind : std::uint8_t { none, boolean, additive };
+
+/// Additive mask range: elements below -kAdditiveMaskLimit (-FLT_MAX, torch.finfo.min) exclude
+/// their key exactly as -inf does, and elements above it (+inf included) are refused by
+/// validation. Within the range a bias times log2(e) (the kernels' base-2 softmax) plus any score
+/// stays finite, so every backend computes the same softmax; beyond it the base-2 kernels
+/// overflowed where the natural-log reference did not (a row masked with -FLT_MAX was zeros on
+/// one backend and the mean of V on another; +inf gave NaN, v[key] or 0 by backend).
+inline constexpr float kAdditiveMaskLimit = 0x1p126f;
 
 /// Element strides of a [sequence-or-batch, position, head] addressed tensor.
 struct Strides {

@@ -170,12 +170,18 @@ const Backend* find_backend(std::string_view name) noexcept {
 
 Choice choose(const Call& call, int threads, bool run_winner) {
   Choice choice;
+  // No query row, nothing to write: a batch or head count of any size (q, out and lse have no
+  // elements) must not be walked, by a run or by the tuner.
+  const bool no_rows = call.problem.cu_q == nullptr && call.problem.q_len == 0;
+  const auto run = [&](const Config& config) {
+    if (!no_rows) find_backend(config.backend)->run(call, config, threads);
+  };
   if (const Forced forced = forced_backend(call); forced.backend) {
     const std::string reason = forced.backend->refusal(call);
     if (reason.empty()) {
       choice.config = forced.backend->forced_config(call);
       choice.forced = true;
-      if (run_winner) forced.backend->run(call, choice.config, threads);
+      if (run_winner) run(choice.config);
       return choice;
     }
     choice.refused = std::string(forced.source) + "=" + forced.backend->name + ": " + reason;
@@ -187,7 +193,7 @@ Choice choose(const Call& call, int threads, bool run_winner) {
       cached && find_backend(cached->backend)->refusal(call).empty()) {
     choice.config = *cached;
     choice.from_cache = true;
-    if (run_winner) find_backend(cached->backend)->run(call, *cached, threads);
+    if (run_winner) run(*cached);
     return choice;
   }
   std::vector<Config> list;
@@ -200,12 +206,11 @@ Choice choose(const Call& call, int threads, bool run_winner) {
   if (list.size() > 1) {
     double best_seconds = std::numeric_limits<double>::infinity();
     for (const Config& config : list) {
-      const Backend& backend = *find_backend(config.backend);
-      for (int i = 0; i < 2; ++i) backend.run(call, config, threads);
+      for (int i = 0; i < 2; ++i) run(config);
       double fastest = std::numeric_limits<double>::infinity();
       for (int i = 0; i < 5; ++i) {
         const auto start = std::chrono::steady_clock::now();
-        backend.run(call, config, threads);
+        run(config);
         fastest = std::min(
             fastest,
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -218,7 +223,7 @@ Choice choose(const Call& call, int threads, bool run_winner) {
   }
   store_config(key, best);
   choice.config = best;
-  if (run_winner) find_backend(best.backend)->run(call, best, threads);
+  if (run_winner) run(best);
   return choice;
 }
 

@@ -195,7 +195,7 @@ inline bool tile_needs_mask(const FlashProblem& p, const RowRef* rows, int count
 
 /// Masks the row's base-2 scores s[0 .. kKvBlock / lanes) of the block at `block`: keys past
 /// the row's visible end or excluded by a boolean mask become -inf; an additive mask (natural
-/// log units) is added times log2(e).
+/// log units) is added times log2(e), and its elements below -kAdditiveMaskLimit exclude.
 template <class Arch>
 inline void mask_scores(const FlashProblem& p, const RowRef& row, std::int64_t block,
                         std::int64_t kv_len, B<Arch>* s) noexcept {
@@ -221,6 +221,7 @@ inline void mask_scores(const FlashProblem& p, const RowRef& row, std::int64_t b
         const B<Arch> bias =
             count < kLanes ? simd::load_partial<Arch>(m, count, 0.f) : B<Arch>::load_unaligned(m);
         s[c] = simd::fmadd<Arch>(bias, B<Arch>(kLog2e), s[c]);
+        valid = valid & !(bias < B<Arch>(-kAdditiveMaskLimit));  // like -inf (NaN propagates)
       }
     }
     s[c] = xsimd::select(valid, s[c], B<Arch>(kMinusInf));

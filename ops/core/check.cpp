@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <cstdio>
 #include <utility>
 
 namespace ditops::core {
@@ -53,6 +55,18 @@ thread_local const char* running_call = nullptr;
 CallScope::CallScope(const char* call) noexcept : outer_(running_call) { running_call = call; }
 CallScope::~CallScope() { running_call = outer_; }
 const char* current_call() noexcept { return running_call ? running_call : "ditops"; }
+
+float check_softmax_scale(const char* call, const char* name, const std::optional<float>& scale,
+                          float fallback) {
+  const float value = scale.value_or(fallback);
+  if (!(std::isfinite(value) && value > 0.f && value <= kMaxSoftmaxScale)) {
+    char text[96];
+    std::snprintf(text, sizeof text, " (%g) must be finite, > 0 and <= %g", value,
+                  static_cast<double>(kMaxSoftmaxScale));
+    fail(call, name + std::string(text));
+  }
+  return value;
+}
 
 std::int64_t numel(const TensorView& view) noexcept {
   std::int64_t count = 1;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <ditops/tensor.hpp>
 #include <initializer_list>
+#include <optional>
 #include <string>
 
 namespace ditops::core {
@@ -49,6 +50,18 @@ struct CheckedSize {
     return a;
   }
 };
+
+/// The largest softmax scale any attention call accepts. Scores are scale * q.k in fp32 (times
+/// log2(e) in the kernels' base-2 softmax): a larger scale overflows them to infinity for
+/// ordinary inputs (scale FLT_MAX gave zeros on one backend and NaN on another), so it is
+/// refused up front on every backend alike. 2^16 is far above any temperature in use (1/sqrt(D)
+/// <= 1, learned logit scales <= 100).
+inline constexpr float kMaxSoftmaxScale = 65536.f;
+
+/// `scale`, or `fallback` when absent, if finite, > 0 and <= kMaxSoftmaxScale; otherwise Error
+/// naming `call` and `name` ("scale", "options.scale").
+float check_softmax_scale(const char* call, const char* name, const std::optional<float>& scale,
+                          float fallback);
 
 std::int64_t numel(const TensorView& view) noexcept;
 /// "[2, 3, 4]"

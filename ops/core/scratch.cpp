@@ -29,9 +29,8 @@ std::string size_text(std::int64_t bytes) {
   return text;
 }
 
-}  // namespace
-
-void* allocate_aligned(CheckedSize count, std::size_t element_bytes) {
+/// The padded byte size of `count` elements, or Error when no allocation could hold it.
+std::int64_t checked_bytes(CheckedSize count, std::size_t element_bytes) {
   constexpr auto kAlignment = static_cast<std::int64_t>(kScratchAlignment);
   const CheckedSize padded = count * static_cast<std::int64_t>(element_bytes) + (kAlignment - 1);
   if (padded.overflow || count.value < 0) {
@@ -43,11 +42,24 @@ void* allocate_aligned(CheckedSize count, std::size_t element_bytes) {
     fail(current_call(), "cannot allocate " + size_text(size) +
                              " of scratch: more than this machine's memory, " + size_text(memory));
   }
+  return size;
+}
+
+}  // namespace
+
+void allocation_failed(std::int64_t bytes) {
+  fail(current_call(),
+       "cannot allocate " + size_text(bytes) + " of scratch: the allocation failed");
+}
+
+void check_allocation(CheckedSize count, std::size_t element_bytes) {
+  checked_bytes(count, element_bytes);
+}
+
+void* allocate_aligned(CheckedSize count, std::size_t element_bytes) {
+  const std::int64_t size = checked_bytes(count, element_bytes);
   void* data = std::aligned_alloc(kScratchAlignment, static_cast<std::size_t>(size));
-  if (data == nullptr) {
-    fail(current_call(),
-         "cannot allocate " + size_text(size) + " of scratch: the allocation failed");
-  }
+  if (data == nullptr) allocation_failed(size);
   return data;
 }
 

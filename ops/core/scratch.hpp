@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <new>
+#include <vector>
 
 #include "ops/core/check.hpp"
 
@@ -21,6 +23,24 @@ inline constexpr std::size_t kScratchAlignment = 64;
 /// (CallScope) and the size: a hostile shape is an error up front, never an abort or a null
 /// pointer later. Free with std::free.
 void* allocate_aligned(CheckedSize count, std::size_t element_bytes);
+/// Throws the Error of an allocation of `bytes` that failed.
+[[noreturn]] void allocation_failed(std::int64_t bytes);
+
+/// allocate_aligned's size checks without the allocation, for the containers that grow with the
+/// problem (task and job lists, plans): call it with the final size before filling one.
+void check_allocation(CheckedSize count, std::size_t element_bytes);
+
+/// `vector.reserve(count)` after check_allocation; a failed allocation is an Error naming the
+/// running call and the size too (never std::bad_alloc).
+template <class T>
+void checked_reserve(std::vector<T>& vector, CheckedSize count) {
+  check_allocation(count, sizeof(T));
+  try {
+    vector.reserve(static_cast<std::size_t>(count.value));
+  } catch (const std::bad_alloc&) {
+    allocation_failed(count.value * static_cast<std::int64_t>(sizeof(T)));
+  }
+}
 
 struct AlignedFree {
   void operator()(void* p) const noexcept { std::free(p); }

@@ -192,10 +192,8 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
   core::check_dtype(out_arg, {DType::f32, DType::bf16});
   core::check_same_shape(out_arg, q_nope_arg);
   // ---- options ----------------------------------------------------------------------------
-  const float scale = options.scale.value_or(1.f / std::sqrt(static_cast<float>(kLatentDim)));
-  if (!std::isfinite(scale) || scale <= 0.f) {
-    core::fail(kCall, "options.scale (" + std::to_string(scale) + ") must be finite and > 0");
-  }
+  const float scale = core::check_softmax_scale(kCall, "options.scale", options.scale,
+                                                1.f / std::sqrt(static_cast<float>(kLatentDim)));
   if (!schedule::valid_chunk(options.chunk)) {
     core::fail(kCall, "options.chunk (" + std::to_string(options.chunk) + ") must be 1, 2 or 4");
   }

@@ -65,6 +65,24 @@ void norm_rows(const NormProblem& p, std::int64_t begin, std::int64_t end, float
       }
     }
     const float sum_squares = simd::reduce_add<Arch>((acc0 + acc1) + (acc2 + acc3));
+    if (!(sum_squares <= 0x1p126f) || (sum_squares < 0x1p-100f && p.eps < 0x1p-80f)) {
+      // The fp32 sum of squares overflowed (|x| beyond ~1e19), underflowed where eps does not
+      // dominate (|x| below ~1e-20), or is NaN: this row again in double, where every float's
+      // square fits, scaled in double too (1 / rms may exceed FLT_MAX). Such rows are rare, so
+      // scalar code; NaN and infinity propagate as in the vector path.
+      double sum = 0;
+      for (std::size_t i = 0; i < dim; ++i) {
+        const double v = h_f32 ? h_f32[i] : static_cast<double>(to_float(x[i]));
+        sum += v * v;
+      }
+      const double inv_rms_wide = 1.0 / std::sqrt(sum / static_cast<double>(dim) + p.eps);
+      for (std::size_t i = 0; i < dim; ++i) {
+        double y = (h_f32 ? h_f32[i] : static_cast<double>(to_float(x[i]))) * inv_rms_wide;
+        if (p.weight) y *= p.weight[i];
+        out[i] = from_float<T>(static_cast<float>(y));
+      }
+      continue;
+    }
     const float inv_rms = 1.f / std::sqrt(sum_squares / static_cast<float>(dim) + p.eps);
 
     // Pass 2: scale (and weight) the row, now in L1, while prefetching the next row's inputs:

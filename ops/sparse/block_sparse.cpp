@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ops/core/check.hpp"
+#include "ops/core/scratch.hpp"
 #include "ops/core/threads.hpp"
 #include "ops/sparse/layout.hpp"
 
@@ -31,7 +32,7 @@ using attention::kMaxTileRows;
 /// Query rows per task where the caller is free to choose: one full row group.
 constexpr std::int64_t kTaskRows = kMaxRowGroup * kMaxTileRows;
 
-std::int64_t blocks_of(std::int64_t keys) { return (keys + kKvBlock - 1) / kKvBlock; }
+using attention::blocks_of;
 
 /// Tasks with their KV block lists, run once every list is final (the tasks point into one
 /// array that may move while it grows).
@@ -39,9 +40,18 @@ class TaskList {
  public:
   /// `blocks`: ascending 64-key block numbers; the task's cost estimate is rows x blocks.
   void add(FlashTask task, std::span<const std::int32_t> blocks) {
-    first_.push_back(static_cast<std::int64_t>(blocks_.size()));
+    // The lists of a call with many heads and long keys can outgrow memory: an Error naming
+    // the call and the size, never std::bad_alloc.
+    const core::CheckedSize total = core::CheckedSize(static_cast<std::int64_t>(blocks_.size())) +
+                                    static_cast<std::int64_t>(blocks.size());
+    core::check_allocation(total, sizeof(std::int32_t));
+    try {
+      blocks_.insert(blocks_.end(), blocks.begin(), blocks.end());
+    } catch (const std::bad_alloc&) {
+      core::allocation_failed(total.value * static_cast<std::int64_t>(sizeof(std::int32_t)));
+    }
+    first_.push_back(static_cast<std::int64_t>(blocks_.size() - blocks.size()));
     task.block_count = static_cast<std::int64_t>(blocks.size());
-    blocks_.insert(blocks_.end(), blocks.begin(), blocks.end());
     const std::int64_t heads = std::max<std::int64_t>(task.head_count, 1);
     cost_.push_back(static_cast<double>((task.q_end - task.q_begin) * heads) *
                     static_cast<double>(task.block_count + 1));

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "ops/core/check.hpp"
+#include "ops/core/scratch.hpp"
 
 namespace ditops {
 
@@ -128,6 +129,8 @@ PatternPlan plan_pattern(HeadPattern pattern, const Layout& l) {
   const std::int64_t S = l.tokens, F = l.frame_size, t0 = l.first_sparse_frame();
   const std::int64_t dense_frame = l.dense_first_frame ? F : 0;
   const std::int64_t sparse_frames = l.frames - t0, sparse_tokens = sparse_frames * F;
+  // order, position and two window ends per token: 16 bytes a token, 32 GiB at S = 2^31 - 1.
+  core::check_allocation(core::CheckedSize(S) * 4, sizeof(std::int32_t));
   plan.order.reserve(S);
   if (pattern == HeadPattern::dense) {
     for (std::int64_t token = 0; token < S; ++token) plan.order.push_back(token);

@@ -168,6 +168,8 @@ std::vector<HeadPattern> rainfusion_classify(const TensorView& q, const TensorVi
   const attention::FlashProblem& p = call.problem;
   sparse::check_self_attention(name, p.q_len, p.kv_len, layout, options);
 
+  // One pattern per (batch, head): q and k may be broadcast views of any batch size.
+  core::check_allocation(core::CheckedSize(p.batch) * p.heads, sizeof(HeadPattern));
   std::vector<HeadPattern> result(static_cast<std::size_t>(p.batch * p.heads),
                                   HeadPattern::spatial);
   const std::int64_t samples = sample_count(layout);

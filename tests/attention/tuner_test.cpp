@@ -485,6 +485,50 @@ TEST(AttentionTuner, UnwritableCacheWarnsOnceAndKeepsTheOldFile) {
   }
 }
 
+// A process killed (SIGKILL) at any moment while it tunes and rewrites the cache: the file is
+// then absent or a whole ditops cache, never a truncated one (temporary file, fsync, rename).
+// The kills land at spread delays in a child that does nothing but tune and save, so several of
+// them hit a write in progress.
+TEST(AttentionTuner, KilledWriterLeavesTheCacheWholeOrAbsent) {
+  set_num_threads(1);
+  const TempDir dir;
+  const std::string path = dir / "cache.json";
+  for (int round = 0; round < 12; ++round) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::setenv("DITOPS_TUNE_CACHE", path.c_str(), 1);
+      std::mt19937 rng(700 + round);
+      for (std::int64_t sq = 1;; ++sq) {  // every shape a miss: tune, then save the file
+        Tensors t(1 + (sq * 7 + round * 131) % 400, 9, rng);
+        select_attention(t.q.view(), t.k.view(), t.v.view());
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5 + 17 * round));
+    ASSERT_EQ(::kill(pid, SIGKILL), 0);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status));
+    if (!std::filesystem::exists(path)) continue;
+    const std::string text = file_text(path);
+    EXPECT_NE(text.find(R"("format": "ditops-attention-tune-v1")"), std::string::npos)
+        << "round " << round << ": " << text;
+    EXPECT_EQ(text.back() == '\n' ? text[text.size() - 2] : text.back(), '}')
+        << "round " << round << ": truncated: " << text;
+    // And the library reads it back as its own: no "not a ditops tuning cache" warning.
+    const ChildRun reader = in_child([&] {
+      ::setenv("DITOPS_TUNE_CACHE", path.c_str(), 1);
+      std::mt19937 rng(1);
+      Tensors t(5, 9, rng);
+      select_attention(t.q.view(), t.k.view(), t.v.view());
+      return 0;
+    });
+    EXPECT_EQ(reader.status, 0);
+    EXPECT_EQ(reader.stderr_text.find("left as it is"), std::string::npos) << reader.stderr_text;
+    EXPECT_EQ(reader.stderr_text.find("not JSON"), std::string::npos) << reader.stderr_text;
+  }
+}
+
 // Several application threads call attention_forward (automatic: they tune and share the
 // cache) at once; every result must match a forced flash run. Each call uses one ditops
 // thread so the test's own std::threads are the only concurrency (libgomp is not

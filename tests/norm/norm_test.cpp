@@ -177,6 +177,46 @@ TEST(NormProperties, ScaleInvariant) {  // rms_norm(c·x) = rms_norm(x) for c > 
   for (std::int64_t i = 0; i < x.size(); ++i) EXPECT_NEAR(a.value(i), b.value(i), 1e-6);
 }
 
+// Rows near the ends of fp32: squares of |x| ~ 2^70 overflow the fp32 sum (the output was 0),
+// squares of |x| ~ 2^-70 underflow it (with eps = 0 the output was inf or NaN). Every row is
+// still x / rms(x) within the usual tolerance, plain and fused, f32 and bf16 (f16 cannot hold
+// such values), 1 and 2 threads; a row of normal values beside them takes the vector path.
+template <class T>
+void check_extreme_rows() {
+  std::mt19937 rng(71);
+  for (const bool fused : {false, true}) {
+    for (const float eps : {0.f, 1e-6f}) {
+      for (const int threads : {1, 2}) {
+        set_num_threads(threads);
+        TestTensor<T> x({5, 37}), residual({5, 37}), out({5, 37}), sum({5, 37});
+        x.fill_normal(rng);
+        const float magnitude[5] = {0x1p70f, 0x1p-70f, 1.f, 0x1p124f, 0x1p-120f};
+        for (std::int64_t i = 0; i < x.size(); ++i) {
+          x.at(i) = from_float<T>(to_float(x.at(i)) * magnitude[i / 37]);
+          residual.at(i) = from_float<T>(0.f);
+        }
+        const NormReference ref = norm_reference(x, fused ? &residual : nullptr, {}, eps);
+        if (fused) {
+          add_rms_norm(x.view(), residual.view(), {}, eps, out.view(), sum.view());
+        } else {
+          rms_norm(x.view(), {}, eps, out.view());
+        }
+        // Rows whose mean square is below eps are eps-dominated: the reference says so too.
+        expect_close(out, ref.out, rowwise_tolerance<T>(),
+                     std::string("extreme rows ") + dtype_name(x.view().dtype) +
+                         (fused ? " fused" : "") + " eps " + std::to_string(eps) + " threads " +
+                         std::to_string(threads) + " isa " + active_isa_name());
+      }
+    }
+  }
+  set_num_threads(0);
+}
+
+TEST(NormRange, RowsNearTheEndsOfFp32AreNormalizedExactly) {
+  check_extreme_rows<float>();
+  check_extreme_rows<bf16>();
+}
+
 // ---- bad input -----------------------------------------------------------------------------
 
 TEST(NormBadInput, EveryInvalidArgumentThrowsBeforeWriting) {

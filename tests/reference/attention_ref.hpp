@@ -30,7 +30,8 @@ struct AttentionRefProblem {
   bool causal = false;  ///< bottom-right aligned
   // Element readers, indexed (b, position, head, d).
   std::function<double(std::int64_t, std::int64_t, std::int64_t, std::int64_t)> q, k, v;
-  /// Mask (b, head, query, key): false = excluded; bias is added to the scaled score.
+  /// Mask (b, head, query, key): false = excluded; bias is added to the scaled score (below
+  /// -2^126 it excludes the key).
   std::function<bool(std::int64_t, std::int64_t, std::int64_t, std::int64_t)> allowed;
   std::function<double(std::int64_t, std::int64_t, std::int64_t, std::int64_t)> bias;
 };
@@ -69,7 +70,11 @@ inline AttentionRefResult attention_reference(const AttentionRefProblem& p) {
             s = 0;
             for (std::int64_t d = 0; d < p.dk; ++d) s += query[d] * keys[j * p.dk + d];
             s *= p.scale;
-            if (p.bias) s += p.bias(b, h, i, j);
+            // A bias below -2^126 excludes its key like -inf (ditops' additive-mask rule).
+            if (p.bias) {
+              const double bias = p.bias(b, h, i, j);
+              s = bias < -0x1p126 ? minus_inf : s + bias;
+            }
           }
           scores[j] = s;
           top = std::max(top, s);

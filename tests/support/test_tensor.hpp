@@ -110,6 +110,22 @@ inline TensorView as_bool(TensorView view) {
   return view;
 }
 
+/// A [d0, d1, d2, row.size()] f32 view of one row of `row` floats: every leading stride is 0, so
+/// a shape of any size needs no more memory than that row (a broadcast input).
+inline TensorView broadcast_row(std::vector<float>& row, std::int64_t d0, std::int64_t d1,
+                                std::int64_t d2) {
+  TensorView view;
+  view.data = row.data();
+  view.dtype = DType::f32;
+  view.rank = 4;
+  const std::int64_t shape[4] = {d0, d1, d2, static_cast<std::int64_t>(row.size())};
+  for (int d = 0; d < 4; ++d) {
+    view.shape[d] = shape[d];
+    view.strides[d] = d == 3 ? 1 : 0;
+  }
+  return view;
+}
+
 /// ISA level name as used by DITOPS_ISA, for test names and messages.
 std::string active_isa_name();
 
