@@ -1,6 +1,8 @@
 #include "sim/hw.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -105,6 +107,35 @@ void validate(const HwParams& params) {
                      number_text(value) + ")");
     }
   }
+}
+
+const HwParamInfo* find_hw_param(const std::string& name) {
+  for (const HwParamInfo& info : hw_param_table()) {
+    if (name == info.name) return &info;
+  }
+  return nullptr;
+}
+
+void apply_overrides(HwParams& params, const std::string& text) {
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    const std::size_t equals = item.find('=');
+    if (equals == std::string::npos) throw SimError("expects NAME=VALUE (got '" + item + "')");
+    const std::string name = item.substr(0, equals);
+    const std::string value = item.substr(equals + 1);
+    const HwParamInfo* info = find_hw_param(name);
+    if (info == nullptr) throw SimError("unknown hardware parameter '" + name + "'");
+    char* end = nullptr;
+    const double number = std::strtod(value.c_str(), &end);
+    if (value.empty() || end != value.c_str() + value.size()) {
+      throw SimError(name + " expects a number (got '" + value + "')");
+    }
+    params.*(info->field) = number;
+    start = comma + 1;
+  }
+  validate(params);
 }
 
 std::string hw_to_json(const HwParams& params) {

@@ -78,6 +78,14 @@ HwParams hw_from_json(const std::string& text);
 /// Reads and parses a --hw file (SimError naming the file on failure).
 HwParams load_hw_file(const std::string& path);
 
+/// Applies "NAME=VALUE[,NAME=VALUE...]" (the CLI's --set) to `params`, then validates them.
+/// SimError naming the item on a missing '=', an unknown name, a value that is not a number, or
+/// a value out of range.
+void apply_overrides(HwParams& params, const std::string& text);
+
+/// The parameter called `name`, or nullptr.
+const HwParamInfo* find_hw_param(const std::string& name);
+
 /// Range checks shared by the JSON loader, --set and programmatic callers (SimError naming the
 /// parameter, its range and the value).
 void validate(const HwParams& params);

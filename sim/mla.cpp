@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "ops/schedule/schedule.hpp"
+#include "sim/builder.hpp"
 #include "sim/error.hpp"
 
 namespace ditops::sim {
@@ -16,7 +17,6 @@ namespace sched = ditops::schedule;
 constexpr int kNopeDim = 512;
 constexpr int kRopeDim = 64;
 constexpr int kRopeBytes = 2;  // bf16 rope values and q_rope
-constexpr int kAccBytes = 4;   // int32 / fp32 results (S, O_tmp, running O)
 constexpr int kOutBytes = 2;   // bf16 output O
 
 // Vector work per element, in passes over the fp32 tile (one pass = tile bytes / 256 B per
@@ -44,27 +44,10 @@ constexpr int kSmRowsLarge = 32;
 constexpr int kUpRows = 8;
 constexpr int kUnitFlagPieces = 4;  // L0C pieces FIX drains separately under unit_flag
 
-/// A ping-pong ring of buffer slots between two pipes of one unit, guarded by intra-core
-/// events: the producer waits `free` before refilling a slot, sets `ready` when the slot is
-/// filled; the consumer waits `ready`; the releaser sets `free` when the data is dead.
-struct Ring {
-  int unit = 0;
-  Pipe producer = Pipe::mte2;
-  Pipe consumer = Pipe::mte1;
-  Pipe releaser = Pipe::mte1;
-  int first_ready_id = 0;
-  int first_free_id = 0;
-  int slots = 2;
-  long long uses = 0;
-  std::uint32_t ready_label = 0;
-  std::uint32_t free_label = 0;
-};
-
-class MlaBuilder {
+class MlaBuilder : private ProgramBuilder {
  public:
   MlaBuilder(const MlaConfig& config, const HwParams& hw, const MlaPlan& plan)
-      : config_(config), hw_(hw), plan_(plan), program_(config.cores) {
-    program_.cross_flag_names.assign(static_cast<std::size_t>(hw.cross_core_flag_ids), "");
+      : ProgramBuilder(config.cores, hw), config_(config), plan_(plan) {
     program_.cross_flag_names[kFlagQkReady] =
         config.opts.nope_rope_split ? "QK_NOPE_READY" : "QK_READY";
     program_.cross_flag_names[kFlagQkRopeReady] = "QK_ROPE_READY";
@@ -85,7 +68,7 @@ class MlaBuilder {
       emit_task(task, schedule);
     }
     if (plan_.combine) emit_combine();
-    return std::move(program_);
+    return take();
   }
 
  private:
@@ -94,149 +77,7 @@ class MlaBuilder {
     Ring sm_in[2], p_out[2], up_in[2], acc[2];  // per AIV
   };
 
-  // ---- instruction helpers -------------------------------------------------------------------
-  std::uint32_t label(const std::string& text) { return program_.intern_label(text); }
-
-  Instr make(int core, int unit, Pipe pipe, StageTag stage, int block, std::uint32_t text) const {
-    Instr instr;
-    instr.core = core;
-    instr.unit = static_cast<std::uint8_t>(unit);
-    instr.pipe = pipe;
-    instr.stage = stage;
-    instr.block = block;
-    instr.label = text;
-    return instr;
-  }
-
-  void compute(int core, int unit, Pipe pipe, StageTag stage, int block, std::uint32_t text,
-               double cycles, Buffer alloc = Buffer::none, double alloc_bytes = 0,
-               Buffer release = Buffer::none, double free_bytes = 0) {
-    Instr instr = make(core, unit, pipe, stage, block, text);
-    instr.op = Op::compute;
-    instr.cycles = cycles;
-    instr.alloc_buffer = alloc;
-    instr.alloc_bytes = static_cast<std::uint32_t>(alloc_bytes);
-    instr.free_buffer = release;
-    instr.free_bytes = static_cast<std::uint32_t>(free_bytes);
-    program_.add(instr);
-  }
-
-  // A GM read: L2 hits (workspace) or HBM (the KV cache and q).
-  void gm_read(int core, int unit, StageTag stage, int block, std::uint32_t text, double bytes,
-               MemLevel level, bool nd2nz, Buffer alloc, double alloc_bytes) {
-    Instr instr = make(core, unit, Pipe::mte2, stage, block, text);
-    instr.op = Op::gm_read;
-    instr.level = level;
-    instr.bytes = bytes;
-    const bool hbm = level == MemLevel::hbm;
-    instr.port_rate = hbm ? hw_.mte2_gm_bytes_per_cycle : hw_.l2_read_bytes_per_cycle;
-    instr.cycles = (bytes < hw_.mte2_small_copy_bytes ? hw_.mte2_small_copy_head_cycles : 0) +
-                   (nd2nz ? hw_.nd2nz_cycles : 0);
-    instr.latency = hbm ? hw_.hbm_latency_cycles : hw_.l2_read_latency_cycles;
-    instr.ideal_cycles = instr.cycles + bytes / instr.port_rate;
-    instr.alloc_buffer = alloc;
-    instr.alloc_bytes = static_cast<std::uint32_t>(alloc_bytes);
-    program_.add(instr);
-  }
-
-  // A GM write into L2 by FIX (AIC) or MTE3 (AIV).
-  void gm_write(int core, int unit, StageTag stage, int block, std::uint32_t text, double bytes) {
-    const Pipe pipe = unit == 0 ? Pipe::fix : Pipe::mte3;
-    Instr instr = make(core, unit, pipe, stage, block, text);
-    instr.op = Op::gm_write;
-    instr.level = MemLevel::l2;
-    instr.bytes = bytes;
-    instr.port_rate =
-        unit == 0 ? std::min(hw_.fix_gm_write_bytes_per_cycle, hw_.fix_l0c_read_bytes_per_cycle)
-                  : hw_.mte3_ub_to_l2_bytes_per_cycle;
-    instr.latency = hw_.l2_write_latency_cycles;
-    instr.ideal_cycles = instr.cycles + bytes / instr.port_rate;
-    program_.add(instr);
-  }
-
-  void set_event(int core, int unit, Pipe from, Pipe to, int id, StageTag stage, int block,
-                 Buffer alloc = Buffer::none, double alloc_bytes = 0, Buffer release = Buffer::none,
-                 double free_bytes = 0) {
-    Instr instr = make(core, unit, from, stage, block, 0);
-    instr.op = Op::set_event;
-    instr.peer_pipe = to;
-    instr.flag = static_cast<std::uint8_t>(id);
-    instr.alloc_buffer = alloc;
-    instr.alloc_bytes = static_cast<std::uint32_t>(alloc_bytes);
-    instr.free_buffer = release;
-    instr.free_bytes = static_cast<std::uint32_t>(free_bytes);
-    program_.add(instr);
-  }
-
-  void wait_event(int core, int unit, Pipe from, Pipe on, int id, StageTag stage, int block,
-                  std::uint32_t text) {
-    Instr instr = make(core, unit, on, stage, block, text);
-    instr.op = Op::wait_event;
-    instr.peer_pipe = from;
-    instr.flag = static_cast<std::uint8_t>(id);
-    program_.add(instr);
-  }
-
-  void set_cross(int core, int unit, Pipe pipe, int flag, int mode, StageTag stage, int block) {
-    Instr instr = make(core, unit, pipe, stage, block, cross_label(flag));
-    instr.op = Op::set_cross;
-    instr.flag = static_cast<std::uint8_t>(flag);
-    instr.mode = static_cast<std::uint8_t>(mode);
-    program_.add(instr);
-  }
-
-  void wait_cross(int core, int unit, Pipe pipe, int flag, StageTag stage, int block) {
-    Instr instr = make(core, unit, pipe, stage, block, cross_label(flag));
-    instr.op = Op::wait_cross;
-    instr.flag = static_cast<std::uint8_t>(flag);
-    program_.add(instr);
-  }
-
-  std::uint32_t cross_label(int flag) {
-    return label(program_.cross_flag_names[static_cast<std::size_t>(flag)]);
-  }
-
   // ---- rings -----------------------------------------------------------------------------------
-  Ring make_ring(int unit, Pipe producer, Pipe consumer, Pipe releaser, int ready_id, int free_id,
-                 int slots, const std::string& name) {
-    Ring ring;
-    ring.unit = unit;
-    ring.producer = producer;
-    ring.consumer = consumer;
-    ring.releaser = releaser;
-    ring.first_ready_id = ready_id;
-    ring.first_free_id = free_id;
-    ring.slots = slots;
-    ring.ready_label = label("wait " + name + " ready");
-    ring.free_label = label("wait " + name + " free");
-    return ring;
-  }
-
-  /// The next slot; the producer first waits until the slot's previous contents were released.
-  int acquire(int core, Ring& ring, StageTag stage, int block) {
-    const int slot = static_cast<int>(ring.uses % ring.slots);
-    if (ring.uses >= ring.slots) {
-      wait_event(core, ring.unit, ring.releaser, ring.producer, ring.first_free_id + slot, stage,
-                 block, ring.free_label);
-    }
-    ++ring.uses;
-    return slot;
-  }
-  void ready(int core, const Ring& ring, int slot, StageTag stage, int block,
-             Buffer alloc = Buffer::none, double alloc_bytes = 0) {
-    set_event(core, ring.unit, ring.producer, ring.consumer, ring.first_ready_id + slot, stage,
-              block, alloc, alloc_bytes);
-  }
-  void await(int core, const Ring& ring, int slot, StageTag stage, int block) {
-    wait_event(core, ring.unit, ring.producer, ring.consumer, ring.first_ready_id + slot, stage,
-               block, ring.ready_label);
-  }
-  void release(int core, const Ring& ring, int slot, StageTag stage, int block, Buffer buffer,
-               double bytes) {
-    set_event(core, ring.unit, ring.releaser, ring.producer, ring.first_free_id + slot, stage,
-              block, Buffer::none, 0, buffer, bytes);
-  }
-
   void init_core(int core) {
     CoreRings& rings = cores_[static_cast<std::size_t>(core)];
     // AIC event ids per pipe pair (8 ids): MTE2<->MTE1 K tiles 0..chunk, P tiles 5-6, q 7.
@@ -257,81 +98,6 @@ class MlaBuilder {
           make_ring(unit, Pipe::mte2, Pipe::v, Pipe::v, 4, 4, up_slots, "O_tmp tile (UB)");
       rings.acc[aiv] =
           make_ring(unit, Pipe::mte2, Pipe::v, Pipe::mte3, 6, 0, up_slots, "O tile (UB)");
-    }
-  }
-
-  // ---- cube ------------------------------------------------------------------------------------
-  struct Matmul {
-    int m, n, k;
-    double a_bytes, b_bytes;  // bytes per element of A (L0A) and B (L0B)
-    bool int8;
-    StageTag stage;
-    int block;
-    const char* name;
-  };
-
-  double mmad_cycles(int m, int n, int k, bool int8) const {
-    // One cycle per 16 x k0 x 16 fractal: k0 = 32 for int8, 16 for fp16 (the MAC rates).
-    const double macs = int8 ? hw_.cube_int8_macs_per_cycle : hw_.cube_fp16_macs_per_cycle;
-    const double k0 = macs / 256.0;
-    return std::ceil(m / 16.0) * std::ceil(n / 16.0) * std::ceil(k / k0);
-  }
-
-  // MTE1 L1->L0A/L0B, M mmad into L0C, FIX L0C->GM, double-buffered in L0 and L0C. Tiles are
-  // sized from the hardware's L0 capacities the way a tiling function would (half of each
-  // buffer, for ping-pong).
-  void emit_matmul(int core, const Matmul& mm) {
-    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
-    int n_tile = mm.n;
-    while (n_tile > 16 && mm.m * static_cast<double>(n_tile) * kAccBytes > hw_.l0c_bytes / 2) {
-      n_tile = (n_tile + 1) / 2;
-    }
-    int k_slice = mm.k;
-    while (k_slice > 16 &&
-           (mm.m * static_cast<double>(k_slice) * mm.a_bytes > hw_.l0a_bytes / 2 ||
-            k_slice * static_cast<double>(n_tile) * mm.b_bytes > hw_.l0b_bytes / 2)) {
-      k_slice = (k_slice + 1) / 2;
-    }
-    const std::string prefix = std::string(stage_tag_name(mm.stage)) + " " + mm.name;
-    const std::uint32_t load_a = label(prefix + " L1->L0A");
-    const std::uint32_t load_b = label(prefix + " L1->L0B");
-    const std::uint32_t mmad = label(prefix + " mmad");
-    const std::uint32_t fix = label(prefix + " FIX L0C->GM");
-    for (int n0 = 0; n0 < mm.n; n0 += n_tile) {
-      const int n_len = std::min(n_tile, mm.n - n0);
-      const double c_bytes = static_cast<double>(mm.m) * n_len * kAccBytes;
-      const int c_slot = acquire(core, rings.l0c, mm.stage, mm.block);
-      for (int k0 = 0; k0 < mm.k; k0 += k_slice) {
-        const int k_len = std::min(k_slice, mm.k - k0);
-        const double a = static_cast<double>(mm.m) * k_len * mm.a_bytes;
-        const double b = static_cast<double>(k_len) * n_len * mm.b_bytes;
-        const int slot = acquire(core, rings.l0, mm.stage, mm.block);
-        compute(core, 0, Pipe::mte1, mm.stage, mm.block, load_a,
-                hw_.mte1_start_cycles + a / hw_.mte1_l0a_bytes_per_cycle, Buffer::l0a, a);
-        compute(core, 0, Pipe::mte1, mm.stage, mm.block, load_b,
-                hw_.mte1_start_cycles + b / hw_.mte1_l0b_bytes_per_cycle, Buffer::l0b, b);
-        ready(core, rings.l0, slot, mm.stage, mm.block);
-        await(core, rings.l0, slot, mm.stage, mm.block);
-        const bool first_k = k0 == 0;
-        const bool last_k = k0 + k_len >= mm.k;
-        const double cycles = mmad_cycles(mm.m, n_len, k_len, mm.int8);
-        const int pieces = last_k && config_.opts.unit_flag ? kUnitFlagPieces : 1;
-        for (int piece = 0; piece < pieces; ++piece) {
-          // The mmad releases L0A when it ends; the set below releases L0B.
-          compute(core, 0, Pipe::m, mm.stage, mm.block, mmad, cycles / pieces,
-                  first_k && piece == 0 ? Buffer::l0c : Buffer::none,
-                  first_k && piece == 0 ? c_bytes : 0,
-                  piece == pieces - 1 ? Buffer::l0a : Buffer::none, piece == pieces - 1 ? a : 0);
-          if (last_k) ready(core, rings.l0c, c_slot, mm.stage, mm.block);
-        }
-        release(core, rings.l0, slot, mm.stage, mm.block, Buffer::l0b, b);
-      }
-      const int pieces = config_.opts.unit_flag ? kUnitFlagPieces : 1;
-      for (int piece = 0; piece < pieces; ++piece) {
-        await(core, rings.l0c, c_slot, mm.stage, mm.block);
-        gm_write(core, 0, mm.stage, mm.block, fix, c_bytes / pieces);
-      }
-      release(core, rings.l0c, c_slot, mm.stage, mm.block, Buffer::l0c, c_bytes);
     }
   }
 
@@ -412,11 +178,13 @@ class MlaBuilder {
     return static_cast<double>(task.rows) * (kNopeDim + kRopeDim * kRopeBytes);
   }
 
-  // ---- vector ----------------------------------------------------------------------------------
-  double vector_cycles(double passes, double tile_bytes, int instrs) const {
-    return instrs * hw_.vector_issue_cycles + passes * tile_bytes / hw_.vector_bytes_per_cycle;
+  void emit_matmul(int core, const Matmul& mm) {
+    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    ProgramBuilder::emit_matmul(core, mm, rings.l0, rings.l0c,
+                                config_.opts.unit_flag ? kUnitFlagPieces : 1);
   }
 
+  // ---- vector ----------------------------------------------------------------------------------
   // AIV0 takes the odd row. A single-row task still runs SM/UP on both AIVs (AIV1 on a
   // padding row) because the mode-2 flags need both AIVs to set.
   int aiv_rows(const MlaTask& task, int aiv) const {
@@ -646,9 +414,7 @@ class MlaBuilder {
   }
 
   const MlaConfig& config_;
-  const HwParams& hw_;
   const MlaPlan& plan_;
-  Program program_;
   std::vector<CoreRings> cores_;
   std::vector<long long> block_slot_;  // K ring use index of each block of the current task
   int sm_rows_ = kSmRows;
@@ -750,12 +516,8 @@ MlaPlan plan_mla(const MlaConfig& config, const HwParams& hw) {
       std::max(1, std::min(config.heads, config.max_rows_per_task / config.q_len));
   plan.head_groups = (config.heads + plan.heads_per_group - 1) / plan.heads_per_group;
   plan.blocks_per_sequence = (config.kv + config.block_size - 1) / config.block_size;
-  const long long items = static_cast<long long>(config.batch) * plan.head_groups;
-  if (items < config.cores) {
-    const long long wanted = (config.cores + items - 1) / items;
-    const long long allowed = std::max(1, plan.blocks_per_sequence / config.min_blocks_per_split);
-    plan.splits = static_cast<int>(std::max(1LL, std::min(wanted, allowed)));
-  }
+  plan.splits = kv_splits(static_cast<long long>(config.batch) * plan.head_groups, config.cores,
+                          plan.blocks_per_sequence, config.min_blocks_per_split);
   plan.combine = plan.splits > 1;
   for (int sequence = 0; sequence < config.batch; ++sequence) {
     for (int group = 0; group < plan.head_groups; ++group) {
@@ -776,25 +538,19 @@ MlaPlan plan_mla(const MlaConfig& config, const HwParams& hw) {
       }
     }
   }
-  // Longest task first onto the least loaded core (LPT); the cost is the task's tokens times
-  // rows plus a fixed pipeline fill of one block, so short tasks are not free.
-  std::vector<std::size_t> order(plan.tasks.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  const auto cost = [&](const MlaTask& task) {
-    return (static_cast<double>(task.tokens) + config.block_size) * task.rows;
-  };
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t lhs, std::size_t rhs) {
-    return cost(plan.tasks[lhs]) > cost(plan.tasks[rhs]);
-  });
-  std::vector<double> load(static_cast<std::size_t>(config.cores), 0.0);
+  // Longest task first onto the least loaded core; the cost is the task's tokens times rows
+  // plus a fixed pipeline fill of one block, so short tasks are not free.
+  std::vector<double> costs;
+  for (const MlaTask& task : plan.tasks) {
+    costs.push_back((static_cast<double>(task.tokens) + config.block_size) * task.rows);
+  }
   std::vector<std::vector<MlaTask>> per_core(static_cast<std::size_t>(config.cores));
-  for (const std::size_t index : order) {
-    const auto target =
-        static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    MlaTask task = plan.tasks[index];
-    task.core = static_cast<int>(target);
-    load[target] += cost(task);
-    per_core[target].push_back(task);
+  const auto assignment = assign_longest_first(costs, config.cores);
+  for (std::size_t core = 0; core < assignment.size(); ++core) {
+    for (const std::size_t index : assignment[core]) {
+      per_core[core].push_back(plan.tasks[index]);
+      per_core[core].back().core = static_cast<int>(core);
+    }
   }
   plan.tasks.clear();
   for (const auto& tasks : per_core) {

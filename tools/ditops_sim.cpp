@@ -1,19 +1,12 @@
 // ditops-sim: the Ascend 910B pipeline simulator's command line.
 //
-//   ditops-sim mla   [--batch 1] [--kv 2048] [--heads 128] [--q-len 1] [--cores 24]
-//                    [--block-size 128] [--chunk 1|2|4] [--opt NAME[,NAME...]] [--hw FILE.json]
-//                    [--trace FILE.json] [--csv FILE.csv] [--svg FILE.svg] [--json]
-//   ditops-sim sweep [--batch 1,2,4,8,16,24,48] [--kv 512,2048,4096] [--chunk 1,2,4]
-//                    [same options] [--cpu BENCH.json [--cpu-threads 2]] [--json]
-//                    --cpu puts the CPU kernel's chunk ratios for the same grid beside the
-//                    simulator's: BENCH.json is ditops_bench's --benchmark_out of mla_grid.
-//   ditops-sim hw    [--hw FILE.json]
-//   every command also takes --set NAME=VALUE[,...] to override hardware parameters; mla and
-//   sweep take --max-instructions N (default 10000000, ~1 GiB): a larger program is refused
-//   before it is built.
+//   ditops-sim mla | sweep | hw [flags]       ditops-sim COMMAND --help lists a command's flags
 //
-// Bad flags or values print one line on stderr and exit with status 2; so do input files that
-// are not regular files (a directory, /dev/zero, a FIFO) or are larger than 64 MiB.
+// Parsing (the command table below: every flag with its value and default), running (building
+// and simulating programs) and reporting (tables, JSON, trace / CSV / SVG files) are separate
+// steps. Bad flags or values print one line on stderr and exit with status 2; so do input files
+// that are not regular files (a directory, /dev/zero, a FIFO) or are larger than 64 MiB, and
+// output paths that exist but are not regular files.
 
 #include <unistd.h>
 
@@ -24,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -53,22 +47,177 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-const char* const kUsage =
-    "usage: ditops-sim mla   [--batch 1] [--kv 2048] [--heads 128] [--q-len 1] [--cores 24]\n"
-    "                        [--block-size 128] [--chunk 1|2|4] [--opt NAME[,NAME...]]\n"
-    "                        [--hw FILE.json] [--trace FILE.json] [--csv FILE.csv]\n"
-    "                        [--svg FILE.svg] [--json]\n"
-    "       ditops-sim sweep [--batch 1,2,4,8,16,24,48] [--kv 512,2048,4096] [--chunk 1,2,4]\n"
-    "                        [--heads ..] [--q-len ..] [--cores ..] [--block-size ..] [--opt ..]\n"
-    "                        [--hw FILE.json] [--cpu BENCH.json [--cpu-threads 2]] [--json]\n"
-    "       ditops-sim hw    [--hw FILE.json]   (prints the hardware parameters as JSON)\n"
-    "  --set NAME=VALUE[,NAME=VALUE...] overrides hardware parameters after --hw\n"
-    "  --max-instructions N (mla, sweep) refuses larger programs (default 10000000, ~1 GiB)\n";
-
 /// Programs are refused above this many instructions unless --max-instructions raises it: the
 /// simulator holds ~110 bytes per instruction (a batch 4096, kv 1M, 1024-head run would need
 /// 10 TB).
 constexpr int kDefaultMaxInstructions = 10'000'000;
+
+// ---- the commands and their flags
+// ----------------------------------------------------------------
+
+struct FlagSpec {
+  const char* name;
+  const char* value;     // what the value looks like; nullptr for a switch (--json)
+  const char* fallback;  // the default, "" when there is none
+  const char* help;
+};
+
+struct CommandSpec {
+  const char* name;
+  const char* summary;
+  std::vector<FlagSpec> flags;
+};
+
+const FlagSpec kHwFlag{"--hw", "FILE.json", "",
+                       "hardware parameters (a file `ditops-sim hw` wrote)"};
+const FlagSpec kSetFlag{"--set", "NAME=VALUE[,...]", "",
+                        "override hardware parameters (after --hw); names: ditops-sim hw"};
+const FlagSpec kJsonFlag{"--json", nullptr, "", "print JSON instead of a table"};
+const FlagSpec kMaxInstructionsFlag{"--max-instructions", "N", "10000000",
+                                    "refuse a program estimated larger (~110 bytes each)"};
+const FlagSpec kOptFlag{"--opt", "NAME[,NAME...]", "none",
+                        "optimization switches, or all / none (sim/README.md lists them)"};
+const FlagSpec kTraceFlag{"--trace", "FILE.json", "",
+                          "Perfetto / Chrome trace of every instruction"};
+const FlagSpec kCsvFlag{"--csv", "FILE.csv", "", "msprof-like PipeUtilization CSV"};
+const FlagSpec kSvgFlag{"--svg", "FILE.svg", "", "Gantt chart of the pipes"};
+
+const std::vector<CommandSpec>& commands() {
+  static const std::vector<CommandSpec> table = {
+      {"mla",
+       "simulate the int8 MLA paged-decode kernel once and report where the time goes",
+       {{"--batch", "N", "1", "sequences"},
+        {"--kv", "N", "2048", "KV tokens per sequence"},
+        {"--heads", "N", "128", "query heads (one latent KV head)"},
+        {"--q-len", "N", "1", "query tokens per sequence (MTP)"},
+        {"--cores", "N", "24", "AI cores the kernel launches on (at most num_cores)"},
+        {"--block-size", "64|128", "128", "paged KV block size"},
+        {"--chunk", "1|2|4", "2", "QK stages run ahead of their PVs (ops/schedule)"},
+        kOptFlag,
+        kHwFlag,
+        kSetFlag,
+        kMaxInstructionsFlag,
+        kTraceFlag,
+        kCsvFlag,
+        kSvgFlag,
+        kJsonFlag}},
+      {"sweep",
+       "simulate the MLA kernel over a (batch, kv, chunk) grid; ratios to chunk 1",
+       {{"--batch", "N[,N...]", "1,2,4,8,16,24,48", "sequences"},
+        {"--kv", "N[,N...]", "512,2048,4096", "KV tokens per sequence"},
+        {"--chunk", "C[,C...]", "1,2,4", "chunk sizes (1, 2 or 4)"},
+        {"--heads", "N", "128", "query heads"},
+        {"--q-len", "N", "1", "query tokens per sequence"},
+        {"--cores", "N", "24", "AI cores"},
+        {"--block-size", "64|128", "128", "paged KV block size"},
+        kOptFlag,
+        kHwFlag,
+        kSetFlag,
+        kMaxInstructionsFlag,
+        {"--cpu", "BENCH.json", "",
+         "put the CPU kernel's chunk ratios beside the simulator's (ditops_bench mla_grid "
+         "--benchmark_out)"},
+        {"--cpu-threads", "N", "2", "the CPU runs' thread count to compare (needs --cpu)"},
+        kJsonFlag}},
+      {"hw",
+       "print the hardware parameters as JSON with units, sources and ranges (a valid --hw file)",
+       {kHwFlag, kSetFlag}},
+  };
+  return table;
+}
+
+const CommandSpec* find_command(const std::string& name) {
+  for (const CommandSpec& command : commands()) {
+    if (name == command.name) return &command;
+  }
+  return nullptr;
+}
+
+std::string command_names() {
+  std::string names;
+  for (const CommandSpec& command : commands()) {
+    names += (names.empty() ? "" : ", ") + std::string(command.name);
+  }
+  return names;
+}
+
+std::string command_help(const CommandSpec& command) {
+  std::string text =
+      "usage: ditops-sim " + std::string(command.name) + " [flags]\n" + command.summary + "\n\n";
+  for (const FlagSpec& flag : command.flags) {
+    std::string left = std::string("  ") + flag.name;
+    if (flag.value != nullptr) left += std::string(" ") + flag.value;
+    if (left.size() < 34) left.resize(34, ' ');
+    text += left + " " + flag.help;
+    if (flag.fallback[0] != '\0') text += std::string(" (default ") + flag.fallback + ")";
+    text += "\n";
+  }
+  text += "  --help                           this text\n";
+  return text;
+}
+
+std::string general_usage() {
+  std::string text =
+      "usage: ditops-sim COMMAND [flags]   (ditops-sim COMMAND --help for its flags)\n";
+  for (const CommandSpec& command : commands()) {
+    std::string name = std::string("  ") + command.name;
+    name.resize(12, ' ');
+    text += name + command.summary + "\n";
+  }
+  return text;
+}
+
+// ---- parse
+// ---------------------------------------------------------------------------------------
+
+struct Options {
+  const CommandSpec* command = nullptr;
+  std::map<std::string, std::string> values;  // flag -> raw value
+  bool json = false;
+  bool help = false;
+
+  std::optional<std::string> get(const std::string& flag) const {
+    const auto found = values.find(flag);
+    if (found == values.end()) return std::nullopt;
+    return found->second;
+  }
+  bool is(const char* name) const { return std::string(command->name) == name; }
+};
+
+Options parse_args(int argc, char** argv) {
+  if (argc < 2) throw UsageError("missing command: " + command_names() + " (see --help)");
+  Options options;
+  options.command = find_command(argv[1]);
+  if (options.command == nullptr) {
+    throw UsageError("unknown command '" + std::string(argv[1]) + "' (expected " + command_names() +
+                     ")");
+  }
+  for (int i = 2; i < argc; ++i) {
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      options.help = true;
+      return options;
+    }
+  }
+  for (int i = 2; i < argc; ++i) {
+    const std::string flag = argv[i];
+    const auto& flags = options.command->flags;
+    const auto spec = std::find_if(flags.begin(), flags.end(), [&](const FlagSpec& candidate) {
+      return flag == candidate.name;
+    });
+    if (spec == flags.end()) {
+      throw UsageError("unknown flag '" + flag + "' for 'ditops-sim " + options.command->name +
+                       "' (see ditops-sim " + options.command->name + " --help)");
+    }
+    if (spec->value == nullptr) {
+      options.json = true;
+      continue;
+    }
+    if (i + 1 >= argc) throw UsageError(flag + " needs a value");
+    if (options.values.count(flag) != 0) throw UsageError(flag + " given twice");
+    options.values[flag] = argv[++i];
+  }
+  return options;
+}
 
 int parse_int(const std::string& flag, const std::string& text) {
   if (text.empty() || text.size() > 9 ||
@@ -90,117 +239,65 @@ std::vector<int> parse_list(const std::string& flag, const std::string& text) {
   return values;
 }
 
-struct Options {
-  std::string command;
-  std::map<std::string, std::string> values;  // flag -> raw value
-  bool json = false;
-};
-
-Options parse_args(int argc, char** argv) {
-  if (argc < 2) throw UsageError("missing command: mla, sweep or hw (see --help)");
-  Options options;
-  options.command = argv[1];
-  if (options.command != "mla" && options.command != "sweep" && options.command != "hw") {
-    throw UsageError("unknown command '" + options.command + "' (expected mla, sweep or hw)");
-  }
-  std::vector<std::string> allowed;
-  if (options.command == "hw") {
-    allowed = {"--hw", "--set"};
-  } else {
-    allowed = {"--batch", "--kv",  "--heads", "--q-len", "--cores",           "--block-size",
-               "--chunk", "--opt", "--hw",    "--set",   "--max-instructions"};
-    if (options.command == "mla") {
-      for (const char* flag : {"--trace", "--csv", "--svg"}) allowed.emplace_back(flag);
-    } else {
-      for (const char* flag : {"--cpu", "--cpu-threads"}) allowed.emplace_back(flag);
-    }
-  }
-  for (int i = 2; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--json" && options.command != "hw") {
-      options.json = true;
-      continue;
-    }
-    if (std::find(allowed.begin(), allowed.end(), flag) == allowed.end()) {
-      throw UsageError("unknown flag '" + flag + "' for 'ditops-sim " + options.command + "'");
-    }
-    if (i + 1 >= argc) throw UsageError(flag + " needs a value");
-    if (options.values.count(flag) != 0) throw UsageError(flag + " given twice");
-    options.values[flag] = argv[++i];
-  }
-  return options;
+/// The integer flag's value, or `fallback` when it is not given.
+int int_flag(const Options& options, const char* flag, int fallback) {
+  const auto text = options.get(flag);
+  return text ? parse_int(flag, *text) : fallback;
 }
 
 // --hw FILE, then --set NAME=VALUE[,NAME=VALUE...] overrides (for sensitivity sweeps).
 sim::HwParams load_hw(const Options& options) {
   sim::HwParams hw;
-  const auto found = options.values.find("--hw");
-  if (found != options.values.end()) {
+  if (const auto path = options.get("--hw")) {
     try {
-      hw = sim::load_hw_file(found->second);
+      hw = sim::load_hw_file(*path);
     } catch (const sim::SimError& error) {
       throw UsageError(std::string("--hw ") + error.what());
     }
   }
-  const auto set = options.values.find("--set");
-  if (set == options.values.end()) return hw;
-  std::size_t start = 0;
-  const std::string& text = set->second;
-  while (start <= text.size()) {
-    const std::size_t comma = std::min(text.find(',', start), text.size());
-    const std::string item = text.substr(start, comma - start);
-    const std::size_t equals = item.find('=');
-    if (equals == std::string::npos)
-      throw UsageError("--set expects NAME=VALUE (got '" + item + "')");
-    const std::string name = item.substr(0, equals);
-    const std::string value = item.substr(equals + 1);
-    const sim::HwParamInfo* info = nullptr;
-    for (const sim::HwParamInfo& candidate : sim::hw_param_table()) {
-      if (name == candidate.name) info = &candidate;
+  if (const auto overrides = options.get("--set")) {
+    try {
+      sim::apply_overrides(hw, *overrides);
+    } catch (const sim::SimError& error) {
+      throw UsageError(std::string("--set: ") + error.what());
     }
-    if (info == nullptr) throw UsageError("--set: unknown hardware parameter '" + name + "'");
-    char* end = nullptr;
-    const double number = std::strtod(value.c_str(), &end);
-    if (value.empty() || end != value.c_str() + value.size()) {
-      throw UsageError("--set " + name + " expects a number (got '" + value + "')");
-    }
-    hw.*(info->field) = number;
-    start = comma + 1;
-  }
-  try {
-    sim::validate(hw);
-  } catch (const sim::SimError& error) {
-    throw UsageError(std::string("--set: ") + error.what());
   }
   return hw;
 }
 
-/// The shared mla/sweep options; list flags of a sweep are set by the caller.
-sim::MlaConfig base_config(const Options& options, const sim::HwParams& hw) {
+sim::MlaOptimizations parse_opts(const Options& options) {
+  try {
+    return sim::parse_mla_opts(options.get("--opt").value_or("none"));
+  } catch (const sim::SimError& error) {
+    throw UsageError(std::string("--opt: ") + error.what());
+  }
+}
+
+/// The shared mla/sweep options; a sweep's list flags are set by the caller.
+sim::MlaConfig mla_config(const Options& options, const sim::HwParams& hw) {
   sim::MlaConfig config;
-  config.cores = static_cast<int>(hw.num_cores) < 24 ? static_cast<int>(hw.num_cores) : 24;
-  const auto get = [&](const char* flag, int& target) {
-    const auto found = options.values.find(flag);
-    if (found != options.values.end()) target = parse_int(flag, found->second);
-  };
-  get("--heads", config.heads);
-  get("--q-len", config.q_len);
-  get("--cores", config.cores);
-  get("--block-size", config.block_size);
-  if (options.command == "mla") {
-    get("--batch", config.batch);
-    get("--kv", config.kv);
-    get("--chunk", config.chunk);
+  config.cores = int_flag(options, "--cores", std::min(static_cast<int>(hw.num_cores), 24));
+  config.heads = int_flag(options, "--heads", config.heads);
+  config.q_len = int_flag(options, "--q-len", config.q_len);
+  config.block_size = int_flag(options, "--block-size", config.block_size);
+  if (options.is("mla")) {
+    config.batch = int_flag(options, "--batch", config.batch);
+    config.kv = int_flag(options, "--kv", config.kv);
+    config.chunk = int_flag(options, "--chunk", config.chunk);
   }
-  const auto opt = options.values.find("--opt");
-  if (opt != options.values.end()) {
-    try {
-      config.opts = sim::parse_mla_opts(opt->second);
-    } catch (const sim::SimError& error) {
-      throw UsageError(std::string("--opt: ") + error.what());
-    }
-  }
+  config.opts = parse_opts(options);
   return config;
+}
+
+/// Refuses a program estimated above --max-instructions before it is built.
+void check_program_size(const Options& options, std::uint64_t estimate,
+                        const std::string& description) {
+  const int limit = int_flag(options, "--max-instructions", kDefaultMaxInstructions);
+  if (estimate > static_cast<std::uint64_t>(limit)) {
+    throw UsageError(description + " needs about " + std::to_string(estimate) +
+                     " instructions, more than the limit of " + std::to_string(limit) +
+                     " (~110 bytes each); raise it with --max-instructions N");
+  }
 }
 
 /// The configuration's values, and the size of its program (estimated before it is built).
@@ -211,15 +308,100 @@ void validate_config(const sim::MlaConfig& config, const sim::HwParams& hw,
   } catch (const sim::SimError& error) {
     throw UsageError(std::string("--") + error.what());
   }
-  const auto flag = options.values.find("--max-instructions");
-  const int limit = flag == options.values.end() ? kDefaultMaxInstructions
-                                                 : parse_int("--max-instructions", flag->second);
-  const std::uint64_t estimate = sim::estimate_mla_instructions(config, hw);
-  if (estimate > static_cast<std::uint64_t>(limit)) {
-    throw UsageError(sim::describe(config) + " needs about " + std::to_string(estimate) +
-                     " instructions, more than the limit of " + std::to_string(limit) +
-                     " (~110 bytes each); raise it with --max-instructions N");
+  check_program_size(options, sim::estimate_mla_instructions(config, hw), sim::describe(config));
+}
+
+// ---- run
+// -----------------------------------------------------------------------------------------
+
+/// One simulated program and what the reports need of it.
+struct Run {
+  sim::Program program;
+  sim::SimResult result;
+  sim::Summary summary;
+};
+
+Run simulate(sim::Program program, const sim::HwParams& hw, bool record) {
+  sim::EngineOptions engine_options;
+  engine_options.record_instructions = record;
+  Run run{std::move(program), {}, {}};
+  run.result = sim::simulate(run.program, hw, engine_options);
+  run.summary = sim::summarize(run.program, run.result, hw);
+  return run;
+}
+
+/// Output files (--trace, --csv, --svg) record the instruction times.
+bool wants_files(const Options& options) { return options.get("--trace") || options.get("--svg"); }
+
+struct SweepRow {
+  int batch, kv, chunk;
+  sim::Summary summary;
+};
+
+/// Simulates every configuration; progress on stderr (live on a terminal, else once a second).
+std::vector<SweepRow> run_sweep(const std::vector<sim::MlaConfig>& configs,
+                                const sim::HwParams& hw) {
+  std::vector<SweepRow> rows;
+  const std::size_t total = configs.size();
+  const bool tty = isatty(fileno(stderr)) != 0;
+  auto last_report = std::chrono::steady_clock::now();
+  for (const sim::MlaConfig& config : configs) {
+    rows.push_back({config.batch, config.kv, config.chunk,
+                    simulate(sim::build_mla_program(config, hw), hw, false).summary});
+    const auto now = std::chrono::steady_clock::now();
+    if (total > 1 && (tty || now - last_report > std::chrono::seconds(1))) {
+      std::fprintf(stderr,
+                   tty ? "\rsweep %zu/%zu (batch %d kv %d chunk %d)   "
+                       : "sweep %zu/%zu (batch %d kv %d chunk %d)\n",
+                   rows.size(), total, config.batch, config.kv, config.chunk);
+      last_report = now;
+    }
   }
+  if (tty && total > 1) std::fprintf(stderr, "\r%60s\r", "");
+  return rows;
+}
+
+// ---- report
+// --------------------------------------------------------------------------------------
+
+/// Writes an output file. An existing path that is not a regular file (a directory, a FIFO, a
+/// device, a symbolic link) is refused: a report never writes through it.
+void write_file(const std::string& flag, const std::string& path,
+                const std::function<void(std::ostream&)>& writer) {
+  std::error_code error;
+  const std::filesystem::file_status status = std::filesystem::symlink_status(path, error);
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+    throw UsageError(flag + " '" + path + "' exists and is not a regular file");
+  }
+  std::ofstream file(path);
+  if (!file) throw std::runtime_error("cannot write " + flag + " file " + path);
+  writer(file);
+  if (!file) throw std::runtime_error("error writing " + flag + " file " + path);
+}
+
+/// --trace, --csv and --svg of one run.
+void write_run_files(const Options& options, const Run& run, const sim::HwParams& hw,
+                     const std::string& title) {
+  if (const auto path = options.get("--trace")) {
+    write_file("--trace", *path, [&](std::ostream& out) {
+      sim::write_chrome_trace(out, run.program, run.result, hw);
+    });
+  }
+  if (const auto path = options.get("--csv")) {
+    write_file("--csv", *path,
+               [&](std::ostream& out) { sim::write_pipe_csv(out, run.program, run.result, hw); });
+  }
+  if (const auto path = options.get("--svg")) {
+    write_file("--svg", *path,
+               [&](std::ostream& out) { sim::write_svg(out, run.program, run.result, hw, title); });
+  }
+}
+
+/// One run's JSON object: `head` (config, plan) followed by the summary's fields.
+void print_run_json(nlohmann::ordered_json head, const sim::Summary& summary) {
+  const nlohmann::ordered_json details = sim::summary_json(summary);
+  for (auto it = details.begin(); it != details.end(); ++it) head[it.key()] = it.value();
+  std::cout << head.dump(2) << '\n';
 }
 
 std::string plan_text(const sim::MlaConfig& config, const sim::MlaPlan& plan) {
@@ -234,58 +416,29 @@ std::string plan_text(const sim::MlaConfig& config, const sim::MlaPlan& plan) {
   return text;
 }
 
-void write_file(const std::string& path, const std::string& what,
-                const std::function<void(std::ostream&)>& writer) {
-  std::ofstream file(path);
-  if (!file) throw std::runtime_error("cannot write " + what + " file " + path);
-  writer(file);
-  if (!file) throw std::runtime_error("error writing " + what + " file " + path);
-}
-
-int run_mla(const Options& options) {
+int command_mla(const Options& options) {
   const sim::HwParams hw = load_hw(options);
-  const sim::MlaConfig config = base_config(options, hw);
+  const sim::MlaConfig config = mla_config(options, hw);
   validate_config(config, hw, options);
   sim::MlaPlan plan;
-  const sim::Program program = sim::build_mla_program(config, hw, &plan);
-  const auto value = [&](const char* flag) {
-    const auto found = options.values.find(flag);
-    return found == options.values.end() ? std::string() : found->second;
-  };
-  sim::EngineOptions engine_options;
-  engine_options.record_instructions = !value("--trace").empty() || !value("--svg").empty();
-  const sim::SimResult result = sim::simulate(program, hw, engine_options);
-  const sim::Summary summary = sim::summarize(program, result, hw);
+  const Run run = simulate(sim::build_mla_program(config, hw, &plan), hw, wants_files(options));
   const std::string title = "ditops-sim mla: " + sim::describe(config);
-  if (!value("--trace").empty()) {
-    write_file(value("--trace"), "trace",
-               [&](std::ostream& out) { sim::write_chrome_trace(out, program, result, hw); });
+  write_run_files(options, run, hw, title);
+  if (!options.json) {
+    std::cout << sim::format_table(run.summary, title + "\n" + plan_text(config, plan) + "\n");
+    return 0;
   }
-  if (!value("--csv").empty()) {
-    write_file(value("--csv"), "CSV",
-               [&](std::ostream& out) { sim::write_pipe_csv(out, program, result, hw); });
-  }
-  if (!value("--svg").empty()) {
-    write_file(value("--svg"), "SVG",
-               [&](std::ostream& out) { sim::write_svg(out, program, result, hw, title); });
-  }
-  if (options.json) {
-    nlohmann::ordered_json json;
-    json["config"] = {{"batch", config.batch}, {"kv", config.kv},
-                      {"heads", config.heads}, {"q_len", config.q_len},
-                      {"cores", config.cores}, {"block_size", config.block_size},
-                      {"chunk", config.chunk}, {"opts", sim::mla_opts_to_string(config.opts)}};
-    json["plan"] = {{"tasks", plan.tasks.size()},
-                    {"splits", plan.splits},
-                    {"head_groups", plan.head_groups},
-                    {"cores_used", plan.cores_used},
-                    {"combine", plan.combine}};
-    const nlohmann::ordered_json details = sim::summary_json(summary);
-    for (auto it = details.begin(); it != details.end(); ++it) json[it.key()] = it.value();
-    std::cout << json.dump(2) << '\n';
-  } else {
-    std::cout << sim::format_table(summary, title + "\n" + plan_text(config, plan) + "\n");
-  }
+  nlohmann::ordered_json head;
+  head["config"] = {{"batch", config.batch}, {"kv", config.kv},
+                    {"heads", config.heads}, {"q_len", config.q_len},
+                    {"cores", config.cores}, {"block_size", config.block_size},
+                    {"chunk", config.chunk}, {"opts", sim::mla_opts_to_string(config.opts)}};
+  head["plan"] = {{"tasks", plan.tasks.size()},
+                  {"splits", plan.splits},
+                  {"head_groups", plan.head_groups},
+                  {"cores_used", plan.cores_used},
+                  {"combine", plan.combine}};
+  print_run_json(head, run.summary);
   return 0;
 }
 
@@ -345,17 +498,17 @@ CpuTimes load_cpu_times(const std::string& path) {
   return times;
 }
 
-int run_sweep(const Options& options) {
-  const sim::HwParams hw = load_hw(options);
-  const sim::MlaConfig base = base_config(options, hw);
+/// The sweep's (batch, kv, chunk) grid, every configuration validated before the first runs.
+std::vector<sim::MlaConfig> sweep_grid(const Options& options, const sim::HwParams& hw,
+                                       std::vector<int>& chunks) {
+  const sim::MlaConfig base = mla_config(options, hw);
   const auto list = [&](const char* flag, const std::vector<int>& fallback) {
-    const auto found = options.values.find(flag);
-    return found == options.values.end() ? fallback : parse_list(flag, found->second);
+    const auto text = options.get(flag);
+    return text ? parse_list(flag, *text) : fallback;
   };
   const std::vector<int> batches = list("--batch", {1, 2, 4, 8, 16, 24, 48});
   const std::vector<int> kvs = list("--kv", {512, 2048, 4096});
-  const std::vector<int> chunks = list("--chunk", {1, 2, 4});
-  // Every configuration is validated before the first is simulated: a bad value fails fast.
+  chunks = list("--chunk", {1, 2, 4});
   std::vector<sim::MlaConfig> configs;
   for (const int batch : batches) {
     for (const int kv : kvs) {
@@ -369,49 +522,21 @@ int run_sweep(const Options& options) {
       }
     }
   }
-  // The CPU kernel's times for the same grid (--cpu), at --cpu-threads threads.
-  CpuTimes cpu;
-  const auto cpu_file = options.values.find("--cpu");
-  if (cpu_file != options.values.end()) cpu = load_cpu_times(cpu_file->second);
-  const auto threads_flag = options.values.find("--cpu-threads");
-  if (threads_flag != options.values.end() && cpu.empty()) {
-    throw UsageError("--cpu-threads needs --cpu");
-  }
-  const int cpu_threads =
-      threads_flag == options.values.end() ? 2 : parse_int("--cpu-threads", threads_flag->second);
+  return configs;
+}
+
+void report_sweep(const Options& options, const sim::MlaConfig& base,
+                  const std::vector<int>& chunks, const std::vector<SweepRow>& rows,
+                  const CpuTimes& cpu, int cpu_threads) {
   const auto cpu_time = [&](int batch, int kv, int chunk) {
     const auto found = cpu.find({batch, kv, base.heads, chunk, cpu_threads});
     return found == cpu.end() ? -1.0 : found->second;
   };
-  struct Row {
-    int batch, kv, chunk;
-    sim::Summary summary;
-  };
-  std::vector<Row> rows;
-  const std::size_t total = configs.size();
-  const bool tty = isatty(fileno(stderr)) != 0;
-  const auto started = std::chrono::steady_clock::now();
-  auto last_report = started;
-  for (const sim::MlaConfig& config : configs) {
-    const sim::Program program = sim::build_mla_program(config, hw);
-    const sim::SimResult result = sim::simulate(program, hw);
-    rows.push_back({config.batch, config.kv, config.chunk, sim::summarize(program, result, hw)});
-    // Progress: live on a terminal, otherwise a line at most once a second.
-    const auto now = std::chrono::steady_clock::now();
-    if (total > 1 && (tty || now - last_report > std::chrono::seconds(1))) {
-      std::fprintf(stderr,
-                   tty ? "\rsweep %zu/%zu (batch %d kv %d chunk %d)   "
-                       : "sweep %zu/%zu (batch %d kv %d chunk %d)\n",
-                   rows.size(), total, config.batch, config.kv, config.chunk);
-      last_report = now;
-    }
-  }
-  if (tty && total > 1) std::fprintf(stderr, "\r%60s\r", "");
   // Ratios are to chunk=1 of the same (batch, kv), or to the first chunk listed without it.
   const int reference_chunk =
       std::find(chunks.begin(), chunks.end(), 1) != chunks.end() ? 1 : chunks.front();
-  const auto reference_time = [&](const Row& row) {
-    for (const Row& other : rows) {
+  const auto reference_time = [&](const SweepRow& row) {
+    for (const SweepRow& other : rows) {
       if (other.batch == row.batch && other.kv == row.kv && other.chunk == reference_chunk) {
         return other.summary.time_us;
       }
@@ -420,7 +545,7 @@ int run_sweep(const Options& options) {
   };
   if (options.json) {
     nlohmann::ordered_json array = nlohmann::ordered_json::array();
-    for (const Row& row : rows) {
+    for (const SweepRow& row : rows) {
       nlohmann::ordered_json item;
       item["batch"] = row.batch;
       item["kv"] = row.kv;
@@ -444,10 +569,9 @@ int run_sweep(const Options& options) {
       array.push_back(item);
     }
     std::cout << array.dump(2) << '\n';
-    return 0;
+    return;
   }
-  sim::MlaConfig shown = base;
-  std::string header = sim::describe(shown);
+  std::string header = sim::describe(base);
   header = header.substr(header.find("heads"));
   header.replace(header.find(", chunk"), header.find(", opts") - header.find(", chunk"), "");
   std::printf("ditops-sim sweep: %s\n", header.c_str());
@@ -455,7 +579,7 @@ int run_sweep(const Options& options) {
               reference_chunk);
   if (!cpu.empty()) {
     std::printf("CPU: %s, %d thread(s), heads %d; ratio = time / time at chunk=%d\n\n",
-                cpu_file->second.c_str(), cpu_threads, base.heads, reference_chunk);
+                options.get("--cpu")->c_str(), cpu_threads, base.heads, reference_chunk);
   }
   std::printf("batch     kv");
   for (const int chunk : chunks) {
@@ -466,7 +590,7 @@ int run_sweep(const Options& options) {
   for (std::size_t i = 0; i < rows.size(); i += chunks.size()) {
     std::printf("%5d %6d", rows[i].batch, rows[i].kv);
     for (std::size_t c = 0; c < chunks.size(); ++c) {
-      const Row& row = rows[i + c];
+      const SweepRow& row = rows[i + c];
       std::printf("  | %11.2f  (x%.3f)  %5.1f%%   %5.1f%%", row.summary.time_us,
                   row.summary.time_us / reference_time(row), 100.0 * row.summary.bubbles[0].idle,
                   100.0 * row.summary.bubbles[1].idle);
@@ -481,10 +605,23 @@ int run_sweep(const Options& options) {
     }
     std::printf("\n");
   }
+}
+
+int command_sweep(const Options& options) {
+  const sim::HwParams hw = load_hw(options);
+  std::vector<int> chunks;
+  const std::vector<sim::MlaConfig> configs = sweep_grid(options, hw, chunks);
+  // The CPU kernel's times for the same grid (--cpu), at --cpu-threads threads.
+  CpuTimes cpu;
+  if (const auto path = options.get("--cpu")) cpu = load_cpu_times(*path);
+  if (options.get("--cpu-threads") && cpu.empty()) throw UsageError("--cpu-threads needs --cpu");
+  const int cpu_threads = int_flag(options, "--cpu-threads", 2);
+  const std::vector<SweepRow> rows = run_sweep(configs, hw);
+  report_sweep(options, mla_config(options, hw), chunks, rows, cpu, cpu_threads);
   return 0;
 }
 
-int run_hw(const Options& options) {
+int command_hw(const Options& options) {
   std::cout << sim::hw_to_json(load_hw(options));
   return 0;
 }
@@ -501,14 +638,18 @@ std::string one_line(std::string text) {
 int main(int argc, char** argv) {
   if (argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
                     std::string(argv[1]) == "help")) {
-    std::cout << kUsage;
+    std::cout << general_usage();
     return 0;
   }
   try {
     const Options options = parse_args(argc, argv);
-    if (options.command == "mla") return run_mla(options);
-    if (options.command == "sweep") return run_sweep(options);
-    return run_hw(options);
+    if (options.help) {
+      std::cout << command_help(*options.command);
+      return 0;
+    }
+    if (options.is("mla")) return command_mla(options);
+    if (options.is("sweep")) return command_sweep(options);
+    return command_hw(options);
   } catch (const UsageError& error) {
     std::cerr << "ditops-sim: " << one_line(error.what()) << '\n';
     return kExitUsage;

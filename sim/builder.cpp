@@ -1,0 +1,243 @@
+#include "sim/builder.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace ditops::sim {
+namespace {
+
+Instr make_instr(int core, int unit, Pipe pipe, StageTag stage, int block, std::uint32_t text) {
+  Instr instr;
+  instr.core = core;
+  instr.unit = static_cast<std::uint8_t>(unit);
+  instr.pipe = pipe;
+  instr.stage = stage;
+  instr.block = block;
+  instr.label = text;
+  return instr;
+}
+
+}  // namespace
+
+ProgramBuilder::ProgramBuilder(int cores, const HwParams& hw) : hw_(hw), program_(cores) {
+  program_.cross_flag_names.assign(static_cast<std::size_t>(hw.cross_core_flag_ids), "");
+}
+
+void ProgramBuilder::compute(int core, int unit, Pipe pipe, StageTag stage, int block,
+                             std::uint32_t text, double cycles, Buffer alloc, double alloc_bytes,
+                             Buffer release, double free_bytes) {
+  Instr instr = make_instr(core, unit, pipe, stage, block, text);
+  instr.op = Op::compute;
+  instr.cycles = cycles;
+  instr.alloc_buffer = alloc;
+  instr.alloc_bytes = static_cast<std::uint32_t>(alloc_bytes);
+  instr.free_buffer = release;
+  instr.free_bytes = static_cast<std::uint32_t>(free_bytes);
+  program_.add(instr);
+}
+
+void ProgramBuilder::gm_read(int core, int unit, StageTag stage, int block, std::uint32_t text,
+                             double bytes, MemLevel level, bool nd2nz, Buffer alloc,
+                             double alloc_bytes) {
+  Instr instr = make_instr(core, unit, Pipe::mte2, stage, block, text);
+  instr.op = Op::gm_read;
+  instr.level = level;
+  instr.bytes = bytes;
+  const bool hbm = level == MemLevel::hbm;
+  instr.port_rate = hbm ? hw_.mte2_gm_bytes_per_cycle : hw_.l2_read_bytes_per_cycle;
+  instr.cycles = (bytes < hw_.mte2_small_copy_bytes ? hw_.mte2_small_copy_head_cycles : 0) +
+                 (nd2nz ? hw_.nd2nz_cycles : 0);
+  instr.latency = hbm ? hw_.hbm_latency_cycles : hw_.l2_read_latency_cycles;
+  instr.ideal_cycles = instr.cycles + bytes / instr.port_rate;
+  instr.alloc_buffer = alloc;
+  instr.alloc_bytes = static_cast<std::uint32_t>(alloc_bytes);
+  program_.add(instr);
+}
+
+void ProgramBuilder::gm_write(int core, int unit, StageTag stage, int block, std::uint32_t text,
+                              double bytes) {
+  const Pipe pipe = unit == 0 ? Pipe::fix : Pipe::mte3;
+  Instr instr = make_instr(core, unit, pipe, stage, block, text);
+  instr.op = Op::gm_write;
+  instr.level = MemLevel::l2;
+  instr.bytes = bytes;
+  instr.port_rate =
+      unit == 0 ? std::min(hw_.fix_gm_write_bytes_per_cycle, hw_.fix_l0c_read_bytes_per_cycle)
+                : hw_.mte3_ub_to_l2_bytes_per_cycle;
+  instr.latency = hw_.l2_write_latency_cycles;
+  instr.ideal_cycles = instr.cycles + bytes / instr.port_rate;
+  program_.add(instr);
+}
+
+void ProgramBuilder::set_event(int core, int unit, Pipe from, Pipe to, int id, StageTag stage,
+                               int block, Buffer alloc, double alloc_bytes, Buffer release,
+                               double free_bytes) {
+  Instr instr = make_instr(core, unit, from, stage, block, 0);
+  instr.op = Op::set_event;
+  instr.peer_pipe = to;
+  instr.flag = static_cast<std::uint8_t>(id);
+  instr.alloc_buffer = alloc;
+  instr.alloc_bytes = static_cast<std::uint32_t>(alloc_bytes);
+  instr.free_buffer = release;
+  instr.free_bytes = static_cast<std::uint32_t>(free_bytes);
+  program_.add(instr);
+}
+
+void ProgramBuilder::wait_event(int core, int unit, Pipe from, Pipe on, int id, StageTag stage,
+                                int block, std::uint32_t text) {
+  Instr instr = make_instr(core, unit, on, stage, block, text);
+  instr.op = Op::wait_event;
+  instr.peer_pipe = from;
+  instr.flag = static_cast<std::uint8_t>(id);
+  program_.add(instr);
+}
+
+void ProgramBuilder::set_cross(int core, int unit, Pipe pipe, int flag, int mode, StageTag stage,
+                               int block) {
+  Instr instr = make_instr(core, unit, pipe, stage, block,
+                           label(program_.cross_flag_names[static_cast<std::size_t>(flag)]));
+  instr.op = Op::set_cross;
+  instr.flag = static_cast<std::uint8_t>(flag);
+  instr.mode = static_cast<std::uint8_t>(mode);
+  program_.add(instr);
+}
+
+void ProgramBuilder::wait_cross(int core, int unit, Pipe pipe, int flag, StageTag stage,
+                                int block) {
+  Instr instr = make_instr(core, unit, pipe, stage, block,
+                           label(program_.cross_flag_names[static_cast<std::size_t>(flag)]));
+  instr.op = Op::wait_cross;
+  instr.flag = static_cast<std::uint8_t>(flag);
+  program_.add(instr);
+}
+
+Ring ProgramBuilder::make_ring(int unit, Pipe producer, Pipe consumer, Pipe releaser, int ready_id,
+                               int free_id, int slots, const std::string& name) {
+  Ring ring;
+  ring.unit = unit;
+  ring.producer = producer;
+  ring.consumer = consumer;
+  ring.releaser = releaser;
+  ring.first_ready_id = ready_id;
+  ring.first_free_id = free_id;
+  ring.slots = slots;
+  ring.ready_label = label("wait " + name + " ready");
+  ring.free_label = label("wait " + name + " free");
+  return ring;
+}
+
+int ProgramBuilder::acquire(int core, Ring& ring, StageTag stage, int block) {
+  const int slot = static_cast<int>(ring.uses % ring.slots);
+  if (ring.uses >= ring.slots) {
+    wait_event(core, ring.unit, ring.releaser, ring.producer, ring.first_free_id + slot, stage,
+               block, ring.free_label);
+  }
+  ++ring.uses;
+  return slot;
+}
+
+void ProgramBuilder::ready(int core, const Ring& ring, int slot, StageTag stage, int block,
+                           Buffer alloc, double alloc_bytes) {
+  set_event(core, ring.unit, ring.producer, ring.consumer, ring.first_ready_id + slot, stage, block,
+            alloc, alloc_bytes);
+}
+
+void ProgramBuilder::await(int core, const Ring& ring, int slot, StageTag stage, int block) {
+  wait_event(core, ring.unit, ring.producer, ring.consumer, ring.first_ready_id + slot, stage,
+             block, ring.ready_label);
+}
+
+void ProgramBuilder::release(int core, const Ring& ring, int slot, StageTag stage, int block,
+                             Buffer buffer, double bytes) {
+  set_event(core, ring.unit, ring.releaser, ring.producer, ring.first_free_id + slot, stage, block,
+            Buffer::none, 0, buffer, bytes);
+}
+
+double ProgramBuilder::mmad_cycles(int m, int n, int k, bool int8) const {
+  const double macs = int8 ? hw_.cube_int8_macs_per_cycle : hw_.cube_fp16_macs_per_cycle;
+  const double k0 = macs / 256.0;
+  return std::ceil(m / 16.0) * std::ceil(n / 16.0) * std::ceil(k / k0);
+}
+
+double ProgramBuilder::vector_cycles(double passes, double tile_bytes, int instrs) const {
+  return instrs * hw_.vector_issue_cycles + passes * tile_bytes / hw_.vector_bytes_per_cycle;
+}
+
+void ProgramBuilder::emit_matmul(int core, const Matmul& mm, Ring& l0, Ring& l0c,
+                                 int unit_flag_pieces) {
+  int n_tile = mm.n;
+  while (n_tile > 16 && mm.m * static_cast<double>(n_tile) * kAccBytes > hw_.l0c_bytes / 2) {
+    n_tile = (n_tile + 1) / 2;
+  }
+  int k_slice = mm.k;
+  while (k_slice > 16 && (mm.m * static_cast<double>(k_slice) * mm.a_bytes > hw_.l0a_bytes / 2 ||
+                          k_slice * static_cast<double>(n_tile) * mm.b_bytes > hw_.l0b_bytes / 2)) {
+    k_slice = (k_slice + 1) / 2;
+  }
+  const std::string prefix = std::string(stage_tag_name(mm.stage)) + " " + mm.name;
+  const std::uint32_t load_a = label(prefix + " L1->L0A");
+  const std::uint32_t load_b = label(prefix + " L1->L0B");
+  const std::uint32_t mmad = label(prefix + " mmad");
+  const std::uint32_t fix = label(prefix + " FIX L0C->GM");
+  for (int n0 = 0; n0 < mm.n; n0 += n_tile) {
+    const int n_len = std::min(n_tile, mm.n - n0);
+    const double c_bytes = static_cast<double>(mm.m) * n_len * kAccBytes;
+    const int c_slot = acquire(core, l0c, mm.stage, mm.block);
+    for (int k0 = 0; k0 < mm.k; k0 += k_slice) {
+      const int k_len = std::min(k_slice, mm.k - k0);
+      const double a = static_cast<double>(mm.m) * k_len * mm.a_bytes;
+      const double b = static_cast<double>(k_len) * n_len * mm.b_bytes;
+      const int slot = acquire(core, l0, mm.stage, mm.block);
+      compute(core, 0, Pipe::mte1, mm.stage, mm.block, load_a,
+              hw_.mte1_start_cycles + a / hw_.mte1_l0a_bytes_per_cycle, Buffer::l0a, a);
+      compute(core, 0, Pipe::mte1, mm.stage, mm.block, load_b,
+              hw_.mte1_start_cycles + b / hw_.mte1_l0b_bytes_per_cycle, Buffer::l0b, b);
+      ready(core, l0, slot, mm.stage, mm.block);
+      await(core, l0, slot, mm.stage, mm.block);
+      const bool first_k = k0 == 0;
+      const bool last_k = k0 + k_len >= mm.k;
+      const double cycles = mmad_cycles(mm.m, n_len, k_len, mm.int8);
+      const int pieces = last_k ? unit_flag_pieces : 1;
+      for (int piece = 0; piece < pieces; ++piece) {
+        // The mmad releases L0A when it ends; the set below releases L0B.
+        compute(core, 0, Pipe::m, mm.stage, mm.block, mmad, cycles / pieces,
+                first_k && piece == 0 ? Buffer::l0c : Buffer::none,
+                first_k && piece == 0 ? c_bytes : 0,
+                piece == pieces - 1 ? Buffer::l0a : Buffer::none, piece == pieces - 1 ? a : 0);
+        if (last_k) ready(core, l0c, c_slot, mm.stage, mm.block);
+      }
+      release(core, l0, slot, mm.stage, mm.block, Buffer::l0b, b);
+    }
+    for (int piece = 0; piece < unit_flag_pieces; ++piece) {
+      await(core, l0c, c_slot, mm.stage, mm.block);
+      gm_write(core, 0, mm.stage, mm.block, fix, c_bytes / unit_flag_pieces);
+    }
+    release(core, l0c, c_slot, mm.stage, mm.block, Buffer::l0c, c_bytes);
+  }
+}
+
+int kv_splits(long long items, int cores, int blocks, int min_blocks_per_split) {
+  if (items >= cores) return 1;
+  const long long wanted = (cores + items - 1) / items;
+  const long long allowed = std::max(1, blocks / min_blocks_per_split);
+  return static_cast<int>(std::max(1LL, std::min(wanted, allowed)));
+}
+
+std::vector<std::vector<std::size_t>> assign_longest_first(const std::vector<double>& costs,
+                                                           int cores) {
+  std::vector<std::size_t> order(costs.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t lhs, std::size_t rhs) { return costs[lhs] > costs[rhs]; });
+  std::vector<double> load(static_cast<std::size_t>(cores), 0.0);
+  std::vector<std::vector<std::size_t>> per_core(static_cast<std::size_t>(cores));
+  for (const std::size_t index : order) {
+    const auto target =
+        static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    load[target] += costs[index];
+    per_core[target].push_back(index);
+  }
+  return per_core;
+}
+
+}  // namespace ditops::sim

@@ -1,0 +1,110 @@
+#pragma once
+// The kit every kernel program is built from: typed instruction emitters (compute, GM copies,
+// intra-core events, cross-core flags), ping-pong buffer rings guarded by events, a cube matmul
+// tiled to the L0 buffers, the vector cost formula, and the task planning (KV splits, longest
+// task first onto the least loaded core). sim/mla.cpp (MLA decode) and sim/fa.cpp (prefill
+// flash attention) describe their kernels with it; neither re-implements a piece.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sim/hw.hpp"
+#include "sim/program.hpp"
+
+namespace ditops::sim {
+
+inline constexpr int kAccBytes = 4;  // int32 / fp32 cube results and vector accumulators
+
+/// A ping-pong ring of buffer slots between two pipes of one unit, guarded by intra-core
+/// events: the producer waits `free` before refilling a slot, sets `ready` when the slot is
+/// filled; the consumer waits `ready`; the releaser sets `free` when the data is dead.
+struct Ring {
+  int unit = 0;
+  Pipe producer = Pipe::mte2;
+  Pipe consumer = Pipe::mte1;
+  Pipe releaser = Pipe::mte1;
+  int first_ready_id = 0;
+  int first_free_id = 0;
+  int slots = 2;
+  long long uses = 0;
+  std::uint32_t ready_label = 0;
+  std::uint32_t free_label = 0;
+};
+
+/// One matmul C[m, n] = A[m, k] B[k, n] on the AIC, A and B in L1, C to GM.
+struct Matmul {
+  int m, n, k;
+  double a_bytes, b_bytes;  // bytes per element of A (L0A) and B (L0B)
+  bool int8;
+  StageTag stage;
+  int block;
+  const char* name;
+};
+
+class ProgramBuilder {
+ public:
+  ProgramBuilder(int cores, const HwParams& hw);
+
+  Program take() { return std::move(program_); }
+  Program& program() { return program_; }
+
+  std::uint32_t label(const std::string& text) { return program_.intern_label(text); }
+
+  // ---- instructions ---------------------------------------------------------------------------
+  void compute(int core, int unit, Pipe pipe, StageTag stage, int block, std::uint32_t text,
+               double cycles, Buffer alloc = Buffer::none, double alloc_bytes = 0,
+               Buffer release = Buffer::none, double free_bytes = 0);
+  /// GM -> local by MTE2: the small-copy head and (nd2nz) the ND->NZ conversion, then the bytes
+  /// at the unit's HBM or L2 port rate, landing the level's latency later.
+  void gm_read(int core, int unit, StageTag stage, int block, std::uint32_t text, double bytes,
+               MemLevel level, bool nd2nz, Buffer alloc, double alloc_bytes);
+  /// Local -> L2 by FIX (AIC) or MTE3 (AIV).
+  void gm_write(int core, int unit, StageTag stage, int block, std::uint32_t text, double bytes);
+  void set_event(int core, int unit, Pipe from, Pipe to, int id, StageTag stage, int block,
+                 Buffer alloc = Buffer::none, double alloc_bytes = 0, Buffer release = Buffer::none,
+                 double free_bytes = 0);
+  void wait_event(int core, int unit, Pipe from, Pipe on, int id, StageTag stage, int block,
+                  std::uint32_t text);
+  void set_cross(int core, int unit, Pipe pipe, int flag, int mode, StageTag stage, int block);
+  void wait_cross(int core, int unit, Pipe pipe, int flag, StageTag stage, int block);
+
+  // ---- rings ----------------------------------------------------------------------------------
+  Ring make_ring(int unit, Pipe producer, Pipe consumer, Pipe releaser, int ready_id, int free_id,
+                 int slots, const std::string& name);
+  /// The next slot; the producer first waits until the slot's previous contents were released.
+  int acquire(int core, Ring& ring, StageTag stage, int block);
+  void ready(int core, const Ring& ring, int slot, StageTag stage, int block,
+             Buffer alloc = Buffer::none, double alloc_bytes = 0);
+  void await(int core, const Ring& ring, int slot, StageTag stage, int block);
+  void release(int core, const Ring& ring, int slot, StageTag stage, int block, Buffer buffer,
+               double bytes);
+
+  // ---- costs and the cube ---------------------------------------------------------------------
+  /// One cycle per 16 x k0 x 16 fractal: k0 = 32 for int8, 16 for fp16/bf16 (the MAC rates).
+  double mmad_cycles(int m, int n, int k, bool int8) const;
+  /// `instrs` vector instructions plus `passes` passes over `tile_bytes` at the vector rate.
+  double vector_cycles(double passes, double tile_bytes, int instrs) const;
+  /// MTE1 L1->L0A/L0B, M mmad into L0C, FIX L0C->GM, double-buffered in L0 (`l0`) and L0C
+  /// (`l0c`). Tiles are sized from the L0 capacities the way a tiling function would (half of
+  /// each buffer, for ping-pong). With unit_flag_pieces > 1 the last k-slice's mmad is cut in
+  /// that many pieces and FIX drains each piece while M continues.
+  void emit_matmul(int core, const Matmul& mm, Ring& l0, Ring& l0c, int unit_flag_pieces);
+
+ protected:
+  const HwParams& hw_;
+  Program program_;
+};
+
+// ---- task planning ------------------------------------------------------------------------------
+
+/// Flash-decoding split count: when `items` independent work items are fewer than `cores`,
+/// each is cut into up to cores / items KV splits of at least `min_blocks_per_split` blocks.
+int kv_splits(long long items, int cores, int blocks, int min_blocks_per_split);
+
+/// Longest task first onto the least loaded core (LPT). Returns per core the task indices in
+/// execution order; ties go to the lower core and keep the task order (deterministic).
+std::vector<std::vector<std::size_t>> assign_longest_first(const std::vector<double>& costs,
+                                                           int cores);
+
+}  // namespace ditops::sim
