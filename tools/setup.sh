@@ -1,12 +1,17 @@
-# Sourced by tools/test.sh and tools/demo.sh: installs what the build needs from Debian's
-# packages (as root), or prints the one apt-get line to run and exits non-zero.
+# Sourced by tools/test.sh, tools/demo.sh and tools/fuzz.sh: installs what the build needs from
+# Debian's packages (as root), or prints the one apt-get line to run and exits non-zero.
 
 ditops_packages=(g++ cmake make pkg-config libomp-dev libxsimd-dev libhwloc-dev libeigen3-dev
                  libgtest-dev libbenchmark-dev nlohmann-json3-dev)
+# The fuzz preset: clang, its libFuzzer runtime (libclang_rt.fuzzer, in libclang-rt-14-dev on
+# bookworm, which libclang-rt-dev pulls in) and clang's OpenMP runtime (libomp-dev, above).
+ditops_fuzz_packages=(clang libclang-rt-dev)
 
+# Usage: ditops_ensure_packages [fuzz]
 ditops_ensure_packages() {
-  local missing=()
-  for package in "${ditops_packages[@]}"; do
+  local missing=() wanted=("${ditops_packages[@]}")
+  [ "${1:-}" = fuzz ] && wanted+=("${ditops_fuzz_packages[@]}")
+  for package in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
       missing+=("$package")
   done

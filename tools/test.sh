@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Checks that the repository stands alone (tools/check_isolation.sh), then builds and runs the
 # whole test suite: the Release build (every ISA level, the ODR guard, the installed-package
-# consumer, the simulator) and the AddressSanitizer + UBSan build.
-# Usage: tools/test.sh [--quick]   (--quick skips the sanitizer build)
+# consumer, the simulator), the AddressSanitizer + UBSan build and the fuzz harnesses (clang,
+# a fixed number of inputs each from their seed corpora; tools/fuzz.sh runs them long).
+# Usage: tools/test.sh [--quick]   (--quick skips the sanitizer and fuzz builds)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # First, before any package or build: nothing tracked may refer outside the repository.
 tools/check_isolation.sh
 source tools/setup.sh
-ditops_ensure_packages
+ditops_ensure_packages fuzz
 
 cmake --preset release
 cmake --build --preset release
@@ -18,5 +19,8 @@ if [ "${1:-}" != "--quick" ]; then
   cmake --preset asan-ubsan
   cmake --build --preset asan-ubsan
   ctest --preset asan-ubsan -j2
+  cmake --preset fuzz
+  cmake --build --preset fuzz
+  ctest --preset fuzz -j2
 fi
 echo "tools/test.sh: all tests passed"
