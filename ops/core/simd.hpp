@@ -342,8 +342,31 @@ inline I32<Arch> dot_s8s8(I32<Arch> acc, I32<Arch> a, I32<Arch> b) noexcept {
   }
 }
 
-/// The byte type of the broadcast rows of dot_tile: u8 (dot_u8s8) or s8 (dot_s8s8).
-enum class RowBytes : std::uint8_t { u8, s8 };
+/// The byte type of the broadcast rows of dot_tile: u8 (dot_u8s8), s8 (dot_s8s8), or u8 of
+/// at most kDotU6Max, for which pmaddubsw levels add two words' int16 sums before one pmaddwd
+/// (2 x 2 x 63 x 128 = 32256 fits int16): 3 multiply uops per two words instead of 4.
+enum class RowBytes : std::uint8_t { u8, s8, u6 };
+
+/// The largest row byte of dot_tile with RowBytes::u6.
+template <class Arch>
+inline constexpr int kDotU6Max = kHasMaddubs<Arch> ? 63 : kDotU8Max<Arch>;
+
+/// acc + the per-lane sum of the 8 byte products of two word pairs a0 x b0 and a1 x b1
+/// (unsigned a at most kDotU6Max, signed b): both pmaddubsw sums added in int16, then one
+/// pmaddwd by ones.
+template <class Arch>
+inline I32<Arch> dot_u6s8_pair(I32<Arch> acc, I32<Arch> a0, I32<Arch> b0, I32<Arch> a1,
+                               I32<Arch> b1) noexcept {
+  const I32<Arch> int16_ones(0x00010001);
+  if constexpr (kIsAvx2<Arch>) {
+    const __m256i sums =
+        _mm256_add_epi16(_mm256_maddubs_epi16(a0, b0), _mm256_maddubs_epi16(a1, b1));
+    return acc + madd_int16<Arch>(sums, int16_ones);
+  } else {
+    const __m128i sums = _mm_add_epi16(_mm_maddubs_epi16(a0, b0), _mm_maddubs_epi16(a1, b1));
+    return acc + madd_int16<Arch>(sums, int16_ones);
+  }
+}
 
 /// The int8 register tile of the int8 attention and MLA kernels: acc[r][c] += the word of row
 /// r at word w (rows + r * row_bytes + w * word_row_bytes; bytes as kRowBytes) times the V
@@ -363,22 +386,45 @@ template <class Arch, int R, int V, RowBytes kRowBytes>
 #pragma GCC unroll 4
     for (int c = 0; c < V; ++c) acc[r][c] = I32<Arch>(0);
   }
-  for (std::int64_t word = 0; word < words; ++word) {
+  const auto row_word = [&](int r, std::int64_t word) {
+    std::int32_t bytes;
+    std::memcpy(&bytes, row_base + r * row_bytes + word * word_row_bytes, sizeof bytes);
+    return Reg(I32<Arch>(bytes));
+  };
+  std::int64_t first_single = 0;
+  if constexpr (kRowBytes == RowBytes::u6 && kHasMaddubs<Arch>) {
+    for (; first_single + 2 <= words; first_single += 2) {
+      Reg vector0[V], vector1[V];
+      const auto* at = reinterpret_cast<const std::int32_t*>(vectors + first_single * word_bytes);
+#pragma GCC unroll 4
+      for (int c = 0; c < V; ++c) {
+        vector0[c] = I32<Arch>::load_aligned(at + c * kLanes);
+        vector1[c] = I32<Arch>::load_aligned(at + word_bytes / 4 + c * kLanes);
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const Reg row0 = row_word(r, first_single), row1 = row_word(r, first_single + 1);
+#pragma GCC unroll 4
+        for (int c = 0; c < V; ++c) {
+          acc[r][c] = dot_u6s8_pair<Arch>(acc[r][c], row0, vector0[c], row1, vector1[c]);
+        }
+      }
+    }
+  }
+  for (std::int64_t word = first_single; word < words; ++word) {
     Reg vector[V];
     const auto* at = reinterpret_cast<const std::int32_t*>(vectors + word * word_bytes);
 #pragma GCC unroll 4
     for (int c = 0; c < V; ++c) vector[c] = I32<Arch>::load_aligned(at + c * kLanes);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      std::int32_t bytes;
-      std::memcpy(&bytes, row_base + r * row_bytes + word * word_row_bytes, sizeof bytes);
-      const Reg row = I32<Arch>(bytes);
+      const Reg row = row_word(r, word);
 #pragma GCC unroll 4
       for (int c = 0; c < V; ++c) {
-        if constexpr (kRowBytes == RowBytes::u8) {
-          acc[r][c] = dot_u8s8<Arch>(acc[r][c], row, vector[c]);
-        } else {
+        if constexpr (kRowBytes == RowBytes::s8) {
           acc[r][c] = dot_s8s8<Arch>(acc[r][c], row, vector[c]);
+        } else {
+          acc[r][c] = dot_u8s8<Arch>(acc[r][c], row, vector[c]);
         }
       }
     }
@@ -433,8 +479,8 @@ inline void store_low_bytes(void* dst, I32<Arch> v) noexcept {
   } else if constexpr (kIsAvx2<Arch>) {
     const __m256i words = _mm256_packs_epi32(v & I32<Arch>(0xff), I32<Arch>(0));
     const __m256i bytes = _mm256_packus_epi16(words, words);  // 4 bytes per 128-bit lane
-    const __m128i low8 = _mm_unpacklo_epi32(_mm256_castsi256_si128(bytes),
-                                            _mm256_extracti128_si256(bytes, 1));
+    const __m128i low8 =
+        _mm_unpacklo_epi32(_mm256_castsi256_si128(bytes), _mm256_extracti128_si256(bytes, 1));
     _mm_storel_epi64(static_cast<__m128i*>(dst), low8);
   } else {
     const __m128i words = _mm_packs_epi32(v & I32<Arch>(0xff), _mm_setzero_si128());
