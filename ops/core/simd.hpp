@@ -321,19 +321,31 @@ inline I32<Arch> dot_u8s8(I32<Arch> acc, I32<Arch> a, I32<Arch> b) noexcept {
   }
 }
 
-/// acc + the per-lane sum of the 4 byte products signed(a) x signed(b), exact for bytes in
-/// [-127, 127] (the sign trick would turn a b of -128 into -128 again). pmaddubsw levels: |a|
-/// as u8 times b carrying a's sign (psignb), the pair sums within 2 x 127 x 127; elsewhere
-/// both widened to int16 through pmaddwd. The VNNI variant multiplies u8 by s8 (dot_u8s8).
+/// |v| per byte (-128 gives 128 read as u8) on pmaddubsw levels, the operand dot_s8s8 takes
+/// as a_magnitude; elsewhere v itself (the emulation does not use it).
 template <class Arch>
-inline I32<Arch> dot_s8s8(I32<Arch> acc, I32<Arch> a, I32<Arch> b) noexcept {
+inline I32<Arch> magnitude_s8(I32<Arch> v) noexcept {
+  if constexpr (kIsAvx2<Arch>) {
+    return _mm256_abs_epi8(v);
+  } else if constexpr (kHasMaddubs<Arch>) {
+    return _mm_abs_epi8(v);
+  } else {
+    return v;
+  }
+}
+
+/// acc + the per-lane sum of the 4 byte products signed(a) x signed(b), with a_magnitude =
+/// magnitude_s8(a); exact when b's bytes are in [-127, 127] (the sign trick would turn a b of
+/// -128 into -128 again; a may be -128: 2 x 128 x 127 fits int16). pmaddubsw levels: |a| as
+/// u8 times b carrying a's sign (psignb, ggml's q8_0 trick); elsewhere both widened to int16
+/// through pmaddwd. The VNNI variant multiplies u8 by s8 (dot_u8s8) instead.
+template <class Arch>
+inline I32<Arch> dot_s8s8(I32<Arch> acc, I32<Arch> a_magnitude, I32<Arch> a, I32<Arch> b) noexcept {
   static_assert(!kHasBf16Vnni<Arch>, "the VNNI kernels use dot_u8s8");
-  if constexpr (kHasMaddubs<Arch>) {
-    if constexpr (kIsAvx2<Arch>) {
-      return add_maddubs<Arch>(acc, _mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
-    } else {
-      return add_maddubs<Arch>(acc, _mm_sign_epi8(a, a), _mm_sign_epi8(b, a));
-    }
+  if constexpr (kIsAvx2<Arch>) {
+    return add_maddubs<Arch>(acc, a_magnitude, _mm256_sign_epi8(b, a));
+  } else if constexpr (kHasMaddubs<Arch>) {
+    return add_maddubs<Arch>(acc, a_magnitude, _mm_sign_epi8(b, a));
   } else {
     I32<Arch> a_even, a_odd, b_even, b_odd;
     widen_s8<Arch>(a, a_even, a_odd);
@@ -419,10 +431,11 @@ template <class Arch, int R, int V, RowBytes kRowBytes>
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const Reg row = row_word(r, word);
+      const Reg magnitude = magnitude_s8<Arch>(row);  // unused unless s8
 #pragma GCC unroll 4
       for (int c = 0; c < V; ++c) {
         if constexpr (kRowBytes == RowBytes::s8) {
-          acc[r][c] = dot_s8s8<Arch>(acc[r][c], row, vector[c]);
+          acc[r][c] = dot_s8s8<Arch>(acc[r][c], magnitude, row, vector[c]);
         } else {
           acc[r][c] = dot_u8s8<Arch>(acc[r][c], row, vector[c]);
         }

@@ -78,7 +78,8 @@ inline BlockRows block_rows(const MlaProblem& p, std::int32_t block_id, int toke
 }
 
 /// Converts one block's rows for QK, row by row (no transpose): key words [token][word] (4
-/// bytes + 128 each for VNNI, 2 int16 otherwise) and rope [token][64] in f32.
+/// bytes + 128 each for VNNI, 4 |bytes| for pmaddubsw, whose signs QK reads from the cache
+/// rows, 2 int16 otherwise) and rope [token][64] in f32.
 template <class Arch, class Rope>
 void convert_block(const MlaProblem& p, const BlockRows& rows, const MlaWorkspace& ws) noexcept {
   using B = F32<Arch>;
@@ -92,6 +93,15 @@ void convert_block(const MlaProblem& p, const BlockRows& rows, const MlaWorkspac
       for (int i = 0; i < kNopeDim; i += 64) {
         const __m512i bytes = _mm512_loadu_si512(key + i);
         _mm512_storeu_si512(words + i / 4, _mm512_xor_si512(bytes, flip));
+      }
+    } else if constexpr (simd::kHasMaddubs<Arch>) {
+      constexpr int kBytes = static_cast<int>(sizeof(typename simd::I32<Arch>::register_type));
+      auto* magnitudes = reinterpret_cast<std::int8_t*>(ws.key_pack + t * (kNopeDim / 4));
+      for (int i = 0; i < kNopeDim; i += kBytes) {
+        simd::I32<Arch> bytes =
+            simd::I32<Arch>::load_unaligned(reinterpret_cast<const std::int32_t*>(key + i));
+        simd::magnitude_s8<Arch>(bytes).store_unaligned(
+            reinterpret_cast<std::int32_t*>(magnitudes + i));
       }
     } else {
       auto* pairs = reinterpret_cast<std::int16_t*>(ws.key_pack + t * (kNopeDim / 2));
@@ -154,7 +164,7 @@ inline void score_tile(const MlaProblem& p, const PreparedQueries& q, int vector
 #pragma GCC unroll 16
       for (int v = 0; v < kVectors; ++v) acc[t][v] = I(0);
     }
-    if constexpr (simd::kHasBf16Vnni<Arch>) {
+    if constexpr (simd::kHasBf16Vnni<Arch> || simd::kHasMaddubs<Arch>) {
       constexpr int kWords = kGroupDim / 4;
       for (int word = g * kWords; word < (g + 1) * kWords; ++word) {
         Reg query[kVectors];
@@ -167,17 +177,27 @@ inline void score_tile(const MlaProblem& p, const PreparedQueries& q, int vector
         for (int t = 0; t < kTokens; ++t) {
           const Reg key =
               I(static_cast<std::int32_t>(ws.key_pack[(token0 + t) * (kNopeDim / 4) + word]));
+          if constexpr (simd::kHasBf16Vnni<Arch>) {
 #pragma GCC unroll 16
-          for (int v = 0; v < kVectors; ++v) {
-            acc[t][v] = simd::dot_u8s8<Arch>(acc[t][v], key, query[v]);
+            for (int v = 0; v < kVectors; ++v) {
+              acc[t][v] = simd::dot_u8s8<Arch>(acc[t][v], key, query[v]);
+            }
+          } else {  // key holds |k|; k's signs come from the cache row
+            const Reg signs = I(load_word(rows.nope + (token0 + t) * p.nope_strides[1] + 4 * word));
+#pragma GCC unroll 16
+            for (int v = 0; v < kVectors; ++v) {
+              acc[t][v] = simd::dot_s8s8<Arch>(acc[t][v], key, signs, query[v]);
+            }
           }
         }
       }
+      if constexpr (simd::kHasBf16Vnni<Arch>) {
 #pragma GCC unroll 16
-      for (int v = 0; v < kVectors; ++v) {
-        const I offset = I::load_unaligned(q.offset_sums + g * hp + head0 + v * kLanes);
+        for (int v = 0; v < kVectors; ++v) {
+          const I offset = I::load_unaligned(q.offset_sums + g * hp + head0 + v * kLanes);
 #pragma GCC unroll 16
-        for (int t = 0; t < kTokens; ++t) acc[t][v] = I(acc[t][v]) - offset;
+          for (int t = 0; t < kTokens; ++t) acc[t][v] = I(acc[t][v]) - offset;
+        }
       }
     } else {
       constexpr int kWords = kGroupDim / 2;
@@ -216,12 +236,14 @@ inline void score_tile(const MlaProblem& p, const PreparedQueries& q, int vector
 /// Register tiles (tokens x head vectors): with VNNI the 32 zmm registers hold a 6 x 4 int32
 /// tile plus 4 query vectors and a key (each query vector loaded once per 6 tokens: at 128
 /// heads a sequence's queries, 64 KiB, stream from L2, and 3 tokens per load measured 1.3x
-/// slower); plain AVX-512 3 x 4, AVX2/SSE (16 registers) 2 x 2. Single head vectors (16 heads
-/// on AVX-512) use more tokens to keep the dpbusd chains independent.
+/// slower); plain AVX-512 3 x 4; pmaddubsw (16 registers) 4 x 2 beside 2 query vectors, a
+/// key's |k| and k words, a temporary and the ones vector; SSE2's pmaddwd pairs 2 x 2. Single
+/// head vectors (16 heads on AVX-512) use more tokens to keep the dpbusd chains independent.
 template <class Arch>
-constexpr int kWideTokens = simd::kHasBf16Vnni<Arch> ? 6
-                            : simd::kIsAvx512<Arch>  ? 3
-                                                     : 2;
+constexpr int kWideTokens = simd::kHasBf16Vnni<Arch>  ? 6
+                            : simd::kIsAvx512<Arch>   ? 3
+                            : simd::kHasMaddubs<Arch> ? 4
+                                                      : 2;
 template <class Arch>
 constexpr int kWideVectors = simd::kIsAvx512<Arch> ? 4 : 2;
 template <class Arch>
@@ -483,10 +505,12 @@ void mla_prepare_queries(const QueryInputs& in, const PreparedQueries& out, std:
                 : I(0);
         simd::store_low_bytes<Arch>(quantized + i * kLanes, q);
       }
-      if constexpr (simd::kHasBf16Vnni<Arch>) {
+      if constexpr (simd::kHasBf16Vnni<Arch> || simd::kHasMaddubs<Arch>) {
         for (int word = 0; word < kNopeDim / 4; ++word) {
           std::memcpy(&words[(b * (kNopeDim / 4) + word) * hp + h], quantized + 4 * word, 4);
         }
+      }
+      if constexpr (simd::kHasBf16Vnni<Arch>) {
         for (int g = 0; g < kScaleGroups; ++g) {
           I sum(0);
           for (int i = g * kGroupDim; i < (g + 1) * kGroupDim; i += kLanes) {
@@ -495,7 +519,7 @@ void mla_prepare_queries(const QueryInputs& in, const PreparedQueries& out, std:
           }
           offset_sums[(b * kScaleGroups + g) * hp + h] = 128 * simd::reduce_add<Arch>(sum);
         }
-      } else {
+      } else if constexpr (!simd::kHasMaddubs<Arch>) {
         for (int word = 0; word < kNopeDim / 2; ++word) {
           const std::uint32_t low = static_cast<std::uint16_t>(quantized[2 * word]);
           const std::uint32_t high = static_cast<std::uint16_t>(quantized[2 * word + 1]);
