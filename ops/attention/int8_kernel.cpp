@@ -3,25 +3,28 @@
 // Operands (int8_quantize_kv_head, once per call): K minus its per-(sequence, KV head) mean
 // (SageAttention's smoothing: q·(k - mean) differs from q·k by a per-row constant, so the
 // softmax is unchanged and only the LSE needs q·mean back), quantized symmetrically per block
-// of 64 keys and stored four d per 32-bit word, keys in lanes; V quantized per block and
-// channel, stored four keys per word, channels in lanes. Q is quantized per row (a block of
-// one row costs nothing more here: its factor multiplies the row's scores anyway) with
-// softmax scale * log2(e) folded in, as u8 (q + 128) so vpdpbusd multiplies u8 Q by s8 K; the
-// offset is taken back with each key's precomputed 128 * sum(k).
+// of 64 keys to [-127, 127] and stored four d per 32-bit word, keys in lanes; V quantized per
+// block and channel, stored four keys per word, channels in lanes. The same layouts serve
+// every level: vpdpbusd and pmaddubsw both multiply 4-byte words lane by lane. Q is quantized
+// per row (a block of one row costs nothing more here: its factor multiplies the row's scores
+// anyway) with softmax scale * log2(e) folded in; with VNNI as u8 (q + 128) so vpdpbusd
+// multiplies u8 Q by s8 K, the offset taken back with each key's precomputed 128 * sum(k);
+// elsewhere as s8 for dot_s8s8 (the sign trick on pmaddubsw levels).
 //
 // A row group of micro-tiles walks its KV blocks in the shared schedule's order
-// (ops/schedule): each run of cube stages is followed by its vector mirror, so with chunk 2 it
-// computes S for blocks b, b+1 (QK: int32 S in the ping-pong slot), softmaxes both (SM:
-// dequantize fused with the row max, mask, online max/sum in fp32, P quantized per row and
-// block as u8 = round(255 * 2^(s - block max))), then PV and UP of b and b+1 (PV: u8 P x s8 V by
-// vpdpbusd into int32, exact; UP: O = alpha * O + p_factor * v_scale * PV in fp32, the epilogue
-// of the same register tile).
+// (schedule::walk_stages), so with chunk 2 it computes S for blocks b, b+1 (QK: int32 S in the
+// ping-pong slot), softmaxes both (SM: dequantize fused with the row max, mask, online max/sum
+// in fp32, P quantized per row and block as u8 = round(n * 2^(s - block max)), n = kPLevels),
+// then PV and UP of b and b+1 (PV: u8 P x s8 V into int32, exact; UP: O = alpha * O +
+// p_factor * v_scale * PV in fp32, the epilogue of the same register tile).
 //
 // Why int8 P·V and not bf16: this machine's vdpbf16ps runs at half the fp32 FMA rate (bench:
 // peak_bf16), so bf16 P·V would be no faster than fp32, and fp32 P·V alone costs about as much
-// as the whole int8 target. u8 P with a per-(row, block) scale keeps every weight within 1/510
-// of its block's largest one; the accuracy tests (tests/attention/int8_test.cpp) measure the
-// result against the fp64 reference.
+// as the whole int8 target. u8 P with a per-(row, block) scale keeps every weight within
+// 1 / (2n) of its block's largest one: n = 255 with vpdpbusd and the pmaddwd emulation, 63 on
+// pmaddubsw levels, where two words' int16 sums then add before one pmaddwd (13 % faster at
+// S = 2048 than 127 levels, 1.5x the relative L2 error). The accuracy tests
+// (tests/attention/int8_test.cpp) measure the result against the fp64 reference.
 
 #include "ops/attention/int8_kernel.hpp"
 
@@ -77,6 +80,7 @@ inline I32<Arch> clamp_int8(I32<Arch> q) noexcept {
 template <class Arch>
 constexpr float kLog2OfPLevels =
     Int8Tiles<Arch>::kPLevels == 255 ? 7.9943534368588578f : 5.9772799234999167f;
+static_assert(Int8Tiles<KernelArch>::kPLevels == 255 || Int8Tiles<KernelArch>::kPLevels == 63);
 
 /// 2^y for y <= log2(levels) (-inf gives 0): with y = s - (block max - log2 levels), the u8
 /// level of a softmax weight relative to the block's largest one. The level keeps at most 8

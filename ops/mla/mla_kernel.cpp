@@ -11,12 +11,15 @@
 // key vector is reused by 8 heads. S_nope is exact integer arithmetic: with AVX512-VNNI one
 // vpdpbusd multiplies 4 key bytes by 4 query bytes; keys go in as unsigned (k + 128, a flip of
 // the sign bit) and 128 * sum(q) per group is subtracted (oneDNN's s8s8 compensation, here
-// per head instead of per key so no key row sums are needed). Without VNNI, pairs of int16
-// through pmaddwd give the same int32. S_rope is fp32 on the packed rope.
+// per head instead of per key so no key row sums are needed). On the SSE4.2 and AVX2 levels
+// pmaddubsw multiplies |k| (packed per block) by q carrying k's sign (psignb on the cache row):
+// exact for any cache byte, q being in [-127, 127]. Elsewhere pairs of int16 through pmaddwd
+// give the same int32. S_rope is fp32 on the packed rope.
 // PV: int8 dot products, as the int8 attention backend's. V is the block's int8 nope rows
 // themselves, interleaved 4 tokens per 32-bit lane once per block; each token's key scale is
 // folded into its weight, and the weights of a block are quantized per (head, scale group) to
-// u8 levels against the block's largest (each within 1/510 of that one), so vpdpbusd sums 4
+// u8 levels against the block's largest (within 1/510 of that one; 1/254 on pmaddubsw levels,
+// whose int16 pair sums hold 127 x 128 products but not 255 x 128), so vpdpbusd sums 4
 // tokens of 4 columns x heads exactly and one factor per (head, group) dequantizes. 6 heads x
 // 4 vectors of output in registers; UP (rescale the running output by alpha, add) is the
 // epilogue of the same register tile, as PV(b) and UP(b) are adjacent in the merged order.
