@@ -23,7 +23,7 @@
 // as the whole int8 target. u8 P with a per-(row, block) scale keeps every weight within
 // 1 / (2n) of its block's largest one: n = 255 with vpdpbusd and the pmaddwd emulation, 63 on
 // pmaddubsw levels, where two words' int16 sums then add before one pmaddwd (13 % faster at
-// S = 2048 than 127 levels, 1.5x the relative L2 error). The accuracy tests
+// S = 2048 than 127 levels, 1.5-2x the relative L2 error). The accuracy tests
 // (tests/attention/int8_test.cpp) measure the result against the fp64 reference.
 
 #include "ops/attention/int8_kernel.hpp"

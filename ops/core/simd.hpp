@@ -482,9 +482,8 @@ inline float int8_scale(float top) noexcept {
 
 /// The low byte of each int32 lane (values known to fit) to dst, F32<Arch>::size bytes.
 /// SSE and AVX2 have no truncating narrow: the low bytes (0..255, masked) go through the
-/// saturating packs, which keep them as they are. The quantizers of the int8 kernels call
-/// this once per vector of levels, so a store and a byte loop per vector (the softmax's P:
-/// once per score) measured as a quarter of the softmax stage.
+/// saturating packs, which keep them as they are. The int8 softmax calls this once per vector
+/// of P levels: the store and byte loop it replaced cost 3 % of the AVX2 int8 attention time.
 template <class Arch>
 inline void store_low_bytes(void* dst, I32<Arch> v) noexcept {
   if constexpr (kIsAvx512<Arch>) {
