@@ -449,6 +449,18 @@ template <class Arch>
 inline std::int32_t reduce_max(I32<Arch> v) noexcept {
   if constexpr (kIsAvx512<Arch>) {
     return _mm512_reduce_max_epi32(v);
+  } else if constexpr (kIsAvx2<Arch> || std::is_base_of_v<xsimd::sse4_1, Arch>) {
+    // Halving shuffles (pmaxsd is SSE4.1) rather than a store and a scalar loop: the int8
+    // softmax takes one block max per row and block of 64 scores.
+    __m128i top;
+    if constexpr (kIsAvx2<Arch>) {
+      top = _mm_max_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    } else {
+      top = v;
+    }
+    top = _mm_max_epi32(top, _mm_shuffle_epi32(top, 0x4e));
+    top = _mm_max_epi32(top, _mm_shuffle_epi32(top, 0xb1));
+    return _mm_cvtsi128_si32(top);
   } else {
     alignas(64) std::int32_t lanes[I32<Arch>::size];
     v.store_aligned(lanes);
