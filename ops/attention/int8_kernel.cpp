@@ -515,6 +515,7 @@ class Int8Runner {
         alpha_[slot_row] = alpha_lanes[i];
         p_factor_[slot_row] = p_factor_lanes[i];
         I32<Arch> sum(0);
+        I32<Arch> levels[BV];
         B<Arch> unrounded(0.f);
         const bool active_row = block_max[i] > kMinusInf;
         const float shift = block_max[i] - kLog2OfPLevels<Arch>;
@@ -532,7 +533,12 @@ class Int8Runner {
           const I32<Arch> kept = active_row ? level : I32<Arch>(0);
           sum += kept;  // the weights PV will use, as their integers
           if (active_row) unrounded += weight;
-          simd::store_low_bytes<Arch>(p_row + c * L, kept);
+          levels[c] = kept;
+        }
+        static_assert(BV % 4 == 0);
+        for (int c = 0; c < BV; c += 4) {
+          simd::store_u8_x4<Arch>(p_row + c * L, levels[c], levels[c + 1], levels[c + 2],
+                                  levels[c + 3]);
         }
         sum.store_aligned(level_sum[i]);
         unrounded.store_aligned(unrounded_sum[i]);
