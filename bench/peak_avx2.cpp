@@ -34,9 +34,9 @@ double fma_loop_avx2(std::int64_t iterations) {
 
 // The u8 x s8 sequence an AVX2 int8 GEMM uses (AVX2 has no vpdpbusd): vpmaddubsw (32 byte
 // products summed in pairs to int16), vpmaddwd by ones (pairs of those to int32), vpaddd into the
-// accumulator. The AVX2 int8 attention and MLA kernels currently emulate vpdpbusd exactly
-// through vpmaddwd on widened bytes (simd::dot_u8s8), which is slower; this is the faster
-// sequence they may switch to, so their fraction of it says what is left. Each chain's
+// accumulator. The AVX2 int8 attention and MLA kernels run this sequence (simd::dot_u8s8 and
+// dot_s8s8, the latter with a vpsignb for the sign trick; int8 attention's P·V adds two
+// vpmaddubsw results before one vpmaddwd), so their fraction of it says what is left. Each chain's
 // accumulator is also its u8 operand, so the chains stay distinct (the same constant operands
 // would be one product, computed once) without more live registers than AVX2 has; twelve chains
 // still cover the sequence's 7-11 cycle latency at one step per cycle.

@@ -39,9 +39,11 @@ struct MlaDecodeOptions {
 // (scale = max|q|/127, round to nearest even), and S_nope is the exact int32 dot product times
 // both scales; S_rope and the softmax are fp32. P·V is int8, as on the NPU kernel this models:
 // per paged block, head and scale group, the weights p_t * scale_t are rounded to u8 levels of
-// their maximum / 255, multiplied with the int8 nope values exactly, and the output is divided
+// their maximum / 255 (/ 127 on the SSE4.2 and AVX2 ISA levels, where pmaddubsw multiplies
+// them), multiplied with the int8 nope values exactly, and the output is divided
 // by the sum of the weights as rounded (so it stays a convex combination of the values; on
-// unit-variance latents this adds ~0.2-0.7 % relative L2 error to the fp32-P·V result). A
+// unit-variance latents this adds ~0.2-0.7 % relative L2 error to the fp32-P·V result with
+// 255 levels; each weight's rounding error doubles with 127). A
 // sequence with seq_len 0 gives zeros.
 // Only the first ceil(seq_len / block_size) entries of a block_table row are read (and checked).
 // Non-finite inputs propagate within their sequence (README). out must not overlap any input.

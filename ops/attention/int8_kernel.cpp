@@ -3,29 +3,33 @@
 // Operands (int8_quantize_kv_head, once per call): K minus its per-(sequence, KV head) mean
 // (SageAttention's smoothing: q·(k - mean) differs from q·k by a per-row constant, so the
 // softmax is unchanged and only the LSE needs q·mean back), quantized symmetrically per block
-// of 64 keys and stored four d per 32-bit word, keys in lanes; V quantized per block and
-// channel, stored four keys per word, channels in lanes. Q is quantized per row (a block of
-// one row costs nothing more here: its factor multiplies the row's scores anyway) with
-// softmax scale * log2(e) folded in, as u8 (q + 128) so vpdpbusd multiplies u8 Q by s8 K; the
-// offset is taken back with each key's precomputed 128 * sum(k).
+// of 64 keys to [-127, 127] and stored four d per 32-bit word, keys in lanes; V quantized per
+// block and channel, stored four keys per word, channels in lanes. The same layouts serve
+// every level: vpdpbusd and pmaddubsw both multiply 4-byte words lane by lane. Q is quantized
+// per row (a block of one row costs nothing more here: its factor multiplies the row's scores
+// anyway) with softmax scale * log2(e) folded in; with VNNI as u8 (q + 128) so vpdpbusd
+// multiplies u8 Q by s8 K, the offset taken back with each key's precomputed 128 * sum(k);
+// elsewhere as s8 for dot_s8s8 (the sign trick on pmaddubsw levels).
 //
 // A row group of micro-tiles walks its KV blocks in the shared schedule's order
-// (ops/schedule): each run of cube stages is followed by its vector mirror, so with chunk 2 it
-// computes S for blocks b, b+1 (QK: int32 S in the ping-pong slot), softmaxes both (SM:
-// dequantize fused with the row max, mask, online max/sum in fp32, P quantized per row and
-// block as u8 = round(255 * 2^(s - block max))), then PV and UP of b and b+1 (PV: u8 P x s8 V by
-// vpdpbusd into int32, exact; UP: O = alpha * O + p_factor * v_scale * PV in fp32, the epilogue
-// of the same register tile).
+// (schedule::walk_stages), so with chunk 2 it computes S for blocks b, b+1 (QK: int32 S in the
+// ping-pong slot), softmaxes both (SM: dequantize fused with the row max, mask, online max/sum
+// in fp32, P quantized per row and block as u8 = round(n * 2^(s - block max)), n = kPLevels),
+// then PV and UP of b and b+1 (PV: u8 P x s8 V into int32, exact; UP: O = alpha * O +
+// p_factor * v_scale * PV in fp32, the epilogue of the same register tile).
 //
 // Why int8 P·V and not bf16: this machine's vdpbf16ps runs at half the fp32 FMA rate (bench:
 // peak_bf16), so bf16 P·V would be no faster than fp32, and fp32 P·V alone costs about as much
-// as the whole int8 target. u8 P with a per-(row, block) scale keeps every weight within 1/510
-// of its block's largest one; the accuracy tests (tests/attention/int8_test.cpp) measure the
-// result against the fp64 reference.
+// as the whole int8 target. u8 P with a per-(row, block) scale keeps every weight within
+// 1 / (2n) of its block's largest one: n = 255 with vpdpbusd and the pmaddwd emulation, 63 on
+// pmaddubsw levels, where two words' int16 sums then add before one pmaddwd (13 % faster at
+// S = 2048 than 127 levels, 1.5-2x the relative L2 error). The accuracy tests
+// (tests/attention/int8_test.cpp) measure the result against the fp64 reference.
 
 #include "ops/attention/int8_kernel.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -54,8 +58,8 @@ struct Int8Tiles {
   static constexpr simd::RowBytes kQBytes =
       simd::kHasBf16Vnni<Arch> ? simd::RowBytes::u8 : simd::RowBytes::s8;
   static constexpr int kQOffset = kQBytes == simd::RowBytes::u8 ? 128 : 0;
-  /// Largest u8 level of P: 255, or 127 where pmaddubsw would saturate 255 x 127 pairs.
-  static constexpr int kPLevels = simd::kDotU8Max<Arch>;
+  /// Largest u8 level of P: 255, or 63 where pmaddubsw multiplies them (simd::RowBytes::u6).
+  static constexpr int kPLevels = simd::kDotU6Max<Arch>;
 };
 
 /// round(x) as int32 lanes (ties to even, the current rounding mode).
@@ -75,7 +79,8 @@ inline I32<Arch> clamp_int8(I32<Arch> q) noexcept {
 /// log2 of the largest P level (Int8Tiles::kPLevels).
 template <class Arch>
 constexpr float kLog2OfPLevels =
-    Int8Tiles<Arch>::kPLevels == 255 ? 7.9943534368588578f : 6.9886846867721655f;
+    Int8Tiles<Arch>::kPLevels == 255 ? 7.9943534368588578f : 5.9772799234999167f;
+static_assert(Int8Tiles<KernelArch>::kPLevels == 255 || Int8Tiles<KernelArch>::kPLevels == 63);
 
 /// 2^y for y <= log2(levels) (-inf gives 0): with y = s - (block max - log2 levels), the u8
 /// level of a softmax weight relative to the block's largest one. The level keeps at most 8
@@ -269,7 +274,7 @@ inline void pv_tile_u8s8(const std::uint8_t* p, const std::int8_t* v, std::int64
                          const float* p_factor, float* o, std::int64_t o_stride) noexcept {
   constexpr int R = Int8Tiles<Arch>::kRows, L = Int8Tiles<Arch>::kLanes;
   typename I32<Arch>::register_type acc[R][V];
-  simd::dot_tile<Arch, R, V, simd::RowBytes::u8>(p, kKvBlock, 4, v, v_stride * 4, words, acc);
+  simd::dot_tile<Arch, R, V, simd::RowBytes::u6>(p, kKvBlock, 4, v, v_stride * 4, words, acc);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const B<Arch> keep(alpha[r]), factor(p_factor[r]);
@@ -312,6 +317,7 @@ class Int8Runner {
     lse_shift_ = reinterpret_cast<float*>(carve(kRowsMax * 4));
     row_max_ = reinterpret_cast<float*>(carve((kRowsMax + kMaxLanes) * 4));  // SM reads a vector
     row_sum_ = reinterpret_cast<float*>(carve(kRowsMax * kMaxLanes * 4));
+    row_sum_unrounded_ = reinterpret_cast<float*>(carve(kRowsMax * kMaxLanes * 4));
     o_ = reinterpret_cast<float*>(carve(kRowsMax * p.dv_padded * 4));
     s_ = reinterpret_cast<std::int32_t*>(carve(kBuffers * kRowsMax * kKvBlock * 4));
     pq_ = carve(kBuffers * kRowsMax * kKvBlock);
@@ -347,6 +353,7 @@ class Int8Runner {
         std::fill(o_ + index * p_.dv_padded, o_ + (index + 1) * p_.dv_padded, 0.f);
         row_max_[index] = kMinusInf;
         B<Arch>(0.f).store_aligned(row_sum_ + index * L);
+        B<Arch>(0.f).store_aligned(row_sum_unrounded_ + index * L);
         if (index >= row_count_) {  // padding row of the last tile: attends nothing
           rows_[index] = RowRef{};
           rows_[index].visible_end = task_.kv_begin;
@@ -373,10 +380,16 @@ class Int8Runner {
                               pv_up_stage(stage.block, buffer);
                             }
                           });
+    // The output is normalized by the sum of the weights as PV used them (a convex
+    // combination of the values); the LSE takes the sum of the unrounded weights, which
+    // rounding to P levels would otherwise bias (weights below half a level vanish).
     for (int index = 0; index < row_count_; ++index) {
-      finish_row<Arch, T>(p_, rows_[index], o_ + index * p_.dv_padded,
-                          simd::reduce_add<Arch>(B<Arch>::load_aligned(row_sum_ + index * L)),
-                          row_max_[index], lse_shift_[index]);
+      const float l = simd::reduce_add<Arch>(B<Arch>::load_aligned(row_sum_ + index * L));
+      const float l_unrounded =
+          simd::reduce_add<Arch>(B<Arch>::load_aligned(row_sum_unrounded_ + index * L));
+      const float rounding_shift = l > 0.f ? std::log2(l_unrounded / l) : 0.f;
+      finish_row<Arch, T>(p_, rows_[index], o_ + index * p_.dv_padded, l, row_max_[index],
+                          lse_shift_[index] + rounding_shift);
     }
   }
 
@@ -453,6 +466,7 @@ class Int8Runner {
       alignas(64) float block_max[L] = {}, factor[R];
       alignas(64) float scores[R][kKvBlock];  // masked tiles only
       alignas(64) std::int32_t level_sum[R][L];
+      alignas(64) float unrounded_sum[R][L];
       const std::int32_t* s_tile = s_ + (buffer * kRowsMax + t * R) * kKvBlock;
 #pragma GCC unroll 8
       for (int i = 0; i < R; ++i) {
@@ -501,6 +515,9 @@ class Int8Runner {
         alpha_[slot_row] = alpha_lanes[i];
         p_factor_[slot_row] = p_factor_lanes[i];
         I32<Arch> sum(0);
+        I32<Arch> levels[BV];
+        B<Arch> unrounded(0.f);
+        const bool active_row = block_max[i] > kMinusInf;
         const float shift = block_max[i] - kLog2OfPLevels<Arch>;
 #pragma GCC unroll 4
         for (int c = 0; c < BV; ++c) {
@@ -511,22 +528,33 @@ class Int8Runner {
                            B<Arch>(factor[i]), B<Arch>(-shift));
           // An inactive row (block max -inf) gives NaN here: its levels are forced to 0.
           // At most kPLevels: y at the block max may round one ulp above log2(kPLevels).
-          const I32<Arch> level =
-              xsimd::min(round_to_int<Arch>(exp2_level<Arch>(y)), I32<Arch>(Tl::kPLevels));
-          const I32<Arch> kept = block_max[i] > kMinusInf ? level : I32<Arch>(0);
+          const B<Arch> weight = exp2_level<Arch>(y);
+          const I32<Arch> level = xsimd::min(round_to_int<Arch>(weight), I32<Arch>(Tl::kPLevels));
+          const I32<Arch> kept = active_row ? level : I32<Arch>(0);
           sum += kept;  // the weights PV will use, as their integers
-          simd::store_low_bytes<Arch>(p_row + c * L, kept);
+          if (active_row) unrounded += weight;
+          levels[c] = kept;
+        }
+        static_assert(BV % 4 == 0);
+        for (int c = 0; c < BV; c += 4) {
+          simd::store_u8_x4<Arch>(p_row + c * L, levels[c], levels[c + 1], levels[c + 2],
+                                  levels[c + 3]);
         }
         sum.store_aligned(level_sum[i]);
+        unrounded.store_aligned(unrounded_sum[i]);
       }
-      // l = alpha * l + P factor * sum of levels (lane sums kept per lane).
+      // l = alpha * l + P factor * sum of levels, and the same for the unrounded weights
+      // (lane sums kept per lane).
 #pragma GCC unroll 8
       for (int i = 0; i < R; ++i) {
         float* l = row_sum_ + (t * R + i) * L;
+        float* l_unrounded = row_sum_unrounded_ + (t * R + i) * L;
+        const B<Arch> keep(alpha_lanes[i]), weight_factor(p_factor_lanes[i]);
         const B<Arch> levels = xsimd::to_float(I32<Arch>::load_aligned(level_sum[i]));
-        simd::fmadd<Arch>(B<Arch>::load_aligned(l), B<Arch>(alpha_lanes[i]),
-                          levels * B<Arch>(p_factor_lanes[i]))
-            .store_aligned(l);
+        simd::fmadd<Arch>(B<Arch>::load_aligned(l), keep, levels * weight_factor).store_aligned(l);
+        simd::fmadd<Arch>(B<Arch>::load_aligned(l_unrounded), keep,
+                          B<Arch>::load_aligned(unrounded_sum[i]) * weight_factor)
+            .store_aligned(l_unrounded);
       }
     }
   }
@@ -587,7 +615,7 @@ class Int8Runner {
   std::int64_t tile_min_[kMaxRowGroup], tile_max_[kMaxRowGroup];
   bool needs_mask_[kBuffers][kMaxRowGroup];
   std::uint8_t* q8_;
-  float *q_factor_, *lse_shift_, *row_max_, *row_sum_, *o_;
+  float *q_factor_, *lse_shift_, *row_max_, *row_sum_, *row_sum_unrounded_, *o_;
   std::int32_t* s_;
   std::uint8_t* pq_;
   float *p_factor_, *alpha_;

@@ -38,7 +38,7 @@ inline std::int64_t int8_scratch_bytes(const FlashProblem& p, const Int8Operands
   const std::int64_t buffers = 2 * 4;  // ping-pong slots x the largest chunk
   const std::int64_t q_stride = (op.dk_words * 4 + 63) / 64 * 64;
   return rows * q_stride                      // Q as int8
-         + rows * (4 + kMaxLanes) * 4         // q factor, LSE shift, max, sums
+         + rows * (4 + 2 * kMaxLanes) * 4     // q factor, LSE shift, max, two sums
          + rows * p.dv_padded * 4             // O
          + buffers * rows * kKvBlock * 5      // S (int32) and P (u8)
          + buffers * rows * 2 * 4             // P factor, alpha

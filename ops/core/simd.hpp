@@ -321,19 +321,31 @@ inline I32<Arch> dot_u8s8(I32<Arch> acc, I32<Arch> a, I32<Arch> b) noexcept {
   }
 }
 
-/// acc + the per-lane sum of the 4 byte products signed(a) x signed(b), exact for bytes in
-/// [-127, 127] (the sign trick would turn a b of -128 into -128 again). pmaddubsw levels: |a|
-/// as u8 times b carrying a's sign (psignb), the pair sums within 2 x 127 x 127; elsewhere
-/// both widened to int16 through pmaddwd. The VNNI variant multiplies u8 by s8 (dot_u8s8).
+/// |v| per byte (-128 gives 128 read as u8) on pmaddubsw levels, the operand dot_s8s8 takes
+/// as a_magnitude; elsewhere v itself (the emulation does not use it).
 template <class Arch>
-inline I32<Arch> dot_s8s8(I32<Arch> acc, I32<Arch> a, I32<Arch> b) noexcept {
+inline I32<Arch> magnitude_s8(I32<Arch> v) noexcept {
+  if constexpr (kIsAvx2<Arch>) {
+    return _mm256_abs_epi8(v);
+  } else if constexpr (kHasMaddubs<Arch>) {
+    return _mm_abs_epi8(v);
+  } else {
+    return v;
+  }
+}
+
+/// acc + the per-lane sum of the 4 byte products signed(a) x signed(b), with a_magnitude =
+/// magnitude_s8(a); exact when b's bytes are in [-127, 127] (the sign trick would turn a b of
+/// -128 into -128 again; a may be -128: 2 x 128 x 127 fits int16). pmaddubsw levels: |a| as
+/// u8 times b carrying a's sign (psignb, ggml's q8_0 trick); elsewhere both widened to int16
+/// through pmaddwd. The VNNI variant multiplies u8 by s8 (dot_u8s8) instead.
+template <class Arch>
+inline I32<Arch> dot_s8s8(I32<Arch> acc, I32<Arch> a_magnitude, I32<Arch> a, I32<Arch> b) noexcept {
   static_assert(!kHasBf16Vnni<Arch>, "the VNNI kernels use dot_u8s8");
-  if constexpr (kHasMaddubs<Arch>) {
-    if constexpr (kIsAvx2<Arch>) {
-      return add_maddubs<Arch>(acc, _mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
-    } else {
-      return add_maddubs<Arch>(acc, _mm_sign_epi8(a, a), _mm_sign_epi8(b, a));
-    }
+  if constexpr (kIsAvx2<Arch>) {
+    return add_maddubs<Arch>(acc, a_magnitude, _mm256_sign_epi8(b, a));
+  } else if constexpr (kHasMaddubs<Arch>) {
+    return add_maddubs<Arch>(acc, a_magnitude, _mm_sign_epi8(b, a));
   } else {
     I32<Arch> a_even, a_odd, b_even, b_odd;
     widen_s8<Arch>(a, a_even, a_odd);
@@ -342,8 +354,31 @@ inline I32<Arch> dot_s8s8(I32<Arch> acc, I32<Arch> a, I32<Arch> b) noexcept {
   }
 }
 
-/// The byte type of the broadcast rows of dot_tile: u8 (dot_u8s8) or s8 (dot_s8s8).
-enum class RowBytes : std::uint8_t { u8, s8 };
+/// The byte type of the broadcast rows of dot_tile: u8 (dot_u8s8), s8 (dot_s8s8), or u8 of
+/// at most kDotU6Max, for which pmaddubsw levels add two words' int16 sums before one pmaddwd
+/// (2 x 2 x 63 x 128 = 32256 fits int16): 3 multiply uops per two words instead of 4.
+enum class RowBytes : std::uint8_t { u8, s8, u6 };
+
+/// The largest row byte of dot_tile with RowBytes::u6.
+template <class Arch>
+inline constexpr int kDotU6Max = kHasMaddubs<Arch> ? 63 : kDotU8Max<Arch>;
+
+/// acc + the per-lane sum of the 8 byte products of two word pairs a0 x b0 and a1 x b1
+/// (unsigned a at most kDotU6Max, signed b): both pmaddubsw sums added in int16, then one
+/// pmaddwd by ones.
+template <class Arch>
+inline I32<Arch> dot_u6s8_pair(I32<Arch> acc, I32<Arch> a0, I32<Arch> b0, I32<Arch> a1,
+                               I32<Arch> b1) noexcept {
+  const I32<Arch> int16_ones(0x00010001);
+  if constexpr (kIsAvx2<Arch>) {
+    const __m256i sums =
+        _mm256_add_epi16(_mm256_maddubs_epi16(a0, b0), _mm256_maddubs_epi16(a1, b1));
+    return acc + madd_int16<Arch>(sums, int16_ones);
+  } else {
+    const __m128i sums = _mm_add_epi16(_mm_maddubs_epi16(a0, b0), _mm_maddubs_epi16(a1, b1));
+    return acc + madd_int16<Arch>(sums, int16_ones);
+  }
+}
 
 /// The int8 register tile of the int8 attention and MLA kernels: acc[r][c] += the word of row
 /// r at word w (rows + r * row_bytes + w * word_row_bytes; bytes as kRowBytes) times the V
@@ -363,22 +398,46 @@ template <class Arch, int R, int V, RowBytes kRowBytes>
 #pragma GCC unroll 4
     for (int c = 0; c < V; ++c) acc[r][c] = I32<Arch>(0);
   }
-  for (std::int64_t word = 0; word < words; ++word) {
+  const auto row_word = [&](int r, std::int64_t word) {
+    std::int32_t bytes;
+    std::memcpy(&bytes, row_base + r * row_bytes + word * word_row_bytes, sizeof bytes);
+    return Reg(I32<Arch>(bytes));
+  };
+  std::int64_t first_single = 0;
+  if constexpr (kRowBytes == RowBytes::u6 && kHasMaddubs<Arch>) {
+    for (; first_single + 2 <= words; first_single += 2) {
+      Reg vector0[V], vector1[V];
+      const auto* at = reinterpret_cast<const std::int32_t*>(vectors + first_single * word_bytes);
+#pragma GCC unroll 4
+      for (int c = 0; c < V; ++c) {
+        vector0[c] = I32<Arch>::load_aligned(at + c * kLanes);
+        vector1[c] = I32<Arch>::load_aligned(at + word_bytes / 4 + c * kLanes);
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const Reg row0 = row_word(r, first_single), row1 = row_word(r, first_single + 1);
+#pragma GCC unroll 4
+        for (int c = 0; c < V; ++c) {
+          acc[r][c] = dot_u6s8_pair<Arch>(acc[r][c], row0, vector0[c], row1, vector1[c]);
+        }
+      }
+    }
+  }
+  for (std::int64_t word = first_single; word < words; ++word) {
     Reg vector[V];
     const auto* at = reinterpret_cast<const std::int32_t*>(vectors + word * word_bytes);
 #pragma GCC unroll 4
     for (int c = 0; c < V; ++c) vector[c] = I32<Arch>::load_aligned(at + c * kLanes);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      std::int32_t bytes;
-      std::memcpy(&bytes, row_base + r * row_bytes + word * word_row_bytes, sizeof bytes);
-      const Reg row = I32<Arch>(bytes);
+      const Reg row = row_word(r, word);
+      const Reg magnitude = magnitude_s8<Arch>(row);  // unused unless s8
 #pragma GCC unroll 4
       for (int c = 0; c < V; ++c) {
-        if constexpr (kRowBytes == RowBytes::u8) {
-          acc[r][c] = dot_u8s8<Arch>(acc[r][c], row, vector[c]);
+        if constexpr (kRowBytes == RowBytes::s8) {
+          acc[r][c] = dot_s8s8<Arch>(acc[r][c], magnitude, row, vector[c]);
         } else {
-          acc[r][c] = dot_s8s8<Arch>(acc[r][c], row, vector[c]);
+          acc[r][c] = dot_u8s8<Arch>(acc[r][c], row, vector[c]);
         }
       }
     }
@@ -390,6 +449,18 @@ template <class Arch>
 inline std::int32_t reduce_max(I32<Arch> v) noexcept {
   if constexpr (kIsAvx512<Arch>) {
     return _mm512_reduce_max_epi32(v);
+  } else if constexpr (kIsAvx2<Arch> || std::is_base_of_v<xsimd::sse4_1, Arch>) {
+    // Halving shuffles (pmaxsd is SSE4.1) rather than a store and a scalar loop: the int8
+    // softmax takes one block max per row and block of 64 scores.
+    __m128i top;
+    if constexpr (kIsAvx2<Arch>) {
+      top = _mm_max_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    } else {
+      top = v;
+    }
+    top = _mm_max_epi32(top, _mm_shuffle_epi32(top, 0x4e));
+    top = _mm_max_epi32(top, _mm_shuffle_epi32(top, 0xb1));
+    return _mm_cvtsi128_si32(top);
   } else {
     alignas(64) std::int32_t lanes[I32<Arch>::size];
     v.store_aligned(lanes);
@@ -423,9 +494,8 @@ inline float int8_scale(float top) noexcept {
 
 /// The low byte of each int32 lane (values known to fit) to dst, F32<Arch>::size bytes.
 /// SSE and AVX2 have no truncating narrow: the low bytes (0..255, masked) go through the
-/// saturating packs, which keep them as they are. The quantizers of the int8 kernels call
-/// this once per vector of levels, so a store and a byte loop per vector (the softmax's P:
-/// once per score) measured as a quarter of the softmax stage.
+/// saturating packs, which keep them as they are (a store and a byte loop cost the AVX2 int8
+/// attention 3 % when its softmax narrowed P with it; that now uses store_u8_x4).
 template <class Arch>
 inline void store_low_bytes(void* dst, I32<Arch> v) noexcept {
   if constexpr (kIsAvx512<Arch>) {
@@ -433,13 +503,37 @@ inline void store_low_bytes(void* dst, I32<Arch> v) noexcept {
   } else if constexpr (kIsAvx2<Arch>) {
     const __m256i words = _mm256_packs_epi32(v & I32<Arch>(0xff), I32<Arch>(0));
     const __m256i bytes = _mm256_packus_epi16(words, words);  // 4 bytes per 128-bit lane
-    const __m128i low8 = _mm_unpacklo_epi32(_mm256_castsi256_si128(bytes),
-                                            _mm256_extracti128_si256(bytes, 1));
+    const __m128i low8 =
+        _mm_unpacklo_epi32(_mm256_castsi256_si128(bytes), _mm256_extracti128_si256(bytes, 1));
     _mm_storel_epi64(static_cast<__m128i*>(dst), low8);
   } else {
     const __m128i words = _mm_packs_epi32(v & I32<Arch>(0xff), _mm_setzero_si128());
     const std::int32_t bytes = _mm_cvtsi128_si32(_mm_packus_epi16(words, words));
     std::memcpy(dst, &bytes, sizeof bytes);
+  }
+}
+
+/// The lanes of four int32 vectors, each in [0, 255], as 4 x lanes consecutive bytes at dst
+/// (a's lanes first): two saturating packs and, on AVX2, one lane permute for 32 bytes, where
+/// store_low_bytes per vector takes six instructions and a 4- or 8-byte store each.
+template <class Arch>
+inline void store_u8_x4(void* dst, I32<Arch> a, I32<Arch> b, I32<Arch> c, I32<Arch> d) noexcept {
+  if constexpr (kIsAvx512<Arch>) {
+    auto* bytes = static_cast<std::uint8_t*>(dst);
+    store_low_bytes<Arch>(bytes, a);
+    store_low_bytes<Arch>(bytes + 16, b);
+    store_low_bytes<Arch>(bytes + 32, c);
+    store_low_bytes<Arch>(bytes + 48, d);
+  } else if constexpr (kIsAvx2<Arch>) {
+    // Per 128-bit lane the packs interleave 4 lanes of a, b, c, d: dwords a0 b0 c0 d0 | a1 b1
+    // c1 d1, where x0 / x1 are x's low / high four lanes.
+    const __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    _mm256_storeu_si256(
+        static_cast<__m256i*>(dst),
+        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  } else {
+    _mm_storeu_si128(static_cast<__m128i*>(dst),
+                     _mm_packus_epi16(_mm_packs_epi32(a, b), _mm_packs_epi32(c, d)));
   }
 }
 

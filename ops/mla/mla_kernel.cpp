@@ -11,12 +11,15 @@
 // key vector is reused by 8 heads. S_nope is exact integer arithmetic: with AVX512-VNNI one
 // vpdpbusd multiplies 4 key bytes by 4 query bytes; keys go in as unsigned (k + 128, a flip of
 // the sign bit) and 128 * sum(q) per group is subtracted (oneDNN's s8s8 compensation, here
-// per head instead of per key so no key row sums are needed). Without VNNI, pairs of int16
-// through pmaddwd give the same int32. S_rope is fp32 on the packed rope.
+// per head instead of per key so no key row sums are needed). On the SSE4.2 and AVX2 levels
+// pmaddubsw multiplies |k| (packed per block) by q carrying k's sign (psignb on the cache row):
+// exact for any cache byte, q being in [-127, 127]. Elsewhere pairs of int16 through pmaddwd
+// give the same int32. S_rope is fp32 on the packed rope.
 // PV: int8 dot products, as the int8 attention backend's. V is the block's int8 nope rows
 // themselves, interleaved 4 tokens per 32-bit lane once per block; each token's key scale is
 // folded into its weight, and the weights of a block are quantized per (head, scale group) to
-// u8 levels against the block's largest (each within 1/510 of that one), so vpdpbusd sums 4
+// u8 levels against the block's largest (within 1/510 of that one; 1/254 on pmaddubsw levels,
+// whose int16 pair sums hold 127 x 128 products but not 255 x 128), so vpdpbusd sums 4
 // tokens of 4 columns x heads exactly and one factor per (head, group) dequantizes. 6 heads x
 // 4 vectors of output in registers; UP (rescale the running output by alpha, add) is the
 // epilogue of the same register tile, as PV(b) and UP(b) are adjacent in the merged order.
@@ -79,7 +82,8 @@ inline BlockRows block_rows(const MlaProblem& p, std::int32_t block_id, int toke
 }
 
 /// Converts one block's rows for QK, row by row (no transpose): key words [token][word] (4
-/// bytes + 128 each for VNNI, 2 int16 otherwise) and rope [token][64] in f32.
+/// bytes + 128 each for VNNI, 4 |bytes| for pmaddubsw, whose signs QK reads from the cache
+/// rows, 2 int16 otherwise) and rope [token][64] in f32.
 template <class Arch, class Rope>
 void convert_block(const MlaProblem& p, const BlockRows& rows, const MlaWorkspace& ws) noexcept {
   using B = F32<Arch>;
@@ -93,6 +97,15 @@ void convert_block(const MlaProblem& p, const BlockRows& rows, const MlaWorkspac
       for (int i = 0; i < kNopeDim; i += 64) {
         const __m512i bytes = _mm512_loadu_si512(key + i);
         _mm512_storeu_si512(words + i / 4, _mm512_xor_si512(bytes, flip));
+      }
+    } else if constexpr (simd::kHasMaddubs<Arch>) {
+      constexpr int kBytes = static_cast<int>(sizeof(typename simd::I32<Arch>::register_type));
+      auto* magnitudes = reinterpret_cast<std::int8_t*>(ws.key_pack + t * (kNopeDim / 4));
+      for (int i = 0; i < kNopeDim; i += kBytes) {
+        simd::I32<Arch> bytes =
+            simd::I32<Arch>::load_unaligned(reinterpret_cast<const std::int32_t*>(key + i));
+        simd::magnitude_s8<Arch>(bytes).store_unaligned(
+            reinterpret_cast<std::int32_t*>(magnitudes + i));
       }
     } else {
       auto* pairs = reinterpret_cast<std::int16_t*>(ws.key_pack + t * (kNopeDim / 2));
@@ -155,7 +168,7 @@ inline void score_tile(const MlaProblem& p, const PreparedQueries& q, int vector
 #pragma GCC unroll 16
       for (int v = 0; v < kVectors; ++v) acc[t][v] = I(0);
     }
-    if constexpr (simd::kHasBf16Vnni<Arch>) {
+    if constexpr (simd::kHasBf16Vnni<Arch> || simd::kHasMaddubs<Arch>) {
       constexpr int kWords = kGroupDim / 4;
       for (int word = g * kWords; word < (g + 1) * kWords; ++word) {
         Reg query[kVectors];
@@ -168,17 +181,27 @@ inline void score_tile(const MlaProblem& p, const PreparedQueries& q, int vector
         for (int t = 0; t < kTokens; ++t) {
           const Reg key =
               I(static_cast<std::int32_t>(ws.key_pack[(token0 + t) * (kNopeDim / 4) + word]));
+          if constexpr (simd::kHasBf16Vnni<Arch>) {
 #pragma GCC unroll 16
-          for (int v = 0; v < kVectors; ++v) {
-            acc[t][v] = simd::dot_u8s8<Arch>(acc[t][v], key, query[v]);
+            for (int v = 0; v < kVectors; ++v) {
+              acc[t][v] = simd::dot_u8s8<Arch>(acc[t][v], key, query[v]);
+            }
+          } else {  // key holds |k|; k's signs come from the cache row
+            const Reg signs = I(load_word(rows.nope + (token0 + t) * p.nope_strides[1] + 4 * word));
+#pragma GCC unroll 16
+            for (int v = 0; v < kVectors; ++v) {
+              acc[t][v] = simd::dot_s8s8<Arch>(acc[t][v], key, signs, query[v]);
+            }
           }
         }
       }
+      if constexpr (simd::kHasBf16Vnni<Arch>) {
 #pragma GCC unroll 16
-      for (int v = 0; v < kVectors; ++v) {
-        const I offset = I::load_unaligned(q.offset_sums + g * hp + head0 + v * kLanes);
+        for (int v = 0; v < kVectors; ++v) {
+          const I offset = I::load_unaligned(q.offset_sums + g * hp + head0 + v * kLanes);
 #pragma GCC unroll 16
-        for (int t = 0; t < kTokens; ++t) acc[t][v] = I(acc[t][v]) - offset;
+          for (int t = 0; t < kTokens; ++t) acc[t][v] = I(acc[t][v]) - offset;
+        }
       }
     } else {
       constexpr int kWords = kGroupDim / 2;
@@ -217,12 +240,14 @@ inline void score_tile(const MlaProblem& p, const PreparedQueries& q, int vector
 /// Register tiles (tokens x head vectors): with VNNI the 32 zmm registers hold a 6 x 4 int32
 /// tile plus 4 query vectors and a key (each query vector loaded once per 6 tokens: at 128
 /// heads a sequence's queries, 64 KiB, stream from L2, and 3 tokens per load measured 1.3x
-/// slower); plain AVX-512 3 x 4, AVX2/SSE (16 registers) 2 x 2. Single head vectors (16 heads
-/// on AVX-512) use more tokens to keep the dpbusd chains independent.
+/// slower); plain AVX-512 3 x 4; pmaddubsw (16 registers) 4 x 2 beside 2 query vectors, a
+/// key's |k| and k words, a temporary and the ones vector; SSE2's pmaddwd pairs 2 x 2. Single
+/// head vectors (16 heads on AVX-512) use more tokens to keep the dpbusd chains independent.
 template <class Arch>
-constexpr int kWideTokens = simd::kHasBf16Vnni<Arch> ? 6
-                            : simd::kIsAvx512<Arch>  ? 3
-                                                     : 2;
+constexpr int kWideTokens = simd::kHasBf16Vnni<Arch>  ? 6
+                            : simd::kIsAvx512<Arch>   ? 3
+                            : simd::kHasMaddubs<Arch> ? 4
+                                                      : 2;
 template <class Arch>
 constexpr int kWideVectors = simd::kIsAvx512<Arch> ? 4 : 2;
 template <class Arch>
@@ -484,10 +509,12 @@ void mla_prepare_queries(const QueryInputs& in, const PreparedQueries& out, std:
                 : I(0);
         simd::store_low_bytes<Arch>(quantized + i * kLanes, q);
       }
-      if constexpr (simd::kHasBf16Vnni<Arch>) {
+      if constexpr (simd::kHasBf16Vnni<Arch> || simd::kHasMaddubs<Arch>) {
         for (int word = 0; word < kNopeDim / 4; ++word) {
           std::memcpy(&words[(b * (kNopeDim / 4) + word) * hp + h], quantized + 4 * word, 4);
         }
+      }
+      if constexpr (simd::kHasBf16Vnni<Arch>) {
         for (int g = 0; g < kScaleGroups; ++g) {
           I sum(0);
           for (int i = g * kGroupDim; i < (g + 1) * kGroupDim; i += kLanes) {
@@ -496,7 +523,7 @@ void mla_prepare_queries(const QueryInputs& in, const PreparedQueries& out, std:
           }
           offset_sums[(b * kScaleGroups + g) * hp + h] = 128 * simd::reduce_add<Arch>(sum);
         }
-      } else {
+      } else if constexpr (!simd::kHasMaddubs<Arch>) {
         for (int word = 0; word < kNopeDim / 2; ++word) {
           const std::uint32_t low = static_cast<std::uint16_t>(quantized[2 * word]);
           const std::uint32_t high = static_cast<std::uint16_t>(quantized[2 * word + 1]);

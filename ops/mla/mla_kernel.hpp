@@ -26,8 +26,9 @@ inline constexpr int kHeadPadding = 16;
 /// head) in the two integer forms the kernel variants consume, and the scales carry softmax
 /// scale * log2(e) (the softmax runs in base 2).
 struct PreparedQueries {
-  const std::uint32_t* nope_words = nullptr;  ///< [B][128][Hp]: 4 int8 of q per word (VNNI)
-  const std::uint32_t* nope_pairs = nullptr;  ///< [B][256][Hp]: 2 int16 of q per word
+  const std::uint32_t* nope_words =
+      nullptr;  ///< [B][128][Hp]: 4 int8 of q per word (VNNI, pmaddubsw)
+  const std::uint32_t* nope_pairs = nullptr;  ///< [B][256][Hp]: 2 int16 of q per word (pmaddwd)
   const std::int32_t* offset_sums = nullptr;  ///< [B][4][Hp]: 128 * sum of each group's int8 q
   const float* nope_factor = nullptr;         ///< [B][Hp]: q scale * scale * log2(e)
   const float* rope = nullptr;                ///< [B][64][Hp]: q_rope * scale * log2(e)

@@ -1,9 +1,10 @@
 // The int8 backend of attention_forward against the fp64 reference on
 // realistic inputs: keys with per-channel offsets (as real models' K have), so smoothing has
-// something to remove. int8 is lossy by design: the bar is the cosine similarity
-// >= 0.999 over the output, plus bounds on the worst row and the LSE that catch a broken
-// row or block, which a global cosine would hide. Run on every ISA level by ctest (the VNNI
-// path and the exact pmaddwd emulation) with 1 and 2 threads.
+// something to remove. int8 is lossy by design: the bar is a cosine similarity >= 0.999 over
+// the output (the int8 backend's accuracy target), plus bounds on the worst row and the LSE
+// that catch a broken row or block, which a global cosine would hide. Run on every ISA level by
+// ctest (vpdpbusd with VNNI; pmaddubsw on SSE4.2 and AVX2, with 63 P levels; the exact pmaddwd
+// emulation elsewhere) with 1 and 2 threads.
 
 #include <cstdlib>
 #include <ditops/attention.hpp>
@@ -29,6 +30,7 @@ struct Int8Case {
   float q_std = 1.f;           ///< larger: sharper softmax (fewer keys carry the weight)
   bool head_first = false;     ///< BNSD instead of BSND
   bool key_padding = false;    ///< boolean [B, 1, 1, Sk] mask: keys >= Sk / 2 + b are padding
+  float value_offset = 1.f;    ///< stddev of the per-channel offsets of V
 
   std::vector<std::int64_t> shape(std::int64_t len, std::int64_t heads, std::int64_t dim) const {
     return attention_shape(head_first, b, len, heads, dim);
@@ -59,7 +61,7 @@ struct Accuracy {
 };
 
 /// Inputs of a case: Q ~ N(0, q_std), K ~ N(0, 1) + offset[channel] with offsets ~ N(0,
-/// key_offset), V ~ N(0, 1) + offsets ~ N(0, 1).
+/// key_offset), V ~ N(0, 1) + offsets ~ N(0, value_offset).
 template <class T>
 struct Inputs {
   TestTensor<T> q, k, v;
@@ -71,10 +73,11 @@ struct Inputs {
         v(c.shape(c.sk, c.nkv, c.dv)),
         mask({c.sq, c.sk}),
         padding({c.b, 1, 1, c.sk}) {
-    std::normal_distribution<float> unit(0.f, 1.f), key_offset(0.f, c.key_offset);
+    std::normal_distribution<float> unit(0.f, 1.f), key_offset(0.f, c.key_offset),
+        value_offset(0.f, c.value_offset);
     std::vector<float> k_offsets(c.dk), v_offsets(c.dv);
     for (float& o : k_offsets) o = key_offset(rng);
-    for (float& o : v_offsets) o = unit(rng);
+    for (float& o : v_offsets) o = value_offset(rng);
     q.fill_normal(rng, 0.f, c.q_std);
     for (std::int64_t i = 0; i < k.size(); ++i) {
       k.at(i) = from_float<T>(unit(rng) + k_offsets[i % c.dk]);
@@ -192,12 +195,13 @@ Accuracy run_int8(const Int8Case& c, Inputs<T>& in, const AttentionRefResult& re
   return a;
 }
 
-// Bounds. Cosine >= 0.999 is the issue's. Each score carries the rounding of Q (per row, 127
-// levels) and K (per block after smoothing, 127 levels): with unit-variance keys about 0.012 *
-// q_std in natural-log units, so the worst LSE of a few thousand rows stays within 0.04 *
-// q_std (measured 0.024 at q_std 1, 0.081 at q_std 3). P (255 levels per row and block) and V
-// (127 per block and channel) add ~0.5 % per output row: the worst row's cosine stays above
-// 0.995 (measured >= 0.9995).
+// Bounds. Cosine >= 0.999 is the backend's accuracy target. Each score carries the rounding
+// of Q (per row, 127 levels) and K (per block after smoothing, 127 levels): with unit-variance
+// keys about 0.012 * q_std in natural-log units, so the worst LSE of a few thousand rows stays
+// within 0.04 * q_std (measured 0.024 at q_std 1, 0.081 at q_std 3; the LSE sums the unrounded
+// weights, so the P levels do not enter it). P (255 levels per row and block, 63 on SSE4.2 and
+// AVX2) and V (127 per block and channel) add ~0.5-0.8 % per output row: the worst row's cosine
+// stays above 0.995 (measured >= 0.9993 with 63 P levels, >= 0.9995 with 255).
 constexpr double kCosine = 0.999;
 constexpr double kWorstRow = 0.995;
 constexpr double kLsePerQStd = 0.04;
@@ -228,6 +232,10 @@ std::vector<Int8Case> accuracy_cases() {
       // the BNSD layout.
       {1, 3, 2000, 4, 2, 64, 64, true, 2, 4},
       {2, 70, 300, 4, 2, 64, 64, false, 2, 1, false, 4.f, 1.f, true, true},
+      // A flat softmax over values with large channel offsets: P levels near their largest and
+      // V bytes near +-127 in every word, the int16 sums pmaddubsw forms at their largest (a
+      // saturated sum would pull whole output channels toward 0).
+      {1, 100, 256, 2, 2, 64, 64, false, 2, 2, false, 4.f, 0.05f, false, false, 20.f},
   };
 }
 
@@ -264,7 +272,9 @@ TYPED_TEST(AttentionInt8Narrow, AccurateOnRealisticInputs) {
 TEST(AttentionInt8, SmoothingKeysIsLoadBearing) {
   std::mt19937 rng(53);
   Int8Case c{1, 256, 512, 4, 2, 128, 128, false, 1};
-  c.key_offset = 8.f;  // measured: rel-L2 0.0043 smoothed, 0.0175 not (4x); 2x at offsets of 4
+  // Measured: rel-L2 0.0043 smoothed, 0.0175 not (4x; 2x at offsets of 4); with 63 P levels
+  // (SSE4.2, AVX2), whose rounding both share, 0.0075 and 0.0189 (2.5x).
+  c.key_offset = 8.f;
   c.q_std = 2.f;
   Inputs<float> in(c, rng);
   const AttentionRefResult ref = reference(c, in);
@@ -275,7 +285,7 @@ TEST(AttentionInt8, SmoothingKeysIsLoadBearing) {
   std::printf("int8 smoothing on: rel-L2 %.5f cos %.6f; off: rel-L2 %.5f cos %.6f\n",
               smoothed.rel_l2, smoothed.cosine, raw.rel_l2, raw.cosine);
   expect_accurate(smoothed, c, "smoothed");
-  EXPECT_GT(raw.rel_l2, 3 * smoothed.rel_l2);
+  EXPECT_GT(raw.rel_l2, 2 * smoothed.rel_l2);
   // Without offsets there is nothing to smooth: on and off are about as accurate (and the
   // smoothed LSE, corrected by q · mean, is as good).
   Int8Case plain = c;

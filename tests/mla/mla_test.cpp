@@ -40,6 +40,11 @@ struct MlaConfig {
   int block_size;
   int groups;
   std::vector<std::int32_t> seq_lens;
+  /// Cache bytes overwritten with -128 and 127 (a cache written by other code than
+  /// mla_fill_cache, which keeps to [-127, 127]): the SSE4.2/AVX2 Q·K multiplies |k| (128 as u8)
+  /// by q carrying k's sign, exact for any byte; the sign trick the other way round (|q| times
+  /// k carrying q's sign) would leave -128 negative, which this catches.
+  bool extreme_bytes = false;
 };
 
 std::string describe(const MlaConfig& c, const char* types) {
@@ -131,6 +136,11 @@ void check_config(const MlaConfig& c, std::mt19937& rng,
   const std::string context = describe(c, types.c_str());
   const auto batch = static_cast<std::int64_t>(c.seq_lens.size());
   PagedSetup<R> setup(c, rng);
+  if (c.extreme_bytes) {
+    for (std::int64_t i = 0; i < setup.nope.size(); i += 5) {
+      setup.nope.at(i) = static_cast<std::int8_t>(i % 2 ? -128 : 127);
+    }
+  }
   TestTensor<Q> q_nope({batch, c.heads, kNope}), q_rope({batch, c.heads, kRope});
   q_nope.fill_normal(rng, 0.1f, 1.f);
   q_rope.fill_normal(rng, 0.f, 1.f);
@@ -186,6 +196,11 @@ void check_config(const MlaConfig& c, std::mt19937& rng,
 TEST(MlaDecode, OneLongSequence) {
   std::mt19937 rng(11);
   check_config<float, float, float>({16, 64, 1, {1000}}, rng);
+}
+
+TEST(MlaDecode, ExtremeCacheBytes) {
+  std::mt19937 rng(48);
+  check_config<float, float, float>({16, 64, 4, {300, 77}, true}, rng, {0, 2});
 }
 
 TEST(MlaDecode, RaggedBatchBf16) {
