@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <exception>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -61,13 +62,25 @@ std::vector<double> predict_all(const std::vector<Measurement>& rows, const HwPa
   }
   std::vector<double> times(configs.size());
   std::atomic<std::size_t> next{0};
+  // A simulation error (a deadlock or overflow under the trial parameters) is rethrown here,
+  // after every thread has stopped: the first one by configuration order, deterministically.
+  std::vector<std::exception_ptr> errors(configs.size());
   const auto work = [&] {
-    for (std::size_t i = next++; i < configs.size(); i = next++) times[i] = time_us(configs[i], hw);
+    for (std::size_t i = next++; i < configs.size(); i = next++) {
+      try {
+        times[i] = time_us(configs[i], hw);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
   };
   std::vector<std::thread> pool;
   for (int t = 1; t < threads; ++t) pool.emplace_back(work);
   work();
   for (std::thread& thread : pool) thread.join();
+  for (const std::exception_ptr& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
   std::vector<double> values;
   for (const Measurement& row : rows) {
     const double time = times[index[describe(row.config)]];

@@ -62,8 +62,7 @@ std::vector<KvTile> kv_tiles(const std::vector<int>& kept, int block, int tile_b
 /// Bytes per element of q, k, v and P.
 int element_bytes(const FaConfig& config) { return config.int8 ? 1 : 2; }
 
-/// Keys per stage: 256 (two blocks) when double-buffered K, V and P tiles and q fit half... the
-/// whole L1, else one block.
+/// Keys per stage: two blocks when q and double-buffered K, V and P tiles fit L1, else one.
 int choose_kv_tile(const FaConfig& config, const HwParams& hw) {
   const double e = element_bytes(config);
   for (const int tokens : {2 * config.block, config.block}) {
