@@ -36,23 +36,42 @@ constexpr long long kMaxMaskPairs = 1LL << 24;
 
 // Cross-core flag ids: QK_READY, SOFTMAX_READY and UPDATE_READY as in the MLA program (mla.hpp).
 
-/// One QK/PV stage: up to kv_tile_tokens kept keys, loaded as `runs` contiguous copies.
+/// One QK/PV stage: up to kv_tile_tokens kept keys. Keys whose K and V this head has not read
+/// before come from HBM, the others are L2 hits; each part is loaded as one copy per contiguous
+/// run of its blocks.
 struct KvTile {
   int tokens = 0;
-  int runs = 0;
+  int hbm_tokens = 0, hbm_runs = 0;
+  int l2_tokens = 0, l2_runs = 0;
 };
 
 int kv_tokens(const FaConfig& config) { return config.kv_seq > 0 ? config.kv_seq : config.seq; }
 
-/// The KV tiles of one query tile: its kept blocks, in order, gathered into tiles.
-std::vector<KvTile> kv_tiles(const std::vector<int>& kept, int block, int tile_blocks, int kv_seq) {
+/// The KV tiles of query tile `q_tile`: its kept blocks, in order, gathered into tiles. A block
+/// is read from HBM by the first query tile of the head that keeps it (`first_reader`), from L2
+/// by the later ones; with no reuse (an empty first_reader) every block comes from HBM.
+std::vector<KvTile> kv_tiles(const std::vector<int>& kept, int block, int tile_blocks, int kv_seq,
+                             const std::vector<int>& first_reader, int q_tile) {
   std::vector<KvTile> tiles;
   for (std::size_t i = 0; i < kept.size(); i += static_cast<std::size_t>(tile_blocks)) {
     KvTile tile;
     const std::size_t end = std::min(kept.size(), i + static_cast<std::size_t>(tile_blocks));
+    int previous_level = -1;  // 0 HBM, 1 L2, of the previous block when adjacent
     for (std::size_t j = i; j < end; ++j) {
-      tile.tokens += std::min(block, kv_seq - kept[j] * block);
-      if (j == i || kept[j] != kept[j - 1] + 1) ++tile.runs;
+      const int tokens = std::min(block, kv_seq - kept[j] * block);
+      const bool hbm =
+          first_reader.empty() || first_reader[static_cast<std::size_t>(kept[j])] == q_tile;
+      const int level = hbm ? 0 : 1;
+      const bool new_run = j == i || kept[j] != kept[j - 1] + 1 || level != previous_level;
+      tile.tokens += tokens;
+      if (hbm) {
+        tile.hbm_tokens += tokens;
+        tile.hbm_runs += new_run;
+      } else {
+        tile.l2_tokens += tokens;
+        tile.l2_runs += new_run;
+      }
+      previous_level = level;
     }
     tiles.push_back(tile);
   }
@@ -145,7 +164,8 @@ class FaBuilder : private ProgramBuilder {
       const auto& kept =
           plan_.kept[static_cast<std::size_t>(task.mask)][static_cast<std::size_t>(task.q_tile)];
       const std::vector<KvTile> tiles =
-          kv_tiles(kept, config_.block, tile_blocks, kv_tokens(config_));
+          kv_tiles(kept, config_.block, tile_blocks, kv_tokens(config_),
+                   plan_.first_reader[static_cast<std::size_t>(task.mask)], task.q_tile);
       emit_task(task, tiles,
                 sched::make_schedule(static_cast<int>(tiles.size()), config_.chunk, options));
     }
@@ -191,15 +211,22 @@ class FaBuilder : private ProgramBuilder {
     emit_matmul(core, mm, rings.l0, rings.l0c, config_.opts.unit_flag ? kUnitFlagPieces : 1);
   }
 
-  /// K or V tile HBM -> L1, one copy per contiguous run of kept blocks; returns the ring slot.
+  /// K or V tile -> L1: the first-read blocks from HBM, the re-read ones from L2, one copy per
+  /// contiguous run of each; returns the ring slot.
   int load_kv(int core, Ring& ring, const KvTile& tile, StageTag stage, int block,
-              std::uint32_t text) {
-    const double bytes = static_cast<double>(tile.tokens) * config_.dim * element_bytes(config_);
+              std::uint32_t hbm_text, std::uint32_t l2_text) {
+    const double bytes_per_token = static_cast<double>(config_.dim) * element_bytes(config_);
     const int slot = acquire(core, ring, stage, block);
-    for (int run = 0; run < tile.runs; ++run) {
-      gm_read(core, 0, stage, block, text, bytes / tile.runs, MemLevel::hbm, false,
-              run == 0 ? Buffer::l1 : Buffer::none, run == 0 ? kv_tile_bytes() : 0);
-    }
+    bool allocated = false;
+    const auto copies = [&](int tokens, int runs, MemLevel level, std::uint32_t text) {
+      for (int run = 0; run < runs; ++run) {
+        gm_read(core, 0, stage, block, text, tokens * bytes_per_token / runs, level, false,
+                allocated ? Buffer::none : Buffer::l1, allocated ? 0 : kv_tile_bytes());
+        allocated = true;
+      }
+    };
+    copies(tile.hbm_tokens, tile.hbm_runs, MemLevel::hbm, hbm_text);
+    copies(tile.l2_tokens, tile.l2_runs, MemLevel::l2, l2_text);
     ready(core, ring, slot, stage, block);
     await(core, ring, slot, stage, block);
     return slot;
@@ -221,14 +248,17 @@ class FaBuilder : private ProgramBuilder {
     ready(core, rings.q_tile, 0, StageTag::setup, -1);
     await(core, rings.q_tile, 0, StageTag::setup, -1);
     const std::uint32_t load_k = label("QK load K tile (HBM->L1)");
+    const std::uint32_t reload_k = label("QK load K tile (L2 hit->L1)");
     const std::uint32_t load_v = label("PV load V tile (HBM->L1)");
+    const std::uint32_t reload_v = label("PV load V tile (L2 hit->L1)");
     const std::uint32_t load_p = label("PV load P (L2->L1)");
     const bool int8 = config_.int8;
     const double e = element_bytes(config_);
     for (const sched::StageInstance& item : schedule.cube) {
       const KvTile& tile = tiles[static_cast<std::size_t>(item.block)];
       if (item.stage == sched::Stage::qk) {
-        const int k_slot = load_kv(core, rings.k_tiles, tile, StageTag::qk, item.block, load_k);
+        const int k_slot =
+            load_kv(core, rings.k_tiles, tile, StageTag::qk, item.block, load_k, reload_k);
         matmul(core, Matmul{task.rows, tile.tokens, config_.dim, e, e, int8, StageTag::qk,
                             item.block, "S"});
         release(core, rings.k_tiles, k_slot, StageTag::qk, item.block, Buffer::l1, kv_tile_bytes());
@@ -247,7 +277,8 @@ class FaBuilder : private ProgramBuilder {
               !config_.opts.int8_layout, Buffer::l1, p_tile);
       ready(core, rings.p_tiles, p_slot, StageTag::pv, item.block);
       await(core, rings.p_tiles, p_slot, StageTag::pv, item.block);
-      const int v_slot = load_kv(core, rings.v_tiles, tile, StageTag::pv, item.block, load_v);
+      const int v_slot =
+          load_kv(core, rings.v_tiles, tile, StageTag::pv, item.block, load_v, reload_v);
       matmul(core, Matmul{task.rows, config_.dim, tile.tokens, e, e, int8, StageTag::pv, item.block,
                           "O_tmp"});
       release(core, rings.p_tiles, p_slot, StageTag::pv, item.block, Buffer::l1, p_tile);
@@ -469,6 +500,30 @@ void plan_masks(const FaConfig& config, FaPlan& plan) {
   }
 }
 
+/// K/V reuse through L2: the query tiles of one head run close together in time (tasks are
+/// dealt in (batch, head, query tile) order), so the K and V a head's first reader brought in
+/// are re-read from L2, provided the K and V of the heads in flight (about cores / query tiles
+/// + 1 of them) fit in L2. Otherwise every read goes to HBM.
+void plan_reuse(const FaConfig& config, const HwParams& hw, FaPlan& plan) {
+  const double heads_in_flight =
+      std::min(static_cast<double>(config.batch) * config.heads,
+               std::ceil(static_cast<double>(config.cores) / plan.q_tiles) + 1);
+  const double per_head = 2.0 * kv_tokens(config) * config.dim * element_bytes(config);
+  plan.kv_reuse = heads_in_flight * per_head <= hw.l2_bytes;
+  plan.first_reader.assign(plan.kept.size(), {});
+  if (!plan.kv_reuse) return;
+  for (std::size_t mask = 0; mask < plan.kept.size(); ++mask) {
+    std::vector<int>& first = plan.first_reader[mask];
+    first.assign(static_cast<std::size_t>(plan.kv_blocks), -1);
+    for (int q_tile = 0; q_tile < plan.q_tiles; ++q_tile) {
+      for (const int block : plan.kept[mask][static_cast<std::size_t>(q_tile)]) {
+        if (first[static_cast<std::size_t>(block)] < 0)
+          first[static_cast<std::size_t>(block)] = q_tile;
+      }
+    }
+  }
+}
+
 FaPlan plan_shape(const FaConfig& config, const HwParams& hw) {
   validate(config, hw);
   FaPlan plan;
@@ -476,6 +531,7 @@ FaPlan plan_shape(const FaConfig& config, const HwParams& hw) {
   plan.kv_blocks = (kv_tokens(config) + config.block - 1) / config.block;
   plan.kv_tile_tokens = choose_kv_tile(config, hw);
   plan_masks(config, plan);
+  plan_reuse(config, hw, plan);
   return plan;
 }
 

@@ -60,7 +60,11 @@ struct FaPlan {
   double kept_share = 1;  // kept (query tile, KV block) pairs over all, mean over heads
   std::vector<std::string> mask_names;              // per mask: "dense", "spatial", ...
   std::vector<std::vector<std::vector<int>>> kept;  // [mask][q_tile] -> kept KV blocks
-  std::vector<FaTask> tasks;                        // in execution order per core
+  // K/V reuse through L2: per mask and KV block, the query tile that reads it from HBM (the
+  // others hit L2); empty lists when the heads in flight do not fit l2_bytes.
+  bool kv_reuse = false;
+  std::vector<std::vector<int>> first_reader;
+  std::vector<FaTask> tasks;  // in execution order per core
 };
 
 /// Block masks, tasks and their longest-first assignment to cores.
