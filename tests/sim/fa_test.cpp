@@ -142,6 +142,27 @@ TEST(FaProgram, RainFusionBlocksAreTheLibraryMasksBlocks) {
   EXPECT_LT(kept_pairs, 3 * 16.0);  // sparse enough to skip blocks
 }
 
+// K and V cross HBM once per head while the heads in flight fit L2; the later query tiles of
+// the head hit L2. Without room in L2 every query tile reads them from HBM.
+TEST(FaProgram, LaterQueryTilesOfAHeadReadKAndVFromL2) {
+  HwParams hw;
+  FaConfig config = small(1024);  // 2 heads x 8 query tiles, 4 cores
+  const double q_bytes = 2 * 1024.0 * 128 * 2;
+  const double kv_once = 2 * 2 * 1024.0 * 128 * 2;  // K and V of both heads
+  EXPECT_DOUBLE_EQ(simulate(build_fa_program(config, hw), hw).hbm_bytes, q_bytes + kv_once);
+  config.seq = 8192;  // 64 query tiles; heads in flight 2, 4 MiB each
+  hw.l2_bytes = 4 * 1024 * 1024;
+  FaPlan plan = plan_fa(config, hw);
+  EXPECT_FALSE(plan.kv_reuse);
+  hw.l2_bytes = 8 * 1024 * 1024;
+  EXPECT_TRUE(plan_fa(config, hw).kv_reuse);
+  config.seq = 2048;      // 16 query tiles per head
+  hw.l2_bytes = 1 << 20;  // 2 heads in flight x 1 MiB of K and V do not fit
+  const double kv_per_tile = 2 * 2048.0 * 128 * 2;
+  EXPECT_DOUBLE_EQ(simulate(build_fa_program(config, hw), hw).hbm_bytes,
+                   2 * q_bytes + 2 * 16 * kv_per_tile);
+}
+
 class FaInvariants : public ::testing::TestWithParam<int> {};
 
 TEST_P(FaInvariants, HoldForDenseSparseAndInt8) {
