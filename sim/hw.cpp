@@ -44,6 +44,10 @@ const std::vector<HwParamInfo>& hw_param_table() {
       {"l0b_bytes", "B", "H: L0B 64 KiB per AIC", &HwParams::l0b_bytes, 1 << 10, 1 << 30},
       {"l0c_bytes", "B", "H: L0C 128 KiB per AIC", &HwParams::l0c_bytes, 1 << 10, 1 << 30},
       {"ub_bytes", "B", "H: UB 192 KiB per AIV", &HwParams::ub_bytes, 1 << 10, 1 << 30},
+      {"l2_bytes", "B",
+       "M: 192 MiB L2 shared by all cores (910B product documentation); only its capacity is "
+       "used, to decide whether re-read data is still there",
+       &HwParams::l2_bytes, 1 << 20, 1LL << 36},
       {"l2_read_latency_cycles", "cycles", "H: L2 read hit 241 cycles (Huawei CA-model config)",
        &HwParams::l2_read_latency_cycles, 0, 1e5},
       {"l2_write_latency_cycles", "cycles", "H: L2 write 96 cycles (Huawei CA-model config)",

@@ -27,6 +27,7 @@ struct HwParams {
   double l0c_bytes = 128 * 1024;
   double ub_bytes = 192 * 1024;
   // Memory system
+  double l2_bytes = 192.0 * 1024 * 1024;
   double l2_read_latency_cycles = 241;
   double l2_write_latency_cycles = 96;
   double l2_bandwidth_bytes_per_cycle = 4096;

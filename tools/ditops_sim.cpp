@@ -1,6 +1,7 @@
 // ditops-sim: the Ascend 910B pipeline simulator's command line.
 //
-//   ditops-sim mla | sweep | hw [flags]       ditops-sim COMMAND --help lists a command's flags
+//   ditops-sim mla | sweep | fa | hw | calibrate [flags]       ditops-sim COMMAND --help lists a
+//   command's flags
 //
 // Parsing (the command table below: every flag with its value and default), running (building
 // and simulating programs) and reporting (tables, JSON, trace / CSV / SVG files) are separate
@@ -24,11 +25,14 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "sim/calibrate.hpp"
 #include "sim/engine.hpp"
 #include "sim/error.hpp"
+#include "sim/fa.hpp"
 #include "sim/hw.hpp"
 #include "sim/mla.hpp"
 #include "sim/report.hpp"
@@ -118,6 +122,43 @@ const std::vector<CommandSpec>& commands() {
          "put the CPU kernel's chunk ratios beside the simulator's (ditops_bench mla_grid "
          "--benchmark_out)"},
         {"--cpu-threads", "N", "2", "the CPU runs' thread count to compare (needs --cpu)"},
+        kJsonFlag}},
+      {"fa",
+       "simulate prefill flash attention (dense or block-sparse) once and report where the "
+       "time goes",
+       {{"--batch", "N", "1", "batch"},
+        {"--heads", "N", "24", "attention heads"},
+        {"--seq", "N", "4608", "query tokens (with --video: text + T x H x W)"},
+        {"--kv-seq", "N", "SEQ", "key tokens"},
+        {"--dim", "N", "128", "head dimension (a multiple of 16)"},
+        {"--dtype", "bf16|int8", "bf16", "q, k, v and P element type"},
+        {"--cores", "N", "24", "AI cores"},
+        {"--chunk", "1|2|4", "2", "QK stages run ahead of their PVs (ops/schedule)"},
+        {"--density", "D", "1.0", "uniform block sparsity: kept share of 128-token KV blocks"},
+        {"--video", "T,H,W", "", "RainFusion layout: latent frames x height x width"},
+        {"--text", "N", "0", "RainFusion text tokens (before the video)"},
+        {"--sparsity", "S", "0.64", "RainFusion spatial/temporal sparsity in [0, 1)"},
+        {"--pattern", "NAME[,NAME...]", "spatial,temporal,textural",
+         "RainFusion pattern of head h: the list's entry h mod its length"},
+        kOptFlag,
+        kHwFlag,
+        kSetFlag,
+        kMaxInstructionsFlag,
+        kTraceFlag,
+        kCsvFlag,
+        kSvgFlag,
+        kJsonFlag}},
+      {"calibrate",
+       "fit hardware parameters to measured MLA times or speedups (sim/README.md: \"How to "
+       "calibrate against msprof\")",
+       {{"--measured", "FILE.csv", "",
+         "measurements: batch,kv,chunk,opt[,heads,q_len,cores,block_size] and time_us, or "
+         "speedup with base_chunk,base_opt (required)"},
+        kHwFlag,
+        kSetFlag,
+        {"--fit", "NAME[,NAME...]", "every U-tagged parameter but kernel_launch_us",
+         "parameters to fit, each within [1/4, 4] x its start"},
+        {"--out", "FITTED.json", "", "write the fitted parameters as a --hw file"},
         kJsonFlag}},
       {"hw",
        "print the hardware parameters as JSON with units, sources and ranges (a valid --hw file)",
@@ -498,6 +539,108 @@ CpuTimes load_cpu_times(const std::string& path) {
   return times;
 }
 
+double parse_double(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(value)) {
+    throw UsageError(flag + " expects a number (got '" + text + "')");
+  }
+  return value;
+}
+
+sim::FaConfig fa_config(const Options& options, const sim::HwParams& hw) {
+  sim::FaConfig config;
+  config.batch = int_flag(options, "--batch", config.batch);
+  config.heads = int_flag(options, "--heads", config.heads);
+  config.dim = int_flag(options, "--dim", config.dim);
+  config.cores = int_flag(options, "--cores", std::min(static_cast<int>(hw.num_cores), 24));
+  config.chunk = int_flag(options, "--chunk", config.chunk);
+  const std::string dtype = options.get("--dtype").value_or("bf16");
+  if (dtype != "bf16" && dtype != "int8") {
+    throw UsageError("--dtype must be bf16 or int8 (got '" + dtype + "')");
+  }
+  config.int8 = dtype == "int8";
+  config.opts = parse_opts(options);
+  if (const auto video = options.get("--video")) {
+    if (options.get("--density")) throw UsageError("--density and --video exclude each other");
+    const std::vector<int> extents = parse_list("--video", *video);
+    if (extents.size() != 3) throw UsageError("--video expects T,H,W (got '" + *video + "')");
+    config.rainfusion = true;
+    config.frames = extents[0];
+    config.height = extents[1];
+    config.width = extents[2];
+    config.text = int_flag(options, "--text", 0);
+    if (const auto sparsity = options.get("--sparsity")) {
+      config.sparsity = parse_double("--sparsity", *sparsity);
+    }
+    if (const auto patterns = options.get("--pattern")) {
+      try {
+        config.patterns = sim::parse_fa_patterns(*patterns);
+      } catch (const sim::SimError& error) {
+        throw UsageError(std::string("--pattern: ") + error.what());
+      }
+    }
+    const long long tokens =
+        static_cast<long long>(config.frames) * config.height * config.width + config.text;
+    config.seq = tokens > (1 << 20) ? (1 << 20) + 1 : static_cast<int>(tokens);
+  } else {
+    for (const char* flag : {"--text", "--sparsity", "--pattern"}) {
+      if (options.get(flag)) throw UsageError(std::string(flag) + " needs --video");
+    }
+    if (const auto density = options.get("--density")) {
+      config.density = parse_double("--density", *density);
+    }
+  }
+  config.seq = int_flag(options, "--seq", config.seq);
+  config.kv_seq = int_flag(options, "--kv-seq", 0);
+  try {
+    sim::validate(config, hw);
+  } catch (const sim::SimError& error) {
+    throw UsageError(std::string("--") + error.what());
+  }
+  check_program_size(options, sim::estimate_fa_instructions(config, hw), sim::describe(config));
+  return config;
+}
+
+int command_fa(const Options& options) {
+  const sim::HwParams hw = load_hw(options);
+  const sim::FaConfig config = fa_config(options, hw);
+  sim::FaPlan plan;
+  const Run run = simulate(sim::build_fa_program(config, hw, &plan), hw, wants_files(options));
+  const std::string title = "ditops-sim fa: " + sim::describe(config);
+  write_run_files(options, run, hw, title);
+  std::string masks;
+  for (const std::string& name : plan.mask_names) masks += (masks.empty() ? "" : ",") + name;
+  if (!options.json) {
+    char kept[32];
+    std::snprintf(kept, sizeof kept, "%.3f", plan.kept_share);
+    const std::string plan_line = "plan: " + std::to_string(plan.tasks.size()) +
+                                  " tasks (batch x heads x " + std::to_string(plan.q_tiles) +
+                                  " query tiles of 128) on " + std::to_string(plan.cores_used) +
+                                  " cores, " + std::to_string(plan.kv_blocks) + " KV blocks, " +
+                                  std::to_string(plan.kv_tile_tokens) + " keys per stage, masks " +
+                                  masks + ", kept share " + kept;
+    std::cout << sim::format_table(run.summary, title + "\n" + plan_line + "\n");
+    return 0;
+  }
+  nlohmann::ordered_json head;
+  head["config"] = {{"batch", config.batch},
+                    {"heads", config.heads},
+                    {"seq", config.seq},
+                    {"kv_seq", config.kv_seq > 0 ? config.kv_seq : config.seq},
+                    {"dim", config.dim},
+                    {"dtype", config.int8 ? "int8" : "bf16"},
+                    {"cores", config.cores},
+                    {"chunk", config.chunk},
+                    {"opts", sim::mla_opts_to_string(config.opts)}};
+  head["plan"] = {{"tasks", plan.tasks.size()},    {"q_tiles", plan.q_tiles},
+                  {"kv_blocks", plan.kv_blocks},   {"kv_tile_tokens", plan.kv_tile_tokens},
+                  {"cores_used", plan.cores_used}, {"masks", plan.mask_names},
+                  {"kept_share", plan.kept_share}};
+  print_run_json(head, run.summary);
+  return 0;
+}
+
 /// The sweep's (batch, kv, chunk) grid, every configuration validated before the first runs.
 std::vector<sim::MlaConfig> sweep_grid(const Options& options, const sim::HwParams& hw,
                                        std::vector<int>& chunks) {
@@ -621,6 +764,102 @@ int command_sweep(const Options& options) {
   return 0;
 }
 
+std::string fixed(double value, int digits) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.*f", digits, value);
+  return text;
+}
+
+int command_calibrate(const Options& options) {
+  const sim::HwParams start = load_hw(options);
+  const auto path = options.get("--measured");
+  if (!path) throw UsageError("calibrate needs --measured FILE.csv");
+  std::vector<sim::Measurement> rows;
+  try {
+    rows = sim::load_measurements(*path, start);
+  } catch (const sim::SimError& error) {
+    throw UsageError(std::string("--measured ") + error.what());
+  }
+  std::vector<std::string> names = sim::default_fit_names();
+  if (const auto list = options.get("--fit")) {
+    names.clear();
+    std::stringstream stream(*list);
+    std::string name;
+    while (std::getline(stream, name, ',')) names.push_back(name);
+  }
+  sim::FitResult fit;
+  try {
+    fit = sim::fit_parameters(rows, start, names);
+  } catch (const sim::SimError& error) {
+    throw UsageError(std::string("--fit: ") + error.what());
+  }
+  if (const auto out = options.get("--out")) {
+    write_file("--out", *out, [&](std::ostream& stream) { stream << sim::hw_to_json(fit.fitted); });
+  }
+  const auto row_label = [&](const sim::Measurement& m) {
+    std::string text = "batch " + std::to_string(m.config.batch) + " kv " +
+                       std::to_string(m.config.kv) + " chunk " + std::to_string(m.config.chunk) +
+                       " " + sim::mla_opts_to_string(m.config.opts);
+    if (m.speedup) {
+      text +=
+          " vs chunk " + std::to_string(m.base.chunk) + " " + sim::mla_opts_to_string(m.base.opts);
+    }
+    return text;
+  };
+  if (options.json) {
+    nlohmann::ordered_json json;
+    nlohmann::ordered_json params = nlohmann::ordered_json::object();
+    for (std::size_t i = 0; i < fit.names.size(); ++i) {
+      params[fit.names[i]] = {{"start", fit.start[i]}, {"fitted", fit.value[i]}};
+    }
+    json["params"] = params;
+    nlohmann::ordered_json array = nlohmann::ordered_json::array();
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const sim::Measurement& m = rows[i];
+      const sim::FitRow& row = fit.rows[i];
+      array.push_back({{"row", m.row},
+                       {"config", row_label(m)},
+                       {"kind", m.speedup ? "speedup" : "time_us"},
+                       {"measured", row.measured},
+                       {"predicted_before", row.before},
+                       {"predicted_after", row.after},
+                       {"predicted_held_out", row.held_out},
+                       {"error_before", std::log(row.before / row.measured)},
+                       {"error_after", std::log(row.after / row.measured)}});
+    }
+    json["rows"] = array;
+    json["error_before"] = fit.error_before;
+    json["error_after"] = fit.error_after;
+    json["error_held_out"] = fit.error_held_out;
+    json["evaluations"] = fit.evaluations;
+    std::cout << json.dump(2) << '\n';
+    return 0;
+  }
+  std::cout << "ditops-sim calibrate: " << rows.size() << " rows from " << *path << ", "
+            << fit.evaluations << " simulations of the set\n"
+            << "errors are ln(predicted / measured); held-out = the leave-one-out prediction "
+               "(the fit without that row, to first order)\n\n";
+  std::printf("%4s  %-48s %10s %10s %10s %10s %8s %8s\n", "row", "configuration", "measured",
+              "before", "after", "held-out", "err bef", "err aft");
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const sim::FitRow& row = fit.rows[i];
+    std::printf("%4d  %-48s %10.3f %10.3f %10.3f %10.3f %7.1f%% %7.1f%%\n", rows[i].row,
+                (row_label(rows[i]) + (rows[i].speedup ? " (speedup)" : " (us)")).c_str(),
+                row.measured, row.before, row.after, row.held_out,
+                100 * std::log(row.before / row.measured),
+                100 * std::log(row.after / row.measured));
+  }
+  std::printf("\n%-34s %12s %12s %8s\n", "parameter", "start", "fitted", "ratio");
+  for (std::size_t i = 0; i < fit.names.size(); ++i) {
+    std::printf("%-34s %12s %12s %8s\n", fit.names[i].c_str(),
+                sim::number_text(fit.start[i]).c_str(), sim::number_text(fit.value[i]).c_str(),
+                fixed(fit.value[i] / fit.start[i], 3).c_str());
+  }
+  std::printf("\nRMS error: before %.1f %%, after %.1f %%, held-out (leave-one-out) %.1f %%\n",
+              100 * fit.error_before, 100 * fit.error_after, 100 * fit.error_held_out);
+  return 0;
+}
+
 int command_hw(const Options& options) {
   std::cout << sim::hw_to_json(load_hw(options));
   return 0;
@@ -649,6 +888,8 @@ int main(int argc, char** argv) {
     }
     if (options.is("mla")) return command_mla(options);
     if (options.is("sweep")) return command_sweep(options);
+    if (options.is("fa")) return command_fa(options);
+    if (options.is("calibrate")) return command_calibrate(options);
     return command_hw(options);
   } catch (const UsageError& error) {
     std::cerr << "ditops-sim: " << one_line(error.what()) << '\n';

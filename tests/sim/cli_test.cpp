@@ -9,9 +9,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -380,3 +382,136 @@ TEST_F(Cli, MlaWritesTraceCsvAndSvg) {
 }
 
 }  // namespace
+
+namespace {
+
+// The flags of each command as the documented CLI lists them.
+const std::map<std::string, std::vector<std::string>>& documented_flags() {
+  static const std::map<std::string, std::vector<std::string>> flags = {
+      {"mla",
+       {"--batch", "--kv", "--heads", "--q-len", "--cores", "--block-size", "--chunk", "--opt",
+        "--hw", "--trace", "--csv", "--svg", "--json"}},
+      {"sweep", {"--batch", "--kv", "--chunk", "--heads", "--opt", "--hw", "--json"}},
+      {"fa",
+       {"--batch", "--heads", "--seq", "--kv-seq", "--dim", "--dtype", "--cores", "--chunk",
+        "--density", "--video", "--text", "--sparsity", "--opt", "--hw", "--trace", "--csv",
+        "--svg", "--json"}},
+      {"hw", {"--hw", "--set"}},
+      {"calibrate", {"--measured", "--hw", "--fit", "--out", "--json"}},
+  };
+  return flags;
+}
+
+}  // namespace
+
+TEST_F(Cli, EveryCommandDocumentsItsFlagsAndRejectsUnknownOnes) {
+  for (const auto& [command, flags] : documented_flags()) {
+    const CliRun help = run(command + " --help");
+    EXPECT_EQ(help.status, 0) << command;
+    EXPECT_TRUE(help.err.empty()) << command << ": " << help.err;
+    for (const std::string& flag : flags) {
+      EXPECT_NE(help.out.find("  " + flag + " "), std::string::npos) << command << " " << flag;
+    }
+    expect_usage_error(command + " --frobnicate 1", "--frobnicate");
+  }
+  const CliRun general = run("--help");
+  EXPECT_EQ(general.status, 0);
+  for (const auto& [command, flags] : documented_flags()) {
+    EXPECT_NE(general.out.find("  " + command + " "), std::string::npos) << command;
+  }
+}
+
+TEST_F(Cli, FaJsonHasTheContractFields) {
+  for (const std::string args :
+       {"fa --seq 512 --heads 2 --chunk 1 --json", "fa --seq 640 --heads 2 --density 0.5 --json",
+        "fa --video 3,8,12 --text 64 --sparsity 0.5 --heads 3 --chunk 4 --dtype int8 --json"}) {
+    const CliRun result = run(args);
+    ASSERT_EQ(result.status, 0) << args << ": " << result.err;
+    const nlohmann::json json = nlohmann::json::parse(result.out);
+    for (const char* key : {"time_us", "cycles", "pipes", "bubbles", "plan", "config"}) {
+      EXPECT_TRUE(json.contains(key)) << args << " " << key;
+    }
+    EXPECT_GT(json["time_us"].get<double>(), 0);
+    EXPECT_TRUE(json["pipes"].contains("AIC.M")) << args;
+    EXPECT_TRUE(json["bubbles"].contains("AIV")) << args;
+  }
+  const CliRun table = run("fa --seq 512 --heads 2");
+  EXPECT_EQ(table.status, 0);
+  EXPECT_NE(table.out.find("bubbles"), std::string::npos);
+}
+
+TEST_F(Cli, FaBadValuesExit2) {
+  expect_usage_error("fa --dtype fp8", "--dtype");
+  expect_usage_error("fa --chunk 3", "chunk");
+  expect_usage_error("fa --density 0", "density");
+  expect_usage_error("fa --density 1.5", "density");
+  expect_usage_error("fa --density nan", "--density");
+  expect_usage_error("fa --video 2,3", "--video");
+  expect_usage_error("fa --video 2,4,4 --density 0.5", "--density");
+  expect_usage_error("fa --sparsity 0.5", "--sparsity needs --video");
+  expect_usage_error("fa --video 2,4,4 --pattern diagonal", "diagonal");
+  expect_usage_error("fa --video 2,4,4 --seq 100", "seq");
+  expect_usage_error("fa --dim 100", "dim");
+  // Hostile sizes are refused before anything is built.
+  expect_usage_error("fa --seq 1048576", "pairs");
+  expect_usage_error("fa --batch 4096 --heads 1024 --seq 65536", "instructions");
+}
+
+TEST_F(Cli, CalibrateFitsAndWritesAHwFile) {
+  // Times from the model itself under a slower vector issue: the fit finds it again.
+  const CliRun sweep =
+      run("sweep --batch 1,4 --kv 512,1024 --chunk 1,4 --set vector_issue_cycles=24 --json");
+  ASSERT_EQ(sweep.status, 0) << sweep.err;
+  std::string csv = "batch,kv,chunk,opt,time_us\n";
+  for (const auto& row : nlohmann::json::parse(sweep.out)) {
+    csv += std::to_string(row["batch"].get<int>()) + "," + std::to_string(row["kv"].get<int>()) +
+           "," + std::to_string(row["chunk"].get<int>()) + ",none," +
+           std::to_string(row["time_us"].get<double>()) + "\n";
+  }
+  const std::string measured = write_tmp("measured.csv", csv);
+  const std::string out = env("DITOPS_SIM_TMP") + "/fitted.json";
+  std::filesystem::remove(out);
+  const CliRun fit = run("calibrate --measured '" + measured +
+                         "' --fit vector_issue_cycles --json --out '" + out + "'");
+  ASSERT_EQ(fit.status, 0) << fit.err;
+  const nlohmann::json json = nlohmann::json::parse(fit.out);
+  for (const char* key : {"params", "rows", "error_before", "error_after"}) {
+    EXPECT_TRUE(json.contains(key)) << key;
+  }
+  EXPECT_EQ(json["rows"].size(), 8u);
+  EXPECT_NEAR(json["params"]["vector_issue_cycles"]["fitted"].get<double>(), 24, 0.5);
+  EXPECT_LT(json["error_after"].get<double>(), json["error_before"].get<double>());
+  // The written file is a valid --hw file carrying the fit.
+  const CliRun hw = run("hw --hw '" + out + "'");
+  ASSERT_EQ(hw.status, 0) << hw.err;
+  EXPECT_NEAR(nlohmann::json::parse(hw.out)["params"]["vector_issue_cycles"]["value"].get<double>(),
+              24, 0.5);
+  // The table names the rows and the held-out error.
+  const CliRun table = run("calibrate --measured '" + measured + "' --fit vector_issue_cycles");
+  EXPECT_EQ(table.status, 0);
+  EXPECT_NE(table.out.find("held-out"), std::string::npos);
+}
+
+TEST_F(Cli, CalibrateRejectsMalformedFilesNamingRowAndColumn) {
+  const auto bad = [&](const std::string& name, const std::string& csv, const std::string& row,
+                       const std::string& column) {
+    const std::string path = write_tmp(name, csv);
+    expect_usage_error("calibrate --measured '" + path + "'", row);
+    expect_usage_error("calibrate --measured '" + path + "'", "column " + column);
+  };
+  bad("no_chunk.csv", "batch,kv,opt,time_us\n1,512,none,10\n", "row 0", "chunk");
+  bad("switch.csv", "batch,kv,chunk,opt,time_us\n1,512,1,warp,10\n", "row 1", "opt");
+  bad("negative.csv", "batch,kv,chunk,opt,time_us\n1,512,1,none,10\n1,512,2,none,-1\n", "row 2",
+      "time_us");
+  expect_usage_error("calibrate", "--measured");
+  expect_usage_error("calibrate --measured '" + env("DITOPS_SIM_TMP") + "'", "directory");
+  const std::string good = write_tmp("good.csv", "batch,kv,chunk,opt,time_us\n1,512,1,none,30\n");
+  expect_usage_error("calibrate --measured '" + good + "' --fit warp_factor", "warp_factor");
+  // --out never writes through something that is not a regular file.
+  const std::string dir = env("DITOPS_SIM_TMP") + "/not_a_file.d";
+  std::filesystem::create_directories(dir);
+  expect_usage_error(
+      "calibrate --measured '" + good + "' --fit vector_issue_cycles --out '" + dir + "'",
+      "not a regular file");
+  expect_usage_error("fa --seq 256 --heads 1 --svg '" + dir + "'", "not a regular file");
+}

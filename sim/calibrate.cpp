@@ -1,0 +1,428 @@
+#include "sim/calibrate.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <exception>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "ops/core/file.hpp"
+#include "sim/engine.hpp"
+#include "sim/error.hpp"
+#include "sim/report.hpp"
+
+namespace ditops::sim {
+namespace {
+
+// A program larger than this per row is refused: calibration simulates every row many times.
+constexpr std::uint64_t kMaxRowInstructions = 10'000'000;
+
+// Levenberg-Marquardt settings: log-parameter step of the forward differences, iterations,
+// damping tries per iteration and the relative improvement below which the fit stops.
+constexpr double kDifferenceStep = 0.05;
+constexpr int kMaxIterations = 12;
+constexpr int kMaxDampingTries = 6;
+constexpr double kMaxStep = 0.5;  // per parameter and iteration, in log space (a trust region)
+constexpr double kMinImprovement = 1e-3;
+constexpr double kBound = 1.3862943611198906;  // ln 4
+
+std::vector<std::string> split(const std::string& line, char separator) {
+  std::vector<std::string> cells;
+  std::stringstream stream(line);
+  std::string cell;
+  while (std::getline(stream, cell, separator)) {
+    const auto first = cell.find_first_not_of(" \t\r");
+    const auto last = cell.find_last_not_of(" \t\r");
+    cells.push_back(first == std::string::npos ? "" : cell.substr(first, last - first + 1));
+  }
+  if (!line.empty() && line.back() == separator) cells.emplace_back();
+  return cells;
+}
+
+double time_us(const MlaConfig& config, const HwParams& hw) {
+  const Program program = build_mla_program(config, hw);
+  return summarize(program, simulate(program, hw), hw).time_us;
+}
+
+/// Simulates every distinct configuration of `rows` once under `hw` (in `threads` threads)
+/// and returns each row's predicted value.
+std::vector<double> predict_all(const std::vector<Measurement>& rows, const HwParams& hw,
+                                int threads) {
+  std::map<std::string, std::size_t> index;
+  std::vector<MlaConfig> configs;
+  const auto add = [&](const MlaConfig& config) {
+    const std::string key = describe(config);
+    if (index.emplace(key, configs.size()).second) configs.push_back(config);
+  };
+  for (const Measurement& row : rows) {
+    add(row.config);
+    if (row.speedup) add(row.base);
+  }
+  std::vector<double> times(configs.size());
+  std::atomic<std::size_t> next{0};
+  // A simulation error (a deadlock or overflow under the trial parameters) is rethrown here,
+  // after every thread has stopped: the first one by configuration order, deterministically.
+  std::vector<std::exception_ptr> errors(configs.size());
+  const auto work = [&] {
+    for (std::size_t i = next++; i < configs.size(); i = next++) {
+      try {
+        times[i] = time_us(configs[i], hw);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& thread : pool) thread.join();
+  for (const std::exception_ptr& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
+  std::vector<double> values;
+  for (const Measurement& row : rows) {
+    const double time = times[index[describe(row.config)]];
+    values.push_back(row.speedup ? times[index[describe(row.base)]] / time : time);
+  }
+  return values;
+}
+
+std::vector<double> residuals(const std::vector<Measurement>& rows,
+                              const std::vector<double>& predicted) {
+  std::vector<double> r;
+  for (std::size_t i = 0; i < rows.size(); ++i) r.push_back(std::log(predicted[i] / rows[i].value));
+  return r;
+}
+
+double rms(const std::vector<double>& r) {
+  double sum = 0;
+  for (const double value : r) sum += value * value;
+  return r.empty() ? 0 : std::sqrt(sum / static_cast<double>(r.size()));
+}
+
+double squared(const std::vector<double>& r) {
+  double sum = 0;
+  for (const double value : r) sum += value * value;
+  return sum;
+}
+
+/// Solves the symmetric positive definite system a x = b (n small) by Cholesky.
+std::vector<double> solve_spd(std::vector<std::vector<double>> a, std::vector<double> b) {
+  const std::size_t n = b.size();
+  for (std::size_t j = 0; j < n; ++j) {
+    double d = a[j][j];
+    for (std::size_t k = 0; k < j; ++k) d -= a[j][k] * a[j][k];
+    a[j][j] = std::sqrt(std::max(d, 1e-300));
+    for (std::size_t i = j + 1; i < n; ++i) {
+      double s = a[i][j];
+      for (std::size_t k = 0; k < j; ++k) s -= a[i][k] * a[j][k];
+      a[i][j] = s / a[j][j];
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t k = 0; k < i; ++k) b[i] -= a[i][k] * b[k];
+    b[i] /= a[i][i];
+  }
+  for (std::size_t i = n; i-- > 0;) {
+    for (std::size_t k = i + 1; k < n; ++k) b[i] -= a[k][i] * b[k];
+    b[i] /= a[i][i];
+  }
+  return b;
+}
+
+struct Bounds {
+  double low, high;  // in log space, relative to the start
+};
+
+}  // namespace
+
+std::vector<Measurement> parse_measurements(const std::string& text, const std::string& name,
+                                            const HwParams& hw) {
+  std::vector<Measurement> rows;
+  std::stringstream stream(text);
+  std::string line;
+  int line_number = 0;
+  std::map<std::string, std::size_t> columns;
+  const auto fail = [&](int row, int at, const std::string& column, const std::string& problem) {
+    throw SimError(name + ": row " + std::to_string(row) + " (line " + std::to_string(at) +
+                   "), column " + column + ": " + problem);
+  };
+  while (std::getline(stream, line)) {
+    ++line_number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::vector<std::string> cells = split(line, ',');
+    if (columns.empty()) {
+      for (std::size_t i = 0; i < cells.size(); ++i) columns[cells[i]] = i;
+      for (const char* required : {"batch", "kv", "chunk", "opt"}) {
+        if (columns.count(required) == 0) fail(0, line_number, required, "missing in the header");
+      }
+      const bool time = columns.count("time_us") != 0;
+      const bool speedup = columns.count("speedup") != 0;
+      if (time == speedup) {
+        fail(0, line_number, time ? "speedup" : "time_us",
+             "the header needs exactly one of time_us or speedup");
+      }
+      if (speedup) {
+        for (const char* required : {"base_chunk", "base_opt"}) {
+          if (columns.count(required) == 0) {
+            fail(0, line_number, required, "missing in the header (needed with speedup)");
+          }
+        }
+      }
+      continue;
+    }
+    Measurement m;
+    m.row = static_cast<int>(rows.size()) + 1;
+    m.line = line_number;
+    if (m.row > kMaxMeasurements) {
+      fail(m.row, line_number, "-", "more than " + std::to_string(kMaxMeasurements) + " rows");
+    }
+    const auto cell = [&](const std::string& column) -> std::string {
+      const std::size_t at = columns.at(column);
+      if (at >= cells.size() || cells[at].empty()) fail(m.row, line_number, column, "is empty");
+      return cells[at];
+    };
+    const auto integer = [&](const char* column, int& target) {
+      if (columns.count(column) == 0) return;
+      const std::string value = cell(column);
+      if (value.size() > 9 || value.find_first_not_of("0123456789") != std::string::npos) {
+        fail(m.row, line_number, column, "'" + value + "' is not a positive integer");
+      }
+      target = std::stoi(value);
+    };
+    const auto number = [&](const char* column) {
+      const std::string value = cell(column);
+      char* end = nullptr;
+      const double parsed = std::strtod(value.c_str(), &end);
+      if (end != value.c_str() + value.size() || !std::isfinite(parsed) || !(parsed > 0)) {
+        fail(m.row, line_number, column, "'" + value + "' is not a positive number");
+      }
+      return parsed;
+    };
+    const auto opts = [&](const char* column) {
+      std::string value = cell(column);
+      std::replace(value.begin(), value.end(), '+', ',');
+      try {
+        return parse_mla_opts(value);
+      } catch (const SimError& error) {
+        fail(m.row, line_number, column, error.what());
+      }
+      return MlaOptimizations{};
+    };
+    m.config.cores = std::min(static_cast<int>(hw.num_cores), 24);
+    integer("batch", m.config.batch);
+    integer("kv", m.config.kv);
+    integer("chunk", m.config.chunk);
+    integer("heads", m.config.heads);
+    integer("q_len", m.config.q_len);
+    integer("cores", m.config.cores);
+    integer("block_size", m.config.block_size);
+    m.config.opts = opts("opt");
+    m.speedup = columns.count("speedup") != 0;
+    m.value = number(m.speedup ? "speedup" : "time_us");
+    const auto check = [&](const MlaConfig& config, const char* chunk_column) {
+      try {
+        validate(config, hw);
+      } catch (const SimError& error) {
+        // Messages start with the field: "batch must be ...", "q-len ...", "block-size ...".
+        std::string field = error.what();
+        field = field.substr(0, field.find(' '));
+        std::replace(field.begin(), field.end(), '-', '_');
+        if (field == "chunk") field = chunk_column;
+        fail(m.row, line_number, field, error.what());
+      }
+      if (estimate_mla_instructions(config, hw) > kMaxRowInstructions) {
+        fail(m.row, line_number, "batch", describe(config) + " is too large to calibrate on");
+      }
+    };
+    check(m.config, "chunk");
+    if (m.speedup) {
+      m.base = m.config;
+      integer("base_chunk", m.base.chunk);
+      m.base.opts = opts("base_opt");
+      check(m.base, "base_chunk");
+    }
+    rows.push_back(m);
+  }
+  if (columns.empty()) throw SimError(name + ": no header row");
+  if (rows.empty()) throw SimError(name + ": no measurement rows");
+  return rows;
+}
+
+std::vector<Measurement> load_measurements(const std::string& path, const HwParams& hw) {
+  const core::FileContents file =
+      core::read_regular_file(path, core::kMaxInputFileBytes, /*follow_symlink=*/true);
+  if (file.status != core::FileStatus::ok) {
+    throw SimError("cannot read " + path + ": it " + file.problem);
+  }
+  return parse_measurements(file.text, path, hw);
+}
+
+double predict(const Measurement& measurement, const HwParams& hw) {
+  return predict_all({measurement}, hw, 1).front();
+}
+
+std::vector<std::string> default_fit_names() {
+  std::vector<std::string> names;
+  for (const HwParamInfo& info : hw_param_table()) {
+    if (info.source[0] == 'U' && std::string(info.name) != "kernel_launch_us") {
+      names.emplace_back(info.name);
+    }
+  }
+  return names;
+}
+
+FitResult fit_parameters(const std::vector<Measurement>& rows, const HwParams& start,
+                         const std::vector<std::string>& names, int threads) {
+  FitResult result;
+  result.names = names;
+  std::vector<const HwParamInfo*> infos;
+  std::vector<Bounds> bounds;
+  for (const std::string& name : names) {
+    const HwParamInfo* info = find_hw_param(name);
+    if (info == nullptr) throw SimError("unknown hardware parameter '" + name + "'");
+    if (std::find(infos.begin(), infos.end(), info) != infos.end()) {
+      throw SimError("parameter '" + name + "' named twice");
+    }
+    const double value = start.*info->field;
+    if (!(value > 0)) throw SimError("cannot fit " + name + " from a starting value of 0");
+    if (info->integer) throw SimError(name + " is a count, not a fittable rate or latency");
+    infos.push_back(info);
+    result.start.push_back(value);
+    // [1/4, 4] x the start, inside the parameter's range.
+    bounds.push_back({std::max(-kBound, std::log(std::max(info->min, 1e-300) / value)),
+                      std::min(kBound, std::log(info->max / value))});
+  }
+  const std::size_t n = infos.size();
+  const auto params_at = [&](const std::vector<double>& x) {
+    HwParams hw = start;
+    for (std::size_t i = 0; i < n; ++i) hw.*infos[i]->field = result.start[i] * std::exp(x[i]);
+    return hw;
+  };
+  const auto evaluate = [&](const std::vector<double>& x) {
+    ++result.evaluations;
+    return residuals(rows, predict_all(rows, params_at(x), threads));
+  };
+  const auto clamp = [&](std::vector<double> x) {
+    for (std::size_t i = 0; i < n; ++i) x[i] = std::clamp(x[i], bounds[i].low, bounds[i].high);
+    return x;
+  };
+
+  std::vector<double> x(n, 0.0);
+  std::vector<double> r = evaluate(x);
+  const std::vector<double> r_start = r;
+  double cost = squared(r);
+  double damping = 1e-2;
+  std::vector<std::vector<double>> jacobian(rows.size(), std::vector<double>(n, 0.0));
+  // Forward differences, stepping inward at an upper bound. Between full Jacobians, Broyden's
+  // rank-one update keeps the linearization current at one simulation of the set per step.
+  const auto full_jacobian = [&] {
+    for (std::size_t i = 0; i < n; ++i) {
+      std::vector<double> probe = x;
+      const double step =
+          x[i] + kDifferenceStep <= bounds[i].high ? kDifferenceStep : -kDifferenceStep;
+      probe[i] += step;
+      const std::vector<double> rp = evaluate(probe);
+      for (std::size_t j = 0; j < rows.size(); ++j) jacobian[j][i] = (rp[j] - r[j]) / step;
+    }
+  };
+  if (n > 0) full_jacobian();
+  bool fresh = true;  // the Jacobian was just computed by differences
+  for (int iteration = 0; iteration < kMaxIterations && n > 0; ++iteration) {
+    std::vector<std::vector<double>> normal(n, std::vector<double>(n, 0.0));
+    std::vector<double> gradient(n, 0.0);
+    for (std::size_t j = 0; j < rows.size(); ++j) {
+      for (std::size_t a = 0; a < n; ++a) {
+        gradient[a] += jacobian[j][a] * r[j];
+        for (std::size_t b = 0; b < n; ++b) normal[a][b] += jacobian[j][a] * jacobian[j][b];
+      }
+    }
+    bool improved = false, moved = false;
+    for (int attempt = 0; attempt < kMaxDampingTries; ++attempt) {
+      std::vector<std::vector<double>> damped = normal;
+      std::vector<double> rhs(n);
+      for (std::size_t a = 0; a < n; ++a) {
+        damped[a][a] += damping * normal[a][a] + 1e-9;
+        rhs[a] = -gradient[a];
+      }
+      const std::vector<double> delta = solve_spd(damped, rhs);
+      std::vector<double> candidate = x;
+      for (std::size_t a = 0; a < n; ++a) {
+        candidate[a] += std::clamp(delta[a], -kMaxStep, kMaxStep);
+      }
+      candidate = clamp(candidate);
+      const std::vector<double> rc = evaluate(candidate);
+      const double candidate_cost = squared(rc);
+      if (candidate_cost < cost) {
+        // Broyden: J += (r_new - r - J s) s^T / (s^T s), s the step taken.
+        std::vector<double> s(n);
+        double ss = 0;
+        for (std::size_t a = 0; a < n; ++a) {
+          s[a] = candidate[a] - x[a];
+          ss += s[a] * s[a];
+        }
+        for (std::size_t j = 0; j < rows.size() && ss > 0; ++j) {
+          double predicted_change = 0;
+          for (std::size_t a = 0; a < n; ++a) predicted_change += jacobian[j][a] * s[a];
+          const double miss = rc[j] - r[j] - predicted_change;
+          for (std::size_t a = 0; a < n; ++a) jacobian[j][a] += miss * s[a] / ss;
+        }
+        const double gain = (cost - candidate_cost) / std::max(cost, 1e-300);
+        x = candidate;
+        r = rc;
+        cost = candidate_cost;
+        damping = std::max(damping / 3, 1e-6);
+        improved = gain > kMinImprovement;
+        moved = true;
+        break;
+      }
+      damping *= 4;
+    }
+    if (improved) {
+      fresh = false;
+      continue;
+    }
+    if (fresh) break;  // no progress even on a fresh linearization: a minimum
+    full_jacobian();   // the updated Jacobian may have drifted: refresh it once
+    fresh = true;
+    if (!moved) damping = 1e-2;
+  }
+
+  result.fitted = params_at(x);
+  validate(result.fitted);
+  for (std::size_t i = 0; i < n; ++i) result.value.push_back(result.fitted.*infos[i]->field);
+  // Leave-one-out residuals from the leverages h_jj = J_j (J^T J)^-1 J_j^T of the last
+  // linearization: the prediction a fit without row j would make, to first order.
+  std::vector<std::vector<double>> normal(n, std::vector<double>(n, 0.0));
+  for (std::size_t j = 0; j < rows.size(); ++j) {
+    for (std::size_t a = 0; a < n; ++a) {
+      for (std::size_t b = 0; b < n; ++b) normal[a][b] += jacobian[j][a] * jacobian[j][b];
+    }
+  }
+  for (std::size_t a = 0; a < n; ++a) normal[a][a] += 1e-9;
+  std::vector<double> held_out;
+  const std::vector<double> predicted = predict_all(rows, result.fitted, threads);
+  for (std::size_t j = 0; j < rows.size(); ++j) {
+    double leverage = 0;
+    if (n > 0) {
+      const std::vector<double> solved = solve_spd(normal, jacobian[j]);
+      for (std::size_t a = 0; a < n; ++a) leverage += jacobian[j][a] * solved[a];
+    }
+    const double loo = r[j] / std::max(1.0 - leverage, 1e-3);
+    held_out.push_back(loo);
+    FitRow row;
+    row.measured = rows[j].value;
+    row.before = rows[j].value * std::exp(r_start[j]);
+    row.after = predicted[j];
+    row.held_out = rows[j].value * std::exp(loo);
+    result.rows.push_back(row);
+  }
+  result.error_before = rms(r_start);
+  result.error_after = rms(r);
+  result.error_held_out = rms(held_out);
+  return result;
+}
+
+}  // namespace ditops::sim

@@ -1,0 +1,640 @@
+#include "sim/fa.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <ditops/sparse.hpp>
+#include <sstream>
+
+#include "ops/schedule/schedule.hpp"
+#include "ops/sparse/layout.hpp"
+#include "sim/builder.hpp"
+#include "sim/error.hpp"
+
+namespace ditops::sim {
+namespace {
+
+namespace sched = ditops::schedule;
+
+constexpr int kOutBytes = 2;  // bf16 output O
+
+// Vector work per element of the fp32 S tile, in passes (tile bytes / 256 B per cycle) and
+// instructions. These describe the kernel, not the chip.
+constexpr double kSmElementwisePasses = 5;  // scale, subtract row max, exp (twice), cast P
+constexpr double kSmReductionPasses = 4;    // row max and row sum, two passes each
+constexpr double kSmInt8Passes = 4;         // int8: dequantize S (2), quantize P (2)
+constexpr int kSmInstrs = 12;
+constexpr double kUpPasses = 3;  // cast O_tmp, rescale the running O, add
+constexpr int kUpInstrs = 3;
+constexpr double kUpFinalPasses = 2;  // divide by the row sum, cast to bf16
+
+// Rows per SM step (each AIV owns half of a 128-row query tile): a 32 x 256 fp32 S tile is
+// 32 KiB, so two S tiles, two P tiles, two O_tmp tiles and the resident O fit the 192 KiB UB.
+// (A 64-row step would not: sm_head_group has no further effect here.)
+constexpr int kSmRows = 32;
+constexpr int kUnitFlagPieces = 4;
+constexpr long long kMaxMaskPairs = 1LL << 24;
+
+// Cross-core flag ids: QK_READY, SOFTMAX_READY and UPDATE_READY as in the MLA program (mla.hpp).
+
+/// One QK/PV stage: up to kv_tile_tokens kept keys. Keys whose K and V this head has not read
+/// before come from HBM, the others are L2 hits; each part is loaded as one copy per contiguous
+/// run of its blocks.
+struct KvTile {
+  int tokens = 0;
+  int hbm_tokens = 0, hbm_runs = 0;
+  int l2_tokens = 0, l2_runs = 0;
+};
+
+int kv_tokens(const FaConfig& config) { return config.kv_seq > 0 ? config.kv_seq : config.seq; }
+
+/// The KV tiles of query tile `q_tile`: its kept blocks, in order, gathered into tiles. A block
+/// is read from HBM by the first query tile of the head that keeps it (`first_reader`), from L2
+/// by the later ones; with no reuse (an empty first_reader) every block comes from HBM.
+std::vector<KvTile> kv_tiles(const std::vector<int>& kept, int block, int tile_blocks, int kv_seq,
+                             const std::vector<int>& first_reader, int q_tile) {
+  std::vector<KvTile> tiles;
+  for (std::size_t i = 0; i < kept.size(); i += static_cast<std::size_t>(tile_blocks)) {
+    KvTile tile;
+    const std::size_t end = std::min(kept.size(), i + static_cast<std::size_t>(tile_blocks));
+    int previous_level = -1;  // 0 HBM, 1 L2, of the previous block when adjacent
+    for (std::size_t j = i; j < end; ++j) {
+      const int tokens = std::min(block, kv_seq - kept[j] * block);
+      const bool hbm =
+          first_reader.empty() || first_reader[static_cast<std::size_t>(kept[j])] == q_tile;
+      const int level = hbm ? 0 : 1;
+      const bool new_run = j == i || kept[j] != kept[j - 1] + 1 || level != previous_level;
+      tile.tokens += tokens;
+      if (hbm) {
+        tile.hbm_tokens += tokens;
+        tile.hbm_runs += new_run;
+      } else {
+        tile.l2_tokens += tokens;
+        tile.l2_runs += new_run;
+      }
+      previous_level = level;
+    }
+    tiles.push_back(tile);
+  }
+  return tiles;
+}
+
+/// Bytes per element of q, k, v and P.
+int element_bytes(const FaConfig& config) { return config.int8 ? 1 : 2; }
+
+/// Keys per stage: two blocks when q and double-buffered K, V and P tiles fit L1, else one.
+int choose_kv_tile(const FaConfig& config, const HwParams& hw) {
+  const double e = element_bytes(config);
+  for (const int tokens : {2 * config.block, config.block}) {
+    const double l1 = config.block * config.dim * e +                         // q
+                      2 * 2 * static_cast<double>(tokens) * config.dim * e +  // K, V
+                      2 * static_cast<double>(config.block) * tokens * e;     // P
+    if (l1 <= hw.l1_bytes) return tokens;
+  }
+  throw SimError("dim " + std::to_string(config.dim) + " needs more L1 than l1_bytes (" +
+                 number_text(hw.l1_bytes) + ") for one KV block of q, K, V and P tiles");
+}
+
+HeadPattern library_pattern(FaPattern pattern) {
+  switch (pattern) {
+    case FaPattern::spatial:
+      return HeadPattern::spatial;
+    case FaPattern::temporal:
+      return HeadPattern::temporal;
+    case FaPattern::textural:
+      return HeadPattern::textural;
+    case FaPattern::dense:
+      break;
+  }
+  return HeadPattern::dense;
+}
+
+/// The kept KV blocks of every query tile under one RainFusion pattern: a block is kept when
+/// it meets the sink or the window of any query in the tile, in the pattern's token order (as
+/// the CPU kernel walks it).
+std::vector<std::vector<int>> rainfusion_blocks(const sparse::PatternPlan& plan, int tokens,
+                                                int block) {
+  const int blocks = (tokens + block - 1) / block;
+  std::vector<std::vector<int>> kept(static_cast<std::size_t>(blocks));
+  const int sink_blocks = static_cast<int>((plan.sink_end + block - 1) / block);
+  std::vector<int> cover(static_cast<std::size_t>(blocks) + 1);
+  for (int q_tile = 0; q_tile < blocks; ++q_tile) {
+    std::fill(cover.begin(), cover.end(), 0);
+    const int first = q_tile * block, last = std::min(tokens, first + block);
+    for (int p = first; p < last; ++p) {
+      const int begin = plan.window[2 * static_cast<std::size_t>(p)];
+      const int end = plan.window[2 * static_cast<std::size_t>(p) + 1];
+      if (end <= begin) continue;
+      ++cover[static_cast<std::size_t>(begin / block)];
+      --cover[static_cast<std::size_t>((end - 1) / block + 1)];
+    }
+    int running = 0;
+    for (int j = 0; j < blocks; ++j) {
+      running += cover[static_cast<std::size_t>(j)];
+      if (running > 0 || j < sink_blocks) kept[static_cast<std::size_t>(q_tile)].push_back(j);
+    }
+  }
+  return kept;
+}
+
+/// A uniform kept share: max(1, round(density x blocks)) evenly spaced blocks per query tile.
+std::vector<std::vector<int>> uniform_blocks(double density, int q_tiles, int kv_blocks) {
+  const int keep = std::max(1, static_cast<int>(std::lround(density * kv_blocks)));
+  std::vector<int> row;
+  for (int t = 0; t < keep; ++t)
+    row.push_back(static_cast<int>(static_cast<long long>(t) * kv_blocks / keep));
+  return std::vector<std::vector<int>>(static_cast<std::size_t>(q_tiles), row);
+}
+
+class FaBuilder : private ProgramBuilder {
+ public:
+  FaBuilder(const FaConfig& config, const HwParams& hw, const FaPlan& plan)
+      : ProgramBuilder(config.cores, hw), config_(config), plan_(plan) {
+    program_.cross_flag_names[kFlagQkReady] = "QK_READY";
+    program_.cross_flag_names[kFlagSoftmaxReady] = "SOFTMAX_READY";
+    program_.cross_flag_names[kFlagUpdateReady] = "UPDATE_READY";
+  }
+
+  Program build() {
+    cores_.resize(static_cast<std::size_t>(config_.cores));
+    for (int core = 0; core < config_.cores; ++core) init_core(core);
+    sched::ScheduleOptions options;
+    options.interleave_cube = config_.opts.cube_reorder;
+    const int tile_blocks = plan_.kv_tile_tokens / config_.block;
+    for (const FaTask& task : plan_.tasks) {
+      const auto& kept =
+          plan_.kept[static_cast<std::size_t>(task.mask)][static_cast<std::size_t>(task.q_tile)];
+      const std::vector<KvTile> tiles =
+          kv_tiles(kept, config_.block, tile_blocks, kv_tokens(config_),
+                   plan_.first_reader[static_cast<std::size_t>(task.mask)], task.q_tile);
+      emit_task(task, tiles,
+                sched::make_schedule(static_cast<int>(tiles.size()), config_.chunk, options));
+    }
+    return take();
+  }
+
+ private:
+  struct CoreRings {
+    Ring k_tiles, v_tiles, p_tiles, q_tile, l0, l0c;  // AIC
+    Ring s_in[2], p_out[2], o_tmp[2], o_acc[2];       // per AIV
+  };
+
+  void init_core(int core) {
+    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    // AIC MTE2 -> MTE1 ids: K 0-1, V 2-3, P 4-5, q 6.
+    rings.k_tiles = make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, 0, 0, 2, "K tile (L1)");
+    rings.v_tiles = make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, 2, 2, 2, "V tile (L1)");
+    rings.p_tiles = make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, 4, 4, 2, "P tile (L1)");
+    rings.q_tile = make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, 6, 6, 1, "q (L1)");
+    rings.l0 = make_ring(0, Pipe::mte1, Pipe::m, Pipe::m, 0, 0, 2, "L0A/L0B");
+    rings.l0c = make_ring(0, Pipe::m, Pipe::fix, Pipe::fix, 0, 0, 2, "L0C");
+    // AIV: MTE2 -> V 0-1 S, 4-5 O_tmp, 6 O; V -> MTE3 0-1 P, 2 O; MTE3 -> MTE2 0 O free.
+    const int up_slots = config_.opts.up_pingpong ? 2 : 1;
+    for (int aiv = 0; aiv < 2; ++aiv) {
+      const int unit = aiv + 1;
+      rings.s_in[aiv] = make_ring(unit, Pipe::mte2, Pipe::v, Pipe::v, 0, 0, 2, "S tile (UB)");
+      rings.p_out[aiv] = make_ring(unit, Pipe::v, Pipe::mte3, Pipe::mte3, 0, 0, 2, "P tile (UB)");
+      rings.o_tmp[aiv] =
+          make_ring(unit, Pipe::mte2, Pipe::v, Pipe::v, 4, 4, up_slots, "O_tmp tile (UB)");
+      rings.o_acc[aiv] = make_ring(unit, Pipe::mte2, Pipe::v, Pipe::mte3, 6, 0, 1, "O (UB)");
+    }
+  }
+
+  bool flag_at_group_start(const sched::StageInstance& item) const {
+    return !config_.opts.sync_reduce || item.sub == 0;
+  }
+  bool flag_at_group_end(const sched::StageInstance& item, int tiles) const {
+    return !config_.opts.sync_reduce || item.sub == config_.chunk - 1 || item.block == tiles - 1;
+  }
+
+  void matmul(int core, const Matmul& mm) {
+    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    emit_matmul(core, mm, rings.l0, rings.l0c, config_.opts.unit_flag ? kUnitFlagPieces : 1);
+  }
+
+  /// K or V tile -> L1: the first-read blocks from HBM, the re-read ones from L2, one copy per
+  /// contiguous run of each; returns the ring slot.
+  int load_kv(int core, Ring& ring, const KvTile& tile, StageTag stage, int block,
+              std::uint32_t hbm_text, std::uint32_t l2_text) {
+    const double bytes_per_token = static_cast<double>(config_.dim) * element_bytes(config_);
+    const int slot = acquire(core, ring, stage, block);
+    bool allocated = false;
+    const auto copies = [&](int tokens, int runs, MemLevel level, std::uint32_t text) {
+      for (int run = 0; run < runs; ++run) {
+        gm_read(core, 0, stage, block, text, tokens * bytes_per_token / runs, level, false,
+                allocated ? Buffer::none : Buffer::l1, allocated ? 0 : kv_tile_bytes());
+        allocated = true;
+      }
+    };
+    copies(tile.hbm_tokens, tile.hbm_runs, MemLevel::hbm, hbm_text);
+    copies(tile.l2_tokens, tile.l2_runs, MemLevel::l2, l2_text);
+    ready(core, ring, slot, stage, block);
+    await(core, ring, slot, stage, block);
+    return slot;
+  }
+
+  double kv_tile_bytes() const {
+    return static_cast<double>(plan_.kv_tile_tokens) * config_.dim * element_bytes(config_);
+  }
+
+  void emit_task(const FaTask& task, const std::vector<KvTile>& tiles,
+                 const sched::Schedule& schedule) {
+    const int core = task.core;
+    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    const int count = static_cast<int>(tiles.size());
+    const double q_bytes = static_cast<double>(task.rows) * config_.dim * element_bytes(config_);
+    acquire(core, rings.q_tile, StageTag::setup, -1);
+    gm_read(core, 0, StageTag::setup, -1, label("load q (HBM->L1)"), q_bytes, MemLevel::hbm, false,
+            Buffer::l1, q_bytes);
+    ready(core, rings.q_tile, 0, StageTag::setup, -1);
+    await(core, rings.q_tile, 0, StageTag::setup, -1);
+    const std::uint32_t load_k = label("QK load K tile (HBM->L1)");
+    const std::uint32_t reload_k = label("QK load K tile (L2 hit->L1)");
+    const std::uint32_t load_v = label("PV load V tile (HBM->L1)");
+    const std::uint32_t reload_v = label("PV load V tile (L2 hit->L1)");
+    const std::uint32_t load_p = label("PV load P (L2->L1)");
+    const bool int8 = config_.int8;
+    const double e = element_bytes(config_);
+    for (const sched::StageInstance& item : schedule.cube) {
+      const KvTile& tile = tiles[static_cast<std::size_t>(item.block)];
+      if (item.stage == sched::Stage::qk) {
+        const int k_slot =
+            load_kv(core, rings.k_tiles, tile, StageTag::qk, item.block, load_k, reload_k);
+        matmul(core, Matmul{task.rows, tile.tokens, config_.dim, e, e, int8, StageTag::qk,
+                            item.block, "S"});
+        release(core, rings.k_tiles, k_slot, StageTag::qk, item.block, Buffer::l1, kv_tile_bytes());
+        if (flag_at_group_end(item, count)) {
+          set_cross(core, 0, Pipe::fix, kFlagQkReady, 2, StageTag::qk, item.block);
+        }
+        continue;
+      }
+      if (flag_at_group_start(item)) {
+        wait_cross(core, 0, Pipe::mte2, kFlagSoftmaxReady, StageTag::pv, item.block);
+      }
+      const double p_tile = static_cast<double>(config_.block) * plan_.kv_tile_tokens * e;
+      const int p_slot = acquire(core, rings.p_tiles, StageTag::pv, item.block);
+      gm_read(core, 0, StageTag::pv, item.block, load_p,
+              static_cast<double>(task.rows) * tile.tokens * e, MemLevel::l2,
+              !config_.opts.int8_layout, Buffer::l1, p_tile);
+      ready(core, rings.p_tiles, p_slot, StageTag::pv, item.block);
+      await(core, rings.p_tiles, p_slot, StageTag::pv, item.block);
+      const int v_slot =
+          load_kv(core, rings.v_tiles, tile, StageTag::pv, item.block, load_v, reload_v);
+      matmul(core, Matmul{task.rows, config_.dim, tile.tokens, e, e, int8, StageTag::pv, item.block,
+                          "O_tmp"});
+      release(core, rings.p_tiles, p_slot, StageTag::pv, item.block, Buffer::l1, p_tile);
+      release(core, rings.v_tiles, v_slot, StageTag::pv, item.block, Buffer::l1, kv_tile_bytes());
+      if (flag_at_group_end(item, count)) {
+        set_cross(core, 0, Pipe::fix, kFlagUpdateReady, 2, StageTag::pv, item.block);
+      }
+    }
+    release(core, rings.q_tile, 0, StageTag::setup, -1, Buffer::l1, q_bytes);
+    for (int aiv = 0; aiv < 2; ++aiv) emit_vector(task, tiles, schedule, aiv);
+  }
+
+  // AIV0 takes the odd row; a one-row tile still runs on both AIVs (mode-2 flags need both).
+  int aiv_rows(const FaTask& task, int aiv) const {
+    return aiv == 0 ? (task.rows + 1) / 2 : std::max(1, task.rows / 2);
+  }
+
+  void emit_vector(const FaTask& task, const std::vector<KvTile>& tiles,
+                   const sched::Schedule& schedule, int aiv) {
+    const int core = task.core;
+    const int unit = aiv + 1;
+    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    const int rows = aiv_rows(task, aiv);
+    const int count = static_cast<int>(tiles.size());
+    const double o_bytes = static_cast<double>(rows) * config_.dim * kAccBytes;
+    // The running O stays in UB for the whole task.
+    const int o_slot = acquire(core, rings.o_acc[aiv], StageTag::up, -1);
+    ready(core, rings.o_acc[aiv], o_slot, StageTag::up, -1, Buffer::ub, o_bytes);
+    await(core, rings.o_acc[aiv], o_slot, StageTag::up, -1);
+    const std::uint32_t load_s = label("SM load S (L2->UB)");
+    const std::uint32_t softmax = label("SM softmax + cast P");
+    const std::uint32_t store_p = label("SM store P (UB->L2)");
+    const std::uint32_t load_tmp = label("UP load O_tmp (L2->UB)");
+    const std::uint32_t add = label("UP rescale O + add O_tmp");
+    const double e = element_bytes(config_);
+    for (const sched::StageInstance& item : schedule.vector) {
+      const KvTile& tile = tiles[static_cast<std::size_t>(item.block)];
+      if (item.stage == sched::Stage::sm) {
+        if (flag_at_group_start(item)) {
+          wait_cross(core, unit, Pipe::mte2, kFlagQkReady, StageTag::sm, item.block);
+        }
+        for (int row0 = 0; row0 < rows; row0 += sm_rows_) {
+          const int step = std::min(sm_rows_, rows - row0);
+          const double s_tile = static_cast<double>(sm_rows_) * plan_.kv_tile_tokens * kAccBytes;
+          const double s_bytes = static_cast<double>(step) * tile.tokens * kAccBytes;
+          const double p_tile = static_cast<double>(sm_rows_) * plan_.kv_tile_tokens * e;
+          const int slot = acquire(core, rings.s_in[aiv], StageTag::sm, item.block);
+          gm_read(core, unit, StageTag::sm, item.block, load_s, s_bytes, MemLevel::l2, false,
+                  Buffer::ub, s_tile);
+          ready(core, rings.s_in[aiv], slot, StageTag::sm, item.block);
+          await(core, rings.s_in[aiv], slot, StageTag::sm, item.block);
+          const int p_slot = acquire(core, rings.p_out[aiv], StageTag::sm, item.block);
+          const double passes =
+              kSmElementwisePasses + kSmReductionPasses + (config_.int8 ? kSmInt8Passes : 0);
+          compute(core, unit, Pipe::v, StageTag::sm, item.block, softmax,
+                  vector_cycles(passes, s_bytes, kSmInstrs), Buffer::ub, p_tile);
+          release(core, rings.s_in[aiv], slot, StageTag::sm, item.block, Buffer::ub, s_tile);
+          ready(core, rings.p_out[aiv], p_slot, StageTag::sm, item.block);
+          await(core, rings.p_out[aiv], p_slot, StageTag::sm, item.block);
+          gm_write(core, unit, StageTag::sm, item.block, store_p,
+                   static_cast<double>(step) * tile.tokens * e);
+          release(core, rings.p_out[aiv], p_slot, StageTag::sm, item.block, Buffer::ub, p_tile);
+        }
+        if (flag_at_group_end(item, count)) {
+          set_cross(core, unit, Pipe::mte3, kFlagSoftmaxReady, 2, StageTag::sm, item.block);
+        }
+        continue;
+      }
+      if (flag_at_group_start(item)) {
+        wait_cross(core, unit, Pipe::mte2, kFlagUpdateReady, StageTag::up, item.block);
+      }
+      const int slot = acquire(core, rings.o_tmp[aiv], StageTag::up, item.block);
+      gm_read(core, unit, StageTag::up, item.block, load_tmp, o_bytes, MemLevel::l2, false,
+              Buffer::ub, o_bytes);
+      ready(core, rings.o_tmp[aiv], slot, StageTag::up, item.block);
+      await(core, rings.o_tmp[aiv], slot, StageTag::up, item.block);
+      compute(core, unit, Pipe::v, StageTag::up, item.block, add,
+              vector_cycles(kUpPasses, o_bytes, kUpInstrs));
+      release(core, rings.o_tmp[aiv], slot, StageTag::up, item.block, Buffer::ub, o_bytes);
+    }
+    compute(core, unit, Pipe::v, StageTag::up, count - 1, label("UP normalize O"),
+            vector_cycles(kUpFinalPasses, o_bytes, 2));
+    set_event(core, unit, Pipe::v, Pipe::mte3, 2, StageTag::up, count - 1);
+    wait_event(core, unit, Pipe::v, Pipe::mte3, 2, StageTag::up, count - 1,
+               label("wait O computed"));
+    gm_write(core, unit, StageTag::up, count - 1, label("UP store O (UB->GM)"),
+             static_cast<double>(rows) * config_.dim * kOutBytes);
+    release(core, rings.o_acc[aiv], o_slot, StageTag::up, count - 1, Buffer::ub, o_bytes);
+  }
+
+  const FaConfig& config_;
+  const FaPlan& plan_;
+  std::vector<CoreRings> cores_;
+  int sm_rows_ = kSmRows;
+};
+
+}  // namespace
+
+const char* fa_pattern_name(FaPattern pattern) noexcept {
+  switch (pattern) {
+    case FaPattern::dense:
+      return "dense";
+    case FaPattern::spatial:
+      return "spatial";
+    case FaPattern::temporal:
+      return "temporal";
+    case FaPattern::textural:
+      return "textural";
+  }
+  return "?";
+}
+
+std::vector<FaPattern> parse_fa_patterns(const std::string& list) {
+  std::vector<FaPattern> patterns;
+  std::stringstream stream(list);
+  std::string name;
+  while (std::getline(stream, name, ',')) {
+    bool found = false;
+    for (const FaPattern pattern :
+         {FaPattern::dense, FaPattern::spatial, FaPattern::temporal, FaPattern::textural}) {
+      if (name == fa_pattern_name(pattern)) {
+        patterns.push_back(pattern);
+        found = true;
+      }
+    }
+    if (!found) {
+      throw SimError("unknown pattern '" + name + "' (known: spatial temporal textural dense)");
+    }
+  }
+  if (patterns.empty()) throw SimError("needs at least one pattern");
+  return patterns;
+}
+
+void validate(const FaConfig& config, const HwParams& hw) {
+  const auto check = [](const char* name, long long value, long long low, long long high) {
+    if (value < low || value > high) {
+      throw SimError(std::string(name) + " must be in [" + std::to_string(low) + ", " +
+                     std::to_string(high) + "] (got " + std::to_string(value) + ")");
+    }
+  };
+  check("batch", config.batch, 1, 4096);
+  check("heads", config.heads, 1, 1024);
+  check("seq", config.seq, 1, 1 << 20);
+  check("kv-seq", config.kv_seq, 0, 1 << 20);
+  check("dim", config.dim, 16, 512);
+  if (config.dim % 16 != 0) {
+    throw SimError("dim must be a multiple of 16 (got " + std::to_string(config.dim) + ")");
+  }
+  check("cores", config.cores, 1, static_cast<long long>(hw.num_cores));
+  // The block masks hold up to one entry per (query tile, KV block) and pattern.
+  const long long pairs = (config.seq + config.block - 1LL) / config.block *
+                          ((kv_tokens(config) + config.block - 1LL) / config.block);
+  if (pairs > kMaxMaskPairs) {
+    throw SimError("seq x kv-seq has " + std::to_string(pairs) +
+                   " (query tile, KV block) pairs, more than the limit of " +
+                   std::to_string(kMaxMaskPairs) + " (seq = kv-seq = 524288)");
+  }
+  if (!schedule::valid_chunk(config.chunk)) {
+    throw SimError("chunk must be 1, 2 or 4 (got " + std::to_string(config.chunk) + ")");
+  }
+  if (!(config.density > 0 && config.density <= 1)) {
+    throw SimError("density must be in (0, 1] (got " + number_text(config.density) + ")");
+  }
+  if (config.rainfusion) {
+    check("video frames", config.frames, 1, 1 << 20);
+    check("video height", config.height, 1, 1 << 20);
+    check("video width", config.width, 1, 1 << 20);
+    check("text", config.text, 0, 1 << 20);
+    if (!(config.sparsity >= 0 && config.sparsity < 1)) {
+      throw SimError("sparsity must be in [0, 1) (got " + number_text(config.sparsity) + ")");
+    }
+    const long long tokens =
+        static_cast<long long>(config.frames) * config.height * config.width + config.text;
+    if (tokens != config.seq || (config.kv_seq != 0 && config.kv_seq != config.seq)) {
+      throw SimError("video " + std::to_string(config.frames) + "," +
+                     std::to_string(config.height) + "," + std::to_string(config.width) +
+                     " + text " + std::to_string(config.text) + " is " + std::to_string(tokens) +
+                     " tokens; seq (and kv-seq) must equal it (self-attention)");
+    }
+  }
+  if (hw.cross_core_flag_ids <= kFlagUpdateReady) {
+    throw SimError("flash attention needs at least " + std::to_string(kFlagUpdateReady + 1) +
+                   " cross-core flag ids");
+  }
+  if (hw.intra_core_event_ids < 8) {
+    throw SimError("flash attention needs 8 intra-core event ids per pipe pair");
+  }
+  choose_kv_tile(config, hw);
+}
+
+namespace {
+
+std::vector<FaPattern> head_patterns(const FaConfig& config) {
+  if (!config.rainfusion) return {FaPattern::dense};
+  if (!config.patterns.empty()) return config.patterns;
+  return {FaPattern::spatial, FaPattern::temporal, FaPattern::textural};
+}
+
+/// The block masks (FaPlan::kept and mask_names), one per pattern.
+void plan_masks(const FaConfig& config, FaPlan& plan) {
+  if (!config.rainfusion) {
+    plan.mask_names = {config.density < 1 ? "uniform" : "dense"};
+    plan.kept.push_back(uniform_blocks(config.density, plan.q_tiles, plan.kv_blocks));
+    return;
+  }
+  RainFusionOptions rf;
+  rf.video = {config.frames, config.height, config.width, config.text, true};
+  rf.sparsity = static_cast<float>(config.sparsity);
+  try {
+    const sparse::Layout layout = sparse::checked_layout("ditops-sim fa", rf);
+    for (const FaPattern pattern : head_patterns(config)) {
+      plan.mask_names.push_back(fa_pattern_name(pattern));
+      const sparse::PatternPlan pattern_plan =
+          sparse::plan_pattern(library_pattern(pattern), layout);
+      plan.kept.push_back(rainfusion_blocks(pattern_plan, config.seq, config.block));
+    }
+  } catch (const Error& error) {
+    throw SimError(error.what());
+  }
+}
+
+/// K/V reuse through L2: the query tiles of one head run close together in time (tasks are
+/// dealt in (batch, head, query tile) order), so the K and V a head's first reader brought in
+/// are re-read from L2, provided the K and V of the heads in flight (about cores / query tiles
+/// + 1 of them) fit in L2. Otherwise every read goes to HBM.
+void plan_reuse(const FaConfig& config, const HwParams& hw, FaPlan& plan) {
+  const double heads_in_flight =
+      std::min(static_cast<double>(config.batch) * config.heads,
+               std::ceil(static_cast<double>(config.cores) / plan.q_tiles) + 1);
+  const double per_head = 2.0 * kv_tokens(config) * config.dim * element_bytes(config);
+  plan.kv_reuse = heads_in_flight * per_head <= hw.l2_bytes;
+  plan.first_reader.assign(plan.kept.size(), {});
+  if (!plan.kv_reuse) return;
+  for (std::size_t mask = 0; mask < plan.kept.size(); ++mask) {
+    std::vector<int>& first = plan.first_reader[mask];
+    first.assign(static_cast<std::size_t>(plan.kv_blocks), -1);
+    for (int q_tile = 0; q_tile < plan.q_tiles; ++q_tile) {
+      for (const int block : plan.kept[mask][static_cast<std::size_t>(q_tile)]) {
+        if (first[static_cast<std::size_t>(block)] < 0)
+          first[static_cast<std::size_t>(block)] = q_tile;
+      }
+    }
+  }
+}
+
+FaPlan plan_shape(const FaConfig& config, const HwParams& hw) {
+  validate(config, hw);
+  FaPlan plan;
+  plan.q_tiles = (config.seq + config.block - 1) / config.block;
+  plan.kv_blocks = (kv_tokens(config) + config.block - 1) / config.block;
+  plan.kv_tile_tokens = choose_kv_tile(config, hw);
+  plan_masks(config, plan);
+  plan_reuse(config, hw, plan);
+  return plan;
+}
+
+}  // namespace
+
+FaPlan plan_fa(const FaConfig& config, const HwParams& hw) {
+  FaPlan plan = plan_shape(config, hw);
+  const auto patterns = head_patterns(config);
+  std::vector<double> costs;
+  double kept_pairs = 0;
+  for (int batch = 0; batch < config.batch; ++batch) {
+    for (int head = 0; head < config.heads; ++head) {
+      for (int q_tile = 0; q_tile < plan.q_tiles; ++q_tile) {
+        FaTask task;
+        task.batch = batch;
+        task.head = head;
+        task.q_tile = q_tile;
+        task.rows = std::min(config.block, config.seq - q_tile * config.block);
+        task.mask = head % static_cast<int>(patterns.size());
+        const auto blocks =
+            plan.kept[static_cast<std::size_t>(task.mask)][static_cast<std::size_t>(q_tile)].size();
+        kept_pairs += static_cast<double>(blocks);
+        // Rows x (kept keys + one block of pipeline fill), as for the MLA tasks.
+        costs.push_back(static_cast<double>(task.rows) * (static_cast<double>(blocks) + 1) *
+                        config.block);
+        plan.tasks.push_back(task);
+      }
+    }
+  }
+  plan.kept_share = kept_pairs / (static_cast<double>(plan.tasks.size()) * plan.kv_blocks);
+  std::vector<FaTask> ordered;
+  const auto assignment = assign_longest_first(costs, config.cores);
+  for (std::size_t core = 0; core < assignment.size(); ++core) {
+    if (!assignment[core].empty()) ++plan.cores_used;
+    for (const std::size_t index : assignment[core]) {
+      ordered.push_back(plan.tasks[index]);
+      ordered.back().core = static_cast<int>(core);
+    }
+  }
+  plan.tasks = std::move(ordered);
+  return plan;
+}
+
+Program build_fa_program(const FaConfig& config, const HwParams& hw, FaPlan* plan_out) {
+  const FaPlan plan = plan_fa(config, hw);
+  FaBuilder builder(config, hw, plan);
+  Program program = builder.build();
+  if (plan_out != nullptr) *plan_out = std::move(plan);
+  return program;
+}
+
+std::uint64_t estimate_fa_instructions(const FaConfig& config, const HwParams& hw) {
+  // From the masks alone: the tasks (batch x heads x query tiles) are counted, not built.
+  const FaPlan plan = plan_shape(config, hw);
+  // Two one-task builds (a full query tile over 4 and 12 full KV tiles) give the instructions
+  // per tile and per task.
+  FaConfig probe = config;
+  probe.batch = 1;
+  probe.heads = 1;
+  probe.cores = 1;
+  probe.seq = config.block;
+  probe.density = 1;
+  probe.rainfusion = false;
+  const auto probe_size = [&](int tiles) {
+    probe.kv_seq = tiles * plan.kv_tile_tokens;
+    return static_cast<double>(build_fa_program(probe, hw).instrs.size());
+  };
+  const double few = probe_size(4), many = probe_size(12);
+  const double per_tile = (many - few) / 8, per_task = few - 4 * per_tile;
+  const int tile_blocks = plan.kv_tile_tokens / config.block;
+  const auto patterns = head_patterns(config);
+  double tiles = 0;
+  for (int head = 0; head < config.heads; ++head) {
+    for (const auto& kept : plan.kept[static_cast<std::size_t>(head) % patterns.size()]) {
+      tiles += std::ceil(static_cast<double>(kept.size()) / tile_blocks);
+    }
+  }
+  tiles *= config.batch;
+  const double tasks = static_cast<double>(config.batch) * config.heads * plan.q_tiles;
+  return static_cast<std::uint64_t>(per_task * tasks + per_tile * tiles);
+}
+
+std::string describe(const FaConfig& config) {
+  std::string mask;
+  if (config.rainfusion) {
+    mask = "video " + std::to_string(config.frames) + "x" + std::to_string(config.height) + "x" +
+           std::to_string(config.width) + " + text " + std::to_string(config.text) + ", sparsity " +
+           number_text(config.sparsity) + ", patterns ";
+    const std::vector<FaPattern> patterns =
+        config.patterns.empty()
+            ? std::vector<FaPattern>{FaPattern::spatial, FaPattern::temporal, FaPattern::textural}
+            : config.patterns;
+    for (std::size_t i = 0; i < patterns.size(); ++i) {
+      mask += (i ? "," : "") + std::string(fa_pattern_name(patterns[i]));
+    }
+  } else {
+    mask = config.density < 1 ? "density " + number_text(config.density) : "dense";
+  }
+  return "batch " + std::to_string(config.batch) + ", heads " + std::to_string(config.heads) +
+         ", seq " + std::to_string(config.seq) + ", kv-seq " + std::to_string(kv_tokens(config)) +
+         ", dim " + std::to_string(config.dim) + ", " + (config.int8 ? "int8" : "bf16") +
+         ", cores " + std::to_string(config.cores) + ", chunk " + std::to_string(config.chunk) +
+         ", " + mask + ", opts " + mla_opts_to_string(config.opts);
+}
+
+}  // namespace ditops::sim
