@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ops/schedule/split_plan.hpp"
+
 namespace ditops::sim {
 namespace {
 
@@ -216,22 +218,11 @@ void ProgramBuilder::emit_matmul(int core, const Matmul& mm, Ring& l0, Ring& l0c
   }
 }
 
-int kv_splits(long long items, int cores, int blocks, int min_blocks_per_split) {
-  if (items >= cores) return 1;
-  const long long wanted = (cores + items - 1) / items;
-  const long long allowed = std::max(1, blocks / min_blocks_per_split);
-  return static_cast<int>(std::max(1LL, std::min(wanted, allowed)));
-}
-
 std::vector<std::vector<std::size_t>> assign_longest_first(const std::vector<double>& costs,
                                                            int cores) {
-  std::vector<std::size_t> order(costs.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t lhs, std::size_t rhs) { return costs[lhs] > costs[rhs]; });
   std::vector<double> load(static_cast<std::size_t>(cores), 0.0);
   std::vector<std::vector<std::size_t>> per_core(static_cast<std::size_t>(cores));
-  for (const std::size_t index : order) {
+  for (const std::int64_t index : schedule::longest_first(costs)) {
     const auto target =
         static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
     load[target] += costs[index];

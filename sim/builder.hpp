@@ -98,9 +98,7 @@ class ProgramBuilder {
 
 // ---- task planning ------------------------------------------------------------------------------
 
-/// Flash-decoding split count: when `items` independent work items are fewer than `cores`,
-/// each is cut into up to cores / items KV splits of at least `min_blocks_per_split` blocks.
-int kv_splits(long long items, int cores, int blocks, int min_blocks_per_split);
+// KV splits and block ranges: ops/schedule/split_plan.hpp, the plan the CPU drivers use too.
 
 /// Longest task first onto the least loaded core (LPT). Returns per core the task indices in
 /// execution order; ties go to the lower core and keep the task order (deterministic).

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "ops/schedule/schedule.hpp"
+#include "ops/schedule/split_plan.hpp"
 #include "sim/builder.hpp"
 #include "sim/error.hpp"
 
@@ -516,8 +517,9 @@ MlaPlan plan_mla(const MlaConfig& config, const HwParams& hw) {
       std::max(1, std::min(config.heads, config.max_rows_per_task / config.q_len));
   plan.head_groups = (config.heads + plan.heads_per_group - 1) / plan.heads_per_group;
   plan.blocks_per_sequence = (config.kv + config.block_size - 1) / config.block_size;
-  plan.splits = kv_splits(static_cast<long long>(config.batch) * plan.head_groups, config.cores,
-                          plan.blocks_per_sequence, config.min_blocks_per_split);
+  plan.splits = static_cast<int>(
+      schedule::kv_splits(static_cast<std::int64_t>(config.batch) * plan.head_groups, config.cores,
+                          plan.blocks_per_sequence, config.min_blocks_per_split));
   plan.combine = plan.splits > 1;
   for (int sequence = 0; sequence < config.batch; ++sequence) {
     for (int group = 0; group < plan.head_groups; ++group) {
@@ -528,8 +530,9 @@ MlaPlan plan_mla(const MlaConfig& config, const HwParams& hw) {
         task.sequence = sequence;
         task.head_group = group;
         task.split = split;
-        task.first_block = static_cast<int>(nb * split / plan.splits);
-        task.num_blocks = static_cast<int>(nb * (split + 1) / plan.splits) - task.first_block;
+        const schedule::BlockRange range = schedule::split_blocks(nb, plan.splits, split);
+        task.first_block = static_cast<int>(range.begin);
+        task.num_blocks = static_cast<int>(range.end - range.begin);
         const int end_token =
             std::min(config.kv, (task.first_block + task.num_blocks) * config.block_size);
         task.tokens = end_token - task.first_block * config.block_size;
