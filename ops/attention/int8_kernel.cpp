@@ -159,7 +159,10 @@ void pack_block(const FlashProblem& p, std::int64_t seq, std::int64_t kv_head, s
         std::memcpy(k_out + ((d / 4 + w) * kKvBlock + key) * 4, bytes + 4 * w, 4);
       }
     }
-    k_sum[key] = 128 * simd::reduce_add<Arch>(sum);
+    // Wrapping like the lanes' adds: a non-finite key quantizes to INT_MIN (the conversion's
+    // "integer indefinite"), and 128 times that overflowed int (undefined behaviour).
+    k_sum[key] =
+        static_cast<std::int32_t>(128u * static_cast<std::uint32_t>(simd::reduce_add<Arch>(sum)));
   }
 
   // V: one scale per channel over the block's keys (running max in v_scale, key by key).
