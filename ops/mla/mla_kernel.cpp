@@ -571,7 +571,10 @@ void mla_decode_task(const MlaProblem& p, const MlaTask& task, const MlaWorkspac
   for (int h = 0; h < p.heads; ++h) {
     float* values = ws.out_acc + h * kNopeDim;
     for (int i = 0; i < kNopeDim; i += kLanes) {  // normalize by the group's sum of weights
-      const B inverse_sum(1.f / ws.level_sum[i / group_width * p.padded_heads + h]);
+      // A group whose key scales are all 0 (all-zero latents, as mla_fill_cache stores them)
+      // has no weight and only zero values: its output is 0, not 0 / 0 (NaN still propagates).
+      const float sum = ws.level_sum[i / group_width * p.padded_heads + h];
+      const B inverse_sum(sum == 0.f ? 0.f : 1.f / sum);
       (B::load_aligned(values + i) * inverse_sum).store_aligned(values + i);
     }
     if (task.splits == 1) {
