@@ -332,8 +332,8 @@ void pack_values(const MlaProblem& p, const BlockRows& rows, std::int8_t* pack) 
 /// level = round(255 * w / max w), w = factor * level with factor = max w / 255 (0 for an
 /// all-zero head). levels: [group][word][Hp] words of 4 tokens; factor: [group][Hp]. The
 /// group's running softmax sum (UP: alpha * sum + this block's) adds the weights as quantized,
-/// factor * level / key scale: the output stays a convex combination of the values, where the
-/// exact sum would shrink it by the weights that round to 0.
+/// factor * level / key scale (a token of scale 0 its weight as is): the output stays a convex
+/// combination of the values, where the exact sum would shrink it by the weights that round to 0.
 template <class Arch>
 void quantize_weights(const MlaProblem& p, const BlockRows& rows, const float* probs,
                       const float* alpha, const MlaWorkspace& ws) noexcept {
@@ -356,10 +356,15 @@ void quantize_weights(const MlaProblem& p, const BlockRows& rows, const float* p
       factor.store_unaligned(ws.level_factor + g * hp + head0);
       const B inverse = xsimd::select(top > B(0.f), B(255.f) / top, B(0.f));
       B level_sum(0.f);  // sum of level / key scale: the weights PV uses, as softmax terms
+      // Tokens whose group scale is 0 (all-zero values) add nothing to P·V but their weight
+      // still counts in the softmax sum; level / scale cannot say it, so it is added as is
+      // (left out, a block mixing such tokens with others gave outputs up to 10x too large).
+      B zero_scale_weight(0.f);
       for (int word = 0; word < words; ++word) {
         I packed(0);
         for (int k = 0; k < 4 && 4 * word + k < rows.tokens; ++k) {
           const int t = 4 * word + k;
+          if (scale(t) == 0.f) zero_scale_weight += B::load_unaligned(probs + t * hp + head0);
           const B w = B::load_unaligned(probs + t * hp + head0) * B(scale(t)) * inverse;
           const I level = xsimd::min(xsimd::nearbyint_as_int(w), I(255));
           level_sum = simd::fmadd<Arch>(xsimd::to_float(level), B(inverse_scale[t]), level_sum);
@@ -370,7 +375,7 @@ void quantize_weights(const MlaProblem& p, const BlockRows& rows, const float* p
       }
       float* sum = ws.level_sum + g * hp + head0;
       simd::fmadd<Arch>(B::load_unaligned(sum), B::load_unaligned(alpha + head0),
-                        level_sum * factor)
+                        simd::fmadd<Arch>(level_sum, factor, zero_scale_weight))
           .store_unaligned(sum);
     }
   }
