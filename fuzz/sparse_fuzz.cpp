@@ -102,7 +102,7 @@ void sparse(Input& in) {
           patterns.push_back(in.rarely(32) ? static_cast<HeadPattern>(in.size(4, 200))
                                            : static_cast<HeadPattern>(in.size(0, 3)));
         }
-        if (in.rarely(16)) patterns.pop_back();
+        if (in.rarely(16) && !patterns.empty()) patterns.pop_back();
       }
       const bool ok = accepted([&] {
         rainfusion_attention(q.view(), k.view(), v.view(), patterns, out.view(), rf, options);

@@ -120,7 +120,7 @@ void expect_unchanged(const TestTensor<T>& t, const std::vector<T>& before,
 /// |got - ref| <= atol + rtol |ref| element by element (NaN fails), as the test suite compares.
 template <class T>
 void check_close(const TestTensor<T>& got, const std::vector<double>& ref, Tolerance tol,
-                  const std::string& context) {
+                 const std::string& context) {
   for (std::int64_t i = 0; i < got.size(); ++i) {
     const double value = got.value(i), want = ref[static_cast<std::size_t>(i)];
     if (!(std::fabs(value - want) <= tol.atol + tol.rtol * std::fabs(want))) {

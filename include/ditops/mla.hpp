@@ -43,8 +43,9 @@ struct MlaDecodeOptions {
 // them), multiplied with the int8 nope values exactly, and the output is divided
 // by the sum of the weights as rounded (so it stays a convex combination of the values; on
 // unit-variance latents this adds ~0.2-0.7 % relative L2 error to the fp32-P·V result with
-// 255 levels; each weight's rounding error doubles with 127). A
-// sequence with seq_len 0 gives zeros.
+// 255 levels; each weight's rounding error doubles with 127). A sequence with seq_len 0 gives
+// zeros, and so does a scale group whose cached values are all zero (scale 0, as mla_fill_cache
+// stores an all-zero group).
 // Only the first ceil(seq_len / block_size) entries of a block_table row are read (and checked).
 // Non-finite inputs propagate within their sequence (README). out must not overlap any input.
 void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,

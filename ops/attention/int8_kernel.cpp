@@ -187,7 +187,10 @@ void quantize_block(const FlashProblem& p, const Int8Operands& op, std::int64_t 
         std::memcpy(k_out + ((d / 4 + w) * kKvBlock + key) * 4, bytes + 4 * w, 4);
       }
     }
-    k_sum[key] = Int8Tiles<Arch>::kQOffset * simd::reduce_add<Arch>(sum);
+    // Wrapping like the lanes' adds: a non-finite key quantizes to INT_MIN (the conversion's
+    // "integer indefinite"), and 128 times that overflowed int (undefined behaviour).
+    k_sum[key] = static_cast<std::int32_t>(static_cast<std::uint32_t>(Int8Tiles<Arch>::kQOffset) *
+                                           static_cast<std::uint32_t>(simd::reduce_add<Arch>(sum)));
   }
 
   // V: one scale per channel over the block's keys (running max in v_scale, key by key).

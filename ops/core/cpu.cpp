@@ -1,5 +1,7 @@
 // CPU feature detection and the dispatch level (ops/core/isa.hpp, include/ditops/runtime.hpp).
 
+#include <cpuid.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -14,15 +16,22 @@ namespace {
 
 // GCC's __builtin_cpu_supports also checks XCR0 (the OS saves the wide registers), which
 // xsimd 8.1's own detection does not.
+
+/// F16C (CPUID.1:ECX bit 29), read directly: clang's __builtin_cpu_supports does not know
+/// "f16c" (the fuzz preset builds with clang). It is only ever asked beside AVX2 or AVX-512,
+/// whose checks cover XCR0.
+bool has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+}
+
 bool has_avx512() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") && has_f16c();
 }
 bool has_avx2() {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
 }
 bool has_sse4_2() { return __builtin_cpu_supports("sse4.2") && __builtin_cpu_supports("popcnt"); }
 
@@ -95,7 +104,7 @@ CpuInfo cpu_info() {
   info.avx512_vnni = info.avx512 && __builtin_cpu_supports("avx512vnni");
   info.avx512_bf16 = info.avx512 && __builtin_cpu_supports("avx512bf16");
   info.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  info.f16c = __builtin_cpu_supports("f16c");
+  info.f16c = core::has_f16c();
   info.physical_cores = core::physical_cores();
   return info;
 }

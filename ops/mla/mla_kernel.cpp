@@ -359,9 +359,9 @@ void pack_values(const MlaProblem& p, const BlockRows& rows, std::int8_t* pack) 
 /// level = round(n * w / max w), w = factor * level with factor = max w / n (0 for an all-zero
 /// head), n = simd::kDotU8Max (255, or 127 where pmaddubsw multiplies the levels). levels:
 /// [group][word][Hp] words of 4 tokens; factor: [group][Hp]. The group's running softmax sum (UP:
-/// alpha * sum + this block's) adds the weights as quantized, factor * level / key scale: the
-/// output stays a convex combination of the values, where the exact sum would shrink it by the
-/// weights that round to 0.
+/// alpha * sum + this block's) adds the weights as quantized, factor * level / key scale (a token
+/// of scale 0 its weight as is): the output stays a convex combination of the values, where the
+/// exact sum would shrink it by the weights that round to 0.
 template <class Arch>
 void quantize_weights(const MlaProblem& p, const BlockRows& rows, const float* probs,
                       const float* alpha, const MlaWorkspace& ws) noexcept {
@@ -385,10 +385,15 @@ void quantize_weights(const MlaProblem& p, const BlockRows& rows, const float* p
       factor.store_unaligned(ws.level_factor + g * hp + head0);
       const B inverse = xsimd::select(top > B(0.f), B(kLevels) / top, B(0.f));
       B level_sum(0.f);  // sum of level / key scale: the weights PV uses, as softmax terms
+      // Tokens whose group scale is 0 (all-zero values) add nothing to P·V but their weight
+      // still counts in the softmax sum; level / scale cannot say it, so it is added as is
+      // (left out, a block mixing such tokens with others gave outputs up to 10x too large).
+      B zero_scale_weight(0.f);
       for (int word = 0; word < words; ++word) {
         I packed(0);
         for (int k = 0; k < 4 && 4 * word + k < rows.tokens; ++k) {
           const int t = 4 * word + k;
+          if (scale(t) == 0.f) zero_scale_weight += B::load_unaligned(probs + t * hp + head0);
           const B w = B::load_unaligned(probs + t * hp + head0) * B(scale(t)) * inverse;
           const I level = xsimd::min(xsimd::nearbyint_as_int(w), I(simd::kDotU8Max<Arch>));
           level_sum = simd::fmadd<Arch>(xsimd::to_float(level), B(inverse_scale[t]), level_sum);
@@ -399,7 +404,7 @@ void quantize_weights(const MlaProblem& p, const BlockRows& rows, const float* p
       }
       float* sum = ws.level_sum + g * hp + head0;
       simd::fmadd<Arch>(B::load_unaligned(sum), B::load_unaligned(alpha + head0),
-                        level_sum * factor)
+                        simd::fmadd<Arch>(level_sum, factor, zero_scale_weight))
           .store_unaligned(sum);
     }
   }
@@ -588,7 +593,10 @@ void mla_decode_task(const MlaProblem& p, const MlaTask& task, const MlaWorkspac
   for (int h = 0; h < p.heads; ++h) {
     float* values = ws.out_acc + h * kNopeDim;
     for (int i = 0; i < kNopeDim; i += kLanes) {  // normalize by the group's sum of weights
-      const B inverse_sum(1.f / ws.level_sum[i / group_width * p.padded_heads + h]);
+      // A group whose key scales are all 0 (all-zero latents, as mla_fill_cache stores them)
+      // has no weight and only zero values: its output is 0, not 0 / 0 (NaN still propagates).
+      const float sum = ws.level_sum[i / group_width * p.padded_heads + h];
+      const B inverse_sum(sum == 0.f ? 0.f : 1.f / sum);
       (B::load_aligned(values + i) * inverse_sum).store_aligned(values + i);
     }
     if (task.splits == 1) {
