@@ -130,10 +130,32 @@ TYPED_TEST(RopeTest, MatchesReferenceOverSweep) {
                                 TableKind::per_head}) {
           for (bool in_place : {false, true}) {
             const std::int64_t pad = in_place ? 0 : 3;
-            RopeCase<T, C>{2, seq, 3, dim, head_first, mode, table, pad, 1, in_place}.run_and_check(
-                rng);
+            // 9 heads: rows sharing a cos/sin row go four per pass (two passes and a tail row
+            // per position, BSND); 3 heads: tail rows only. Each mode meets both, in place or not.
+            const bool half = mode == RotatedMode::rotated_half;
+            const std::int64_t heads = in_place == half ? 9 : 3;
+            RopeCase<T, C>{2, seq, heads, dim, head_first, mode, table, pad, 1, in_place}
+                .run_and_check(rng);
           }
         }
+      }
+    }
+  }
+}
+
+// BNSD with tables shared by the heads is walked in blocks of positions (4 KiB of x per head:
+// 16 positions of f32 D = 64, 32 of bf16 / f16), heads inside each block; 37 positions leave a
+// tail of plain rows. Per-head tables keep the plain order.
+TYPED_TEST(RopeTest, HeadFirstBlocksOfPositions) {
+  using T = typename TypeParam::X;
+  using C = typename TypeParam::Table;
+  std::mt19937 rng(11);
+  for (RotatedMode mode : {RotatedMode::rotated_half, RotatedMode::rotated_interleaved}) {
+    for (TableKind table : {TableKind::seq_dim, TableKind::broadcast_all, TableKind::per_batch,
+                            TableKind::per_head}) {
+      for (bool in_place : {false, true}) {
+        RopeCase<T, C>{2, 37, 5, 64, true, mode, table, in_place ? 0 : 3, 1, in_place}
+            .run_and_check(rng);
       }
     }
   }
