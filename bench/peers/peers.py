@@ -235,8 +235,8 @@ def measure_rowwise(library, ditops_bin, op, rows, heads, dim, dtype, threads):
 
 def run_rowwise(args):
     """Interleaved rounds of ditops and ONNX Runtime on every row-wise case; returns the table."""
-    dtypes = ROWWISE_QUICK_DTYPES if args.quick else ROWWISE_DTYPES
-    thread_counts = ROWWISE_QUICK_THREADS if args.quick else ROWWISE_THREADS
+    dtypes = args.rowwise_dtypes or (ROWWISE_QUICK_DTYPES if args.quick else ROWWISE_DTYPES)
+    thread_counts = args.rowwise_threads or (ROWWISE_QUICK_THREADS if args.quick else ROWWISE_THREADS)
     rows, versions = [], {}
     for op, tokens, heads, dim in ROWWISE_SHAPES:
         for dtype in dtypes:
@@ -467,6 +467,8 @@ def main():
                    help="attention: S=2048 at 2 threads only; row-wise: f32 and bf16 at 2 threads only")
     r.add_argument("--peak-gflops", type=float, nargs=2, help="FP32 FMA peak at 1 and 2 threads")
     r.add_argument("--triad-gbs", type=float, nargs=2, help="memory triad GB/s at 1 and 2 threads")
+    r.add_argument("--rowwise-dtypes", nargs="+", choices=ROWWISE_DTYPES, help="row-wise dtypes (default: all)")
+    r.add_argument("--rowwise-threads", nargs="+", type=int, help="row-wise thread counts (default: 2 1)")
     args = parser.parse_args()
     {"worker": worker, "rowwise-worker": rowwise_worker, "run": run}[args.command](args)
 
