@@ -1,8 +1,6 @@
 // Public entry rotary_position_embedding: validate, map cos/sin onto x's rows, run in parallel.
 
-#include <algorithm>
 #include <ditops/rope.hpp>
-#include <type_traits>
 
 #include "ops/core/check.hpp"
 #include "ops/core/isa.hpp"
@@ -41,25 +39,6 @@ std::array<std::int64_t, kMaxRank> table_strides(const Arg& table, const Arg& x,
     }
   }
   return strides;
-}
-
-/// `base` moved by `bytes` (base: void* or const void*).
-template <class Void>
-Void* byte_offset(Void* base, std::int64_t bytes) {
-  using Byte = std::conditional_t<std::is_const_v<Void>, const char, char>;
-  return static_cast<Byte*>(base) + bytes;
-}
-
-/// The problem without its first `positions` positions along leading dim `seq_dim`.
-rope::RopeProblem skip_positions(rope::RopeProblem problem, int seq_dim, std::int64_t positions) {
-  const auto bytes = [&](int operand, DType dtype) {
-    return positions * problem.rows.strides[operand][seq_dim] * dtype_size(dtype);
-  };
-  problem.x = byte_offset(problem.x, bytes(rope::kX, problem.dtype));
-  problem.out = byte_offset(problem.out, bytes(rope::kOut, problem.dtype));
-  problem.cos = byte_offset(problem.cos, bytes(rope::kCos, problem.table_dtype));
-  problem.sin = byte_offset(problem.sin, bytes(rope::kSin, problem.table_dtype));
-  return problem;
 }
 
 }  // namespace
@@ -110,40 +89,9 @@ void rotary_position_embedding(const TensorView& x, const TensorView& cos, const
   const auto kernel = kernels.get();
   const std::int64_t bytes = problem.rows.rows * problem.dim * dtype_size(x.dtype) * 2;
   problem.stream = core::use_streaming_stores(bytes / 2);
-  const int threads = core::threads_for_bytes(bytes);
-  const auto run = [&](const rope::RopeProblem& part) {
-    core::parallel_ranges(part.rows.rows, threads, [&](std::int64_t begin, std::int64_t end, int) {
-      kernel(part, begin, end);
-    });
-  };
-
-  // BNSD with tables shared by every head: walked in [B, N, S] order, each row would fetch its
-  // own cos/sin row from far caches or memory, as much traffic again as x and out. Walk the rows
-  // in [B, S / P, N, P] order instead: blocks of P positions (about 4 KiB of x per head, P
-  // rows of the tables) of every head, so the block's tables serve all heads from L1 and each
-  // head's P rows are still one contiguous run. Positions past the last whole block keep the
-  // plain order.
-  const std::int64_t heads = x.shape[1], seq = x.shape[2];
-  const std::int64_t block = std::max<std::int64_t>(1, 4096 / (problem.dim * dtype_size(x.dtype)));
-  const std::int64_t blocked = seq / block * block;
-  const bool shared_tables =
-      problem.rows.strides[rope::kCos][1] == 0 && problem.rows.strides[rope::kSin][1] == 0;
-  if (!head_first || !shared_tables || heads == 1 || block == 1 || blocked == 0)
-    return run(problem);
-  rope::RopeProblem blocks = problem;
-  blocks.rows.dims = 4;
-  blocks.rows.shape = {x.shape[0], blocked / block, heads, block};
-  for (int operand = 0; operand < core::kMaxRowOperands; ++operand) {
-    const auto& plain = problem.rows.strides[operand];
-    blocks.rows.strides[operand] = {plain[0], block * plain[2], plain[1], plain[2]};
-  }
-  blocks.rows.rows = x.shape[0] * heads * blocked;
-  run(blocks);
-  if (blocked == seq) return;
-  rope::RopeProblem rest = skip_positions(problem, 2, blocked);
-  rest.rows.shape[2] = seq - blocked;
-  rest.rows.rows = x.shape[0] * heads * (seq - blocked);
-  run(rest);
+  core::parallel_ranges(
+      problem.rows.rows, core::threads_for_bytes(bytes),
+      [&](std::int64_t begin, std::int64_t end, int) { kernel(problem, begin, end); });
 }
 
 }  // namespace ditops

@@ -139,24 +139,6 @@ TYPED_TEST(RopeTest, MatchesReferenceOverSweep) {
   }
 }
 
-// BNSD with tables shared by the heads is walked in blocks of positions (4 KiB of x per head:
-// 16 positions of f32 D = 64, 32 of bf16 / f16), heads inside each block; 37 positions leave a
-// tail of plain rows. Per-head tables keep the plain order.
-TYPED_TEST(RopeTest, HeadFirstBlocksOfPositions) {
-  using T = typename TypeParam::X;
-  using C = typename TypeParam::Table;
-  std::mt19937 rng(11);
-  for (RotatedMode mode : {RotatedMode::rotated_half, RotatedMode::rotated_interleaved}) {
-    for (TableKind table : {TableKind::seq_dim, TableKind::broadcast_all, TableKind::per_batch,
-                            TableKind::per_head}) {
-      for (bool in_place : {false, true}) {
-        RopeCase<T, C>{2, 37, 5, 64, true, mode, table, in_place ? 0 : 3, 1, in_place}
-            .run_and_check(rng);
-      }
-    }
-  }
-}
-
 // Big enough (> 512 KiB) that the row split really uses two threads.
 TYPED_TEST(RopeTest, TwoThreads) {
   using T = typename TypeParam::X;
