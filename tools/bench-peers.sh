@@ -87,6 +87,14 @@ limit_flags=()
 [ "$(wc -w <<<"$triad")" -eq 2 ] && limit_flags+=(--triad-gbs $triad)
 part_flags=()
 [ "$only" = rowwise ] || part_flags+=(--ditops "$build/bench/ditops-attention-peer")
-[ "$only" = attention ] || part_flags+=(--ditops-rowwise "$build/bench/ditops-rowwise-peer")
+if [ "$only" != attention ]; then
+  if [ -x "$build/bench/ditops-rowwise-peer" ]; then
+    part_flags+=(--ditops-rowwise "$build/bench/ditops-rowwise-peer")
+  else
+    # A build tree given with --build-dir may predate the row-wise peer: keep the attention table.
+    echo "tools/bench-peers.sh: no $build/bench/ditops-rowwise-peer (build that target):" \
+      "skipping the RMSNorm/RoPE table" >&2
+  fi
+fi
 "$venv/bin/python" bench/peers/peers.py run "${part_flags[@]}" --out "$out" "${limit_flags[@]}" \
   "${peers_args[@]}"
