@@ -1,6 +1,7 @@
 // RMSNorm on out-of-cache tensors: ditops beside an Eigen-expression baseline run with the same
 // threads (row blocks per OpenMP thread), in the same process. Shapes: [8192, 3072] (an LLM /
-// DiT hidden state) and FLUX's per-head QK-norm [4608 * 24, 128].
+// DiT hidden state), FLUX's per-head QK-norm [4608 * 24, 128] and a wider hidden state
+// [4096, 5120].
 
 #include <omp.h>
 
@@ -18,10 +19,13 @@ constexpr float kEps = 1e-6f;
 struct Shape {
   std::int64_t rows, dim;
 };
-const Shape kShapes[] = {{8192, 3072}, {4608 * 24, 128}};
+const Shape kShapes[] = {{8192, 3072}, {4608 * 24, 128}, {4096, 5120}};
+constexpr int kShapeCount = 3;
 
 template <class T>
-using EigenScalar = std::conditional_t<std::is_same_v<T, bf16>, Eigen::bfloat16, float>;
+using EigenScalar =
+    std::conditional_t<std::is_same_v<T, bf16>, Eigen::bfloat16,
+                       std::conditional_t<std::is_same_v<T, f16>, Eigen::half, float>>;
 
 /// The baseline a user would write: one Eigen expression per row block.
 template <class T>
@@ -98,7 +102,7 @@ void BM_add_rms_norm(benchmark::State& state) {
 // Args: shape index, threads, baseline (0 = ditops, 1 = Eigen).
 void norm_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"shape", "threads", "eigen"});
-  for (int shape = 0; shape < 2; ++shape) {
+  for (int shape = 0; shape < kShapeCount; ++shape) {
     for (int threads : {1, 2}) {
       for (int eigen : {0, 1}) b->Args({shape, threads, eigen});
     }
@@ -107,7 +111,7 @@ void norm_args(benchmark::internal::Benchmark* b) {
 }
 void fused_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"shape", "threads"});
-  for (int shape = 0; shape < 2; ++shape) {
+  for (int shape = 0; shape < kShapeCount; ++shape) {
     for (int threads : {1, 2}) b->Args({shape, threads});
   }
   b->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -115,8 +119,10 @@ void fused_args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK_TEMPLATE(BM_rms_norm, float)->Apply(norm_args);
 BENCHMARK_TEMPLATE(BM_rms_norm, bf16)->Apply(norm_args);
+BENCHMARK_TEMPLATE(BM_rms_norm, f16)->Apply(norm_args);
 BENCHMARK_TEMPLATE(BM_add_rms_norm, float)->Apply(fused_args);
 BENCHMARK_TEMPLATE(BM_add_rms_norm, bf16)->Apply(fused_args);
+BENCHMARK_TEMPLATE(BM_add_rms_norm, f16)->Apply(fused_args);
 
 }  // namespace
 }  // namespace ditops::bench

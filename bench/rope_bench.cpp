@@ -1,6 +1,6 @@
-// RoPE on out-of-cache tensors, both modes: ditops beside an Eigen-expression baseline with the
-// same threads. Shapes: FLUX [1, 4608, 24, 128] and an LLM-like [1, 8192, 24, 128]
-// (8192 x 3072 elements), cos/sin [S, 128] in f32.
+// RoPE on out-of-cache tensors, both modes and both layouts: ditops beside an Eigen-expression
+// baseline (BSND) with the same threads. Shapes: FLUX [1, 4608, 24, 128] and an LLM-like
+// [1, 8192, 24, 128] (8192 x 3072 elements), BSND or BNSD (head_first), cos/sin [S, 128] in f32.
 
 #include <omp.h>
 
@@ -18,7 +18,9 @@ constexpr std::int64_t kHeads = 24, kDim = 128;
 const std::int64_t kSeqs[] = {4608, 8192};
 
 template <class T>
-using EigenScalar = std::conditional_t<std::is_same_v<T, bf16>, Eigen::bfloat16, float>;
+using EigenScalar =
+    std::conditional_t<std::is_same_v<T, bf16>, Eigen::bfloat16,
+                       std::conditional_t<std::is_same_v<T, f16>, Eigen::half, float>>;
 
 /// The baseline a user would write: Eigen array expressions per row, rows split over threads.
 template <class T>
@@ -53,6 +55,7 @@ void BM_rope(benchmark::State& state) {
   const bool interleaved = state.range(1) != 0;
   const int threads = static_cast<int>(state.range(2));
   const bool eigen = state.range(3) != 0;
+  const bool head_first = state.range(4) != 0;
   const std::int64_t elements = seq * kHeads * kDim;
   const std::int64_t bytes = 2 * elements * static_cast<std::int64_t>(sizeof(T));
   ColdBuffers<T> x(elements, bytes), out(elements, bytes, 2);
@@ -72,26 +75,32 @@ void BM_rope(benchmark::State& state) {
     if (eigen) {
       eigen_rope(xs, cos.data(), sin.data(), ys, seq, interleaved, threads);
     } else {
-      rotary_position_embedding(view(xs, {1, seq, kHeads, kDim}), view(cos.data(), {seq, kDim}),
-                                view(sin.data(), {seq, kDim}), view(ys, {1, seq, kHeads, kDim}),
-                                mode);
+      const auto shape =
+          head_first ? view(xs, {1, kHeads, seq, kDim}) : view(xs, {1, seq, kHeads, kDim});
+      TensorView out_view = shape;
+      out_view.data = ys;
+      rotary_position_embedding(shape, view(cos.data(), {seq, kDim}), view(sin.data(), {seq, kDim}),
+                                out_view, mode, head_first);
     }
     benchmark::ClobberMemory();
   }
   state.SetLabel(std::string(eigen ? "eigen " : "ditops ") + dtype_name(detail::dtype_of<T>()) +
-                 (interleaved ? " interleaved" : " half") + " [1, " + std::to_string(seq) +
-                 ", 24, 128]");
+                 (interleaved ? " interleaved" : " half") +
+                 (head_first ? " BNSD [1, 24, " + std::to_string(seq) + ", 128]"
+                             : " BSND [1, " + std::to_string(seq) + ", 24, 128]"));
   // x read and out written; the [S, D] tables are reused across 24 heads and are not counted.
   report_bandwidth(state, static_cast<double>(bytes), threads);
 }
 
-// Args: sequence index, interleaved, threads, baseline (0 = ditops, 1 = Eigen).
+// Args: sequence index, interleaved, threads, baseline (0 = ditops, 1 = Eigen), layout
+// (0 = BSND, 1 = BNSD; the Eigen baseline is BSND only).
 void rope_args(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"seq", "interleaved", "threads", "eigen"});
+  b->ArgNames({"seq", "interleaved", "threads", "eigen", "head_first"});
   for (int seq = 0; seq < 2; ++seq) {
     for (int interleaved : {0, 1}) {
       for (int threads : {1, 2}) {
-        for (int eigen : {0, 1}) b->Args({seq, interleaved, threads, eigen});
+        for (int eigen : {0, 1}) b->Args({seq, interleaved, threads, eigen, 0});
+        b->Args({seq, interleaved, threads, 0, 1});
       }
     }
   }
@@ -100,6 +109,7 @@ void rope_args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK_TEMPLATE(BM_rope, float)->Apply(rope_args);
 BENCHMARK_TEMPLATE(BM_rope, bf16)->Apply(rope_args);
+BENCHMARK_TEMPLATE(BM_rope, f16)->Apply(rope_args);
 
 }  // namespace
 }  // namespace ditops::bench

@@ -1,37 +1,51 @@
 #!/usr/bin/env bash
-# ditops attention beside the libraries a user would pick instead (PyTorch SDPA, ONNX Runtime's
-# MultiHeadAttention), measured in one run, interleaved, at the same thread counts. Writes
-# DIR/peers.md (ms, GFLOP/s, fraction of the FP32 FMA peak, ratio), DIR/peers.json and
-# DIR/peers.svg. Not part of tools/test.sh: it needs PyPI.
+# ditops beside the libraries a user would pick instead, measured in one run, interleaved, at the
+# same thread counts: attention beside PyTorch SDPA and ONNX Runtime's MultiHeadAttention;
+# RMSNorm, add_rms_norm and RoPE beside ONNX Runtime's SimplifiedLayerNormalization,
+# SkipSimplifiedLayerNormalization and RotaryEmbedding. Writes DIR/peers.md (ms, GFLOP/s or GB/s,
+# fraction of the FP32 FMA peak or of the memory triad, ratio), DIR/peers.json and DIR/peers.svg.
+# Not part of tools/test.sh: it needs PyPI.
 #
 # Usage: tools/bench-peers.sh [--quick] [--rounds N] [--out DIR] [--build-dir DIR]
-#   --quick          S = 2048 at 2 threads only (about a minute; the full grid of S = 2048 and
-#                    4608, causal and not, 1 and 2 threads takes about 10 minutes)
+#                             [--only attention|rowwise]
+#   --quick          attention: S = 2048 at 2 threads only; row-wise: f32 and bf16 at 2 threads
+#                    only (about two minutes in all; the full grids take about 10 minutes for
+#                    attention and 5 for the row-wise operators)
 #   --rounds N       interleaved rounds per shape (default 3; the table gives their median)
 #   --out DIR        where the report goes (default out/)
-#   --build-dir DIR  a release build tree with bench/ditops-attention-peer and bench/ditops_bench
-#                    already built (default: build/release, configured and built here)
+#   --build-dir DIR  a release build tree with bench/ditops-attention-peer,
+#                    bench/ditops-rowwise-peer and bench/ditops_bench already built (default:
+#                    build/release, configured and built here)
+#   --only PART      one table: attention (needs torch) or rowwise (needs onnxruntime only)
 # The virtual environment lives in build/peers-venv (DITOPS_PEERS_VENV overrides); it is created
-# and filled (torch for the CPU, onnxruntime, onnx, numpy) on the first run.
+# and filled (torch for the CPU for attention, onnxruntime, onnx, numpy) on the first run.
 set -euo pipefail
 
 out=out
 build=""
+only=""
 peers_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) peers_args+=(--quick) ;;
-    --rounds | --out | --build-dir)
+    --rounds | --out | --build-dir | --only)
       [ $# -ge 2 ] || { echo "tools/bench-peers.sh: $1 needs a value" >&2; exit 2; }
       case "$1" in
         --rounds) peers_args+=(--rounds "$2") ;;
         --out) out=$(realpath -m -- "$2") ;;
         --build-dir) build=$(realpath -m -- "$2") ;;
+        --only)
+          case "$2" in
+            attention | rowwise) only=$2 ;;
+            *) echo "tools/bench-peers.sh: --only takes attention or rowwise" >&2; exit 2 ;;
+          esac
+          ;;
       esac
       shift
       ;;
     *)
-      echo "usage: tools/bench-peers.sh [--quick] [--rounds N] [--out DIR] [--build-dir DIR]" >&2
+      echo "usage: tools/bench-peers.sh [--quick] [--rounds N] [--out DIR] [--build-dir DIR]" \
+        "[--only attention|rowwise]" >&2
       exit 2
       ;;
   esac
@@ -43,27 +57,44 @@ ditops_packages+=(python3 python3-venv)
 ditops_ensure_packages
 
 venv=${DITOPS_PEERS_VENV:-build/peers-venv}
-if ! "$venv/bin/python" -c 'import torch, onnxruntime, onnx, numpy' 2>/dev/null; then
-  python3 -m venv "$venv"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+if ! "$venv/bin/python" -c 'import onnxruntime, onnx, numpy' 2>/dev/null; then
+  "$venv/bin/pip" install -q onnxruntime onnx numpy
+fi
+if [ "$only" != rowwise ] && ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
   # The CPU-only torch wheel is a tenth of the default one; fall back to PyPI's when its index
   # is not reachable.
   "$venv/bin/pip" install -q --index-url https://download.pytorch.org/whl/cpu torch ||
     "$venv/bin/pip" install -q torch
-  "$venv/bin/pip" install -q onnxruntime onnx numpy
 fi
 
 if [ -z "$build" ]; then
   build=build/release
   cmake --preset release >/dev/null
-  cmake --build --preset release --target ditops-attention-peer ditops_bench
+  cmake --build --preset release --target ditops-attention-peer ditops-rowwise-peer ditops_bench
 fi
 mkdir -p "$out"
-# The FP32 FMA peak at 1 and 2 threads, for the fraction-of-peak column.
-peak=$("$build/bench/ditops_bench" --benchmark_filter='peak_fp32' --benchmark_format=json |
+# The FP32 FMA peak and the memory triad at 1 and 2 threads, for the fraction columns.
+limits=$("$build/bench/ditops_bench" --benchmark_filter='peak_fp32|triad' --benchmark_format=json |
   "$venv/bin/python" -c 'import json, sys
 rows = json.load(sys.stdin)["benchmarks"]
-print(" ".join(str(r["GFLOP/s"]) for r in rows if "GFLOP/s" in r))')
-peak_flag=()
-[ "$(wc -w <<<"$peak")" -eq 2 ] && peak_flag=(--peak-gflops $peak)
-"$venv/bin/python" bench/peers/peers.py run --ditops "$build/bench/ditops-attention-peer" \
-  --out "$out" "${peak_flag[@]}" "${peers_args[@]}"
+for counter in ("GFLOP/s", "GB/s"):
+    print(" ".join(str(r[counter]) for r in rows if counter in r))')
+peak=$(sed -n 1p <<<"$limits")
+triad=$(sed -n 2p <<<"$limits")
+limit_flags=()
+[ "$(wc -w <<<"$peak")" -eq 2 ] && limit_flags+=(--peak-gflops $peak)
+[ "$(wc -w <<<"$triad")" -eq 2 ] && limit_flags+=(--triad-gbs $triad)
+part_flags=()
+[ "$only" = rowwise ] || part_flags+=(--ditops "$build/bench/ditops-attention-peer")
+if [ "$only" != attention ]; then
+  if [ -x "$build/bench/ditops-rowwise-peer" ]; then
+    part_flags+=(--ditops-rowwise "$build/bench/ditops-rowwise-peer")
+  else
+    # A build tree given with --build-dir may predate the row-wise peer: keep the attention table.
+    echo "tools/bench-peers.sh: no $build/bench/ditops-rowwise-peer (build that target):" \
+      "skipping the RMSNorm/RoPE table" >&2
+  fi
+fi
+"$venv/bin/python" bench/peers/peers.py run "${part_flags[@]}" --out "$out" "${limit_flags[@]}" \
+  "${peers_args[@]}"

@@ -8,31 +8,17 @@
 // Prints one JSON object: {"library": "ditops", "backend": "...", "detail": "...", "isa": "...",
 // "ms": [...]} (detail: the tuner's tile choice).
 
-#include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <ditops/ditops.hpp>
-#include <map>
-#include <random>
+#include <stdexcept>
 #include <string>
-#include <vector>
+
+#include "bench/peers/peer_support.hpp"
 
 namespace {
 
-template <class T>
-std::vector<T> normal_values(std::int64_t count, unsigned seed) {
-  std::vector<T> values(static_cast<std::size_t>(count));
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal;
-  for (auto& value : values) {
-    if constexpr (std::is_same_v<T, float>) {
-      value = normal(rng);
-    } else {
-      value = T::from_float(normal(rng));
-    }
-  }
-  return values;
-}
+using ditops::peers::int_flag;
+using ditops::peers::normal_values;
 
 ditops::AttentionBackend parse_backend(const std::string& name) {
   for (auto backend : {ditops::AttentionBackend::automatic, ditops::AttentionBackend::reference,
@@ -45,9 +31,8 @@ ditops::AttentionBackend parse_backend(const std::string& name) {
 
 template <class T>
 int run(const std::map<std::string, std::string>& args) {
-  auto get = [&](const char* key, std::int64_t fallback) {
-    const auto it = args.find(key);
-    return it == args.end() ? fallback : std::stoll(it->second);
+  const auto get = [&](const char* key, std::int64_t fallback) {
+    return int_flag(args, key, fallback);
   };
   const std::int64_t batch = get("--batch", 1), seq = get("--seq", 2048),
                      heads = get("--heads", 24), dim = get("--dim", 128), reps = get("--reps", 1);
@@ -70,31 +55,21 @@ int run(const std::map<std::string, std::string>& args) {
   ditops::attention_forward(shape(q.data()), shape(k.data()), shape(v.data()), shape(out.data()),
                             options);
   std::printf(
-      "{\"library\": \"ditops\", \"backend\": \"%s\", \"detail\": \"%s\", \"isa\": \"%s\", "
-      "\"ms\": [",
+      "{\"library\": \"ditops\", \"backend\": \"%s\", \"detail\": \"%s\", \"isa\": \"%s\", ",
       ditops::backend_name(choice.backend), choice.detail.c_str(), ditops::cpu_info().isa.c_str());
-  for (std::int64_t rep = 0; rep < reps; ++rep) {
-    const auto start = std::chrono::steady_clock::now();
+  ditops::peers::print_timed_calls(reps, [&] {
     ditops::attention_forward(shape(q.data()), shape(k.data()), shape(v.data()), shape(out.data()),
                               options);
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    std::printf("%s%.3f", rep == 0 ? "" : ", ", ms);
-  }
-  std::printf("]}\n");
+  });
+  std::printf("}\n");
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::map<std::string, std::string> args;
-  for (int i = 1; i + 1 < argc; i += 2) args[argv[i]] = argv[i + 1];
-  if (argc % 2 == 0) {
-    std::fprintf(stderr, "ditops-attention-peer: flags come in pairs (--name value)\n");
-    return 2;
-  }
   try {
+    const auto args = ditops::peers::parse_flags(argc, argv);
     const auto dtype = args.find("--dtype");
     if (dtype == args.end() || dtype->second == "f32") return run<float>(args);
     if (dtype->second == "bf16") return run<ditops::bf16>(args);

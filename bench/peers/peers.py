@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
-"""ditops attention beside PyTorch SDPA and ONNX Runtime MultiHeadAttention, in one run.
+"""ditops beside the libraries a user would pick instead, in one run: attention beside PyTorch
+SDPA and ONNX Runtime MultiHeadAttention; RMSNorm, add_rms_norm and RoPE beside ONNX Runtime's
+SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization and RotaryEmbedding.
 
-Each measurement is a fresh process (`peers.py worker ...` for the Python libraries, the
-ditops-attention-peer binary for ditops) that makes N(0, 1) fp32 inputs, runs one untimed call
-and then one timed call. Libraries take turns (A B C, A B C, ...) for `--rounds` rounds at the
-same thread count, so a slow phase of a shared machine hits all of them alike; the table gives
-the median of the rounds. Run through tools/bench-peers.sh, which makes the virtual environment.
+Each measurement is a fresh process (`peers.py worker ...` / `peers.py rowwise-worker ...` for the
+Python libraries, the ditops-attention-peer / ditops-rowwise-peer binaries for ditops) that makes
+N(0, 1) inputs, runs one untimed call and then timed calls. Libraries take turns (A B C, A B C,
+...) for `--rounds` rounds at the same thread count, so a slow phase of a shared machine hits all
+of them alike; the table gives the median of all timed calls of the rounds. Run through
+tools/bench-peers.sh, which makes the virtual environment.
 
-    peers.py run --ditops BIN --out DIR [--rounds 3] [--quick] [--peak-gflops X]
+    peers.py run [--ditops BIN] [--ditops-rowwise BIN] --out DIR [--rounds 3] [--quick]
+                 [--peak-gflops X Y] [--triad-gbs X Y]
     peers.py worker --lib torch|ort --seq S --heads N --dim D --causal 0|1 --threads T
+    peers.py rowwise-worker --op OP --dtype f32|bf16|f16 --rows R --dim D [--heads N] --threads T
 """
 
 import argparse
@@ -106,6 +111,205 @@ def worker(args):
     print(json.dumps({"library": args.lib, "version": version, "ms": times}))
 
 
+# Row-wise operators on FLUX-like shapes: 4096 tokens of hidden 3072 (the block's norms), the
+# per-head QK-norm over 24 heads of 128, and RoPE on [1, 4096, 24, 128] (BSND).
+# (op, rows, heads, dim): x is [rows * heads, dim] for the norms, [1, rows, heads, dim] for RoPE.
+ROWWISE_SHAPES = [
+    ("rms_norm", 4096, 1, 3072),
+    ("rms_norm", 4096, 24, 128),
+    ("add_rms_norm", 4096, 1, 3072),
+    ("add_rms_norm", 4096, 24, 128),
+    ("rope_half", 4096, 24, 128),
+    ("rope_interleaved", 4096, 24, 128),
+]
+ROWWISE_DTYPES = ["f32", "bf16", "f16"]
+ROWWISE_THREADS = [2, 1]
+ROWWISE_QUICK_DTYPES = ["f32", "bf16"]
+ROWWISE_QUICK_THREADS = [2]
+ROWWISE_LIBRARIES = ["ditops", "ort"]
+ROWWISE_REPS = 5  # timed calls per process: a call moves 50-200 MB, a few ms
+ORT_OPS = {"rms_norm": "SimplifiedLayerNormalization", "add_rms_norm": "SkipSimplifiedLayerNormalization",
+           "rope_half": "RotaryEmbedding", "rope_interleaved": "RotaryEmbedding"}
+ELEMENT_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
+
+
+def rowwise_bytes(op, rows, heads, dim, dtype):
+    """Bytes the operator must move: x read and out written; add_rms_norm also reads the residual
+    and writes the sum. Weights and RoPE tables (reused across rows) are not counted."""
+    tensors = 4 if op == "add_rms_norm" else 2
+    return tensors * rows * heads * dim * ELEMENT_BYTES[dtype]
+
+
+def ort_value(np, ort, array, dtype):
+    """An OrtValue of the fp32 numpy `array` in `dtype` (bf16 rounded to nearest even: numpy has
+    no bf16, so its bits travel as uint16)."""
+    from onnx import TensorProto
+
+    if dtype == "f32":
+        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+    if dtype == "f16":
+        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array, dtype=np.float16))
+    bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(rounded, TensorProto.BFLOAT16)
+
+
+def rowwise_worker(args):
+    """Times ONNX Runtime's counterpart of --op; prints {"ms": [...], "version": ...}."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    onnx_type = {"f32": TensorProto.FLOAT, "bf16": TensorProto.BFLOAT16, "f16": TensorProto.FLOAT16}[args.dtype]
+    rng = np.random.default_rng(1)
+    tokens = args.rows * args.heads
+    feeds, outputs = {}, {}
+    if args.op in ("rms_norm", "add_rms_norm"):
+        shape = [1, tokens, args.dim]
+        feeds["x"] = rng.standard_normal(shape, dtype=np.float32)
+        feeds["weight"] = np.ones(args.dim, dtype=np.float32)
+        if args.op == "rms_norm":
+            node = helper.make_node(ORT_OPS[args.op], ["x", "weight"], ["out"], axis=-1, epsilon=1e-6)
+            outputs = {"out": shape}
+        else:
+            feeds["residual"] = rng.standard_normal(shape, dtype=np.float32)
+            # Outputs: normalized, mean, inv_std_var, input + skip (+ bias): ask for the first
+            # and the last, as add_rms_norm writes out and sum_out.
+            node = helper.make_node(ORT_OPS[args.op], ["x", "residual", "weight"], ["out", "", "", "sum"],
+                                    domain="com.microsoft", epsilon=1e-6)
+            outputs = {"out": shape, "sum": shape}
+    else:
+        shape = [1, args.rows, args.heads * args.dim]
+        half = args.dim // 2
+        angle = np.arange(args.rows)[:, None] * 10000.0 ** (-2.0 * np.arange(half)[None, :] / args.dim)
+        feeds["x"] = rng.standard_normal(shape, dtype=np.float32)
+        feeds["cos"] = np.cos(angle).astype(np.float32)
+        feeds["sin"] = np.sin(angle).astype(np.float32)
+        node = helper.make_node(ORT_OPS[args.op], ["x", "position", "cos", "sin"], ["out"], domain="com.microsoft",
+                                num_heads=args.heads, interleaved=int(args.op == "rope_interleaved"))
+        outputs = {"out": shape}
+    inputs = [helper.make_tensor_value_info(name, onnx_type, list(value.shape)) for name, value in feeds.items()]
+    if args.op.startswith("rope"):
+        inputs.append(helper.make_tensor_value_info("position", TensorProto.INT64, [1]))
+    graph = helper.make_graph([node], args.op, inputs,
+                              [helper.make_tensor_value_info(name, onnx_type, s) for name, s in outputs.items()])
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = args.threads
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    # Inputs and outputs bound once, as ditops gets them: the timed call is the operator alone,
+    # without copying its result into a new numpy array.
+    binding = session.io_binding()
+    for name, value in feeds.items():
+        binding.bind_ortvalue_input(name, ort_value(np, ort, value, args.dtype))
+    if args.op.startswith("rope"):
+        binding.bind_ortvalue_input("position", ort.OrtValue.ortvalue_from_numpy(np.zeros(1, dtype=np.int64)))
+    for name, s in outputs.items():
+        binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_shape_and_type(s, onnx_type))
+
+    session.run_with_iobinding(binding)
+    times = []
+    for _ in range(args.reps):
+        start = time.perf_counter()
+        session.run_with_iobinding(binding)
+        times.append((time.perf_counter() - start) * 1e3)
+    print(json.dumps({"library": "ort", "version": ort.__version__, "ms": times}))
+
+
+def measure_rowwise(library, ditops_bin, op, rows, heads, dim, dtype, threads):
+    flags = ["--op", op, "--dtype", dtype, "--rows", rows, "--heads", heads, "--dim", dim, "--threads", threads,
+             "--reps", ROWWISE_REPS]
+    if library == "ditops":
+        command = [ditops_bin] + flags
+    else:
+        command = [sys.executable, os.path.abspath(__file__), "rowwise-worker"] + flags
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    result = subprocess.run([str(c) for c in command], capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        message = result.stderr.strip().splitlines()
+        raise RuntimeError(message[-1][-300:] if message else f"exit {result.returncode}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def run_rowwise(args):
+    """Interleaved rounds of ditops and ONNX Runtime on every row-wise case; returns the table."""
+    dtypes = args.rowwise_dtypes or (ROWWISE_QUICK_DTYPES if args.quick else ROWWISE_DTYPES)
+    thread_counts = args.rowwise_threads or (ROWWISE_QUICK_THREADS if args.quick else ROWWISE_THREADS)
+    rows, versions = [], {}
+    for op, tokens, heads, dim in ROWWISE_SHAPES:
+        for dtype in dtypes:
+            for threads in thread_counts:
+                samples = {lib: [] for lib in ROWWISE_LIBRARIES}
+                failures = {}
+                for _ in range(args.rounds):
+                    for lib in ROWWISE_LIBRARIES:
+                        if lib in failures:
+                            continue
+                        try:
+                            result = measure_rowwise(lib, args.ditops_rowwise, op, tokens, heads, dim, dtype, threads)
+                        except RuntimeError as error:
+                            failures[lib] = str(error)
+                            continue
+                        samples[lib].extend(result["ms"])
+                        versions[lib] = f'ISA {result["isa"]}' if lib == "ditops" else result["version"]
+                medians = {lib: statistics.median(v) for lib, v in samples.items() if v}
+                moved = rowwise_bytes(op, tokens, heads, dim, dtype)
+                row = {"op": op, "tokens": tokens, "heads": heads, "dim": dim, "dtype": dtype, "threads": threads,
+                       "ms": medians, "gbs": {lib: moved / ms / 1e6 for lib, ms in medians.items()},
+                       "failures": failures}
+                rows.append(row)
+                print(f"{op} {dtype} [{tokens}x{heads}, {dim}] threads={threads}: " +
+                      ", ".join(f"{lib} {ms:.2f} ms" for lib, ms in medians.items()), flush=True)
+                for lib, error in failures.items():
+                    print(f"  {lib}: {error}", file=sys.stderr)
+    return rows, versions
+
+
+def rowwise_table(rows, versions, args):
+    lines = ["", "# RMSNorm, add_rms_norm and RoPE beside ONNX Runtime", "",
+             "ditops rms_norm / add_rms_norm / rotary_position_embedding against ONNX Runtime's "
+             "SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization (com.microsoft, asked for its "
+             "output and its input + skip sum, as add_rms_norm writes both) / RotaryEmbedding (com.microsoft; "
+             "cos/sin caches [S, D/2], position_ids [1]; ditops: [S, D] tables in the dtype of x). Weights "
+             "in the dtype of x, eps 1e-6, inputs and outputs bound before timing (ONNX Runtime: IO binding). "
+             f"Median of {args.rounds} interleaved rounds of {ROWWISE_REPS} timed calls each (after one "
+             "untimed call), same thread count for both libraries. GB/s counts x read and out written "
+             "(add_rms_norm: x and residual read, out and sum written); tables and weights are not counted.",
+             ""]
+    for lib in ROWWISE_LIBRARIES:
+        if lib in versions:
+            lines.append(f'- {"ditops" if lib == "ditops" else "ONNX Runtime"}: {versions[lib]}')
+    if args.triad_gbs:
+        lines.append(f"- memory triad measured by ditops_bench (best of ordinary and streaming stores): "
+                     f"{args.triad_gbs[0]:.1f} GB/s at 1 thread, {args.triad_gbs[1]:.1f} at 2")
+    lines += ["", "| operator | x shape | dtype | threads | ditops ms | ORT ms | ditops GB/s | ORT GB/s "
+              "| ditops fraction of triad | ORT fraction of triad | ORT / ditops |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        ms, gbs = row["ms"], row["gbs"]
+        shape = (f'[1, {row["tokens"]}, {row["heads"]}, {row["dim"]}]' if row["op"].startswith("rope")
+                 else f'[{row["tokens"] * row["heads"]}, {row["dim"]}]')
+
+        def cell(lib, values, fmt):
+            if lib in values:
+                return format(values[lib], fmt)
+            return "not supported" if "NOT_IMPLEMENTED" in row["failures"].get(lib, "") else "failed"
+
+        def fraction(lib):
+            if lib not in gbs or not args.triad_gbs:
+                return ""
+            return f'{gbs[lib] / args.triad_gbs[row["threads"] - 1]:.0%}'
+
+        ratio = f'{ms["ort"] / ms["ditops"]:.2f}x' if "ort" in ms and "ditops" in ms else ""
+        lines.append(f'| {row["op"]} | {shape} | {row["dtype"]} | {row["threads"]} | {cell("ditops", ms, ".2f")} | '
+                     f'{cell("ort", ms, ".2f")} | {cell("ditops", gbs, ".1f")} | {cell("ort", gbs, ".1f")} | '
+                     f'{fraction("ditops")} | {fraction("ort")} | {ratio} |')
+    lines += ["", "ORT / ditops > 1 means ditops is faster."]
+    return lines
+
+
 def measure(library, ditops_bin, seq, causal, threads, tune_cache=None):
     if library == "ditops":
         command = [ditops_bin, "--seq", seq, "--heads", HEADS, "--dim", DIM, "--causal", int(causal),
@@ -157,10 +361,28 @@ def svg_chart(rows, path):
 
 
 def run(args):
+    os.makedirs(args.out, exist_ok=True)
+    lines, report = [], {}
+    if args.ditops:
+        lines, report["attention"] = run_attention(args)
+    if args.ditops_rowwise:
+        rowwise_rows, rowwise_versions = run_rowwise(args)
+        lines += rowwise_table(rowwise_rows, rowwise_versions, args)
+        report["rowwise"] = {"rows": rowwise_rows, "versions": rowwise_versions}
+    with open(os.path.join(args.out, "peers.md"), "w") as f:
+        f.write("\n".join(lines).lstrip("\n") + "\n")
+    with open(os.path.join(args.out, "peers.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    written = "peers.md, peers.json" + (", peers.svg" if args.ditops else "")
+    print(f"peers: wrote {args.out}/{written}")
+
+
+def run_attention(args):
+    """Interleaved rounds of ditops, PyTorch and ONNX Runtime attention; returns the report
+    lines and the measurements, and draws peers.svg."""
     shapes = QUICK_SHAPES if args.quick else SHAPES
     rows = []
     versions = {}
-    os.makedirs(args.out, exist_ok=True)
     for seq, causal, threads in shapes:
         samples = {lib: [] for lib in LIBRARIES}
         failures = {}
@@ -187,7 +409,6 @@ def run(args):
               ", ".join(f"{lib} {ms:.0f} ms" for lib, ms in medians.items()), flush=True)
         for lib, error in failures.items():
             print(f"  {lib}: {error}", file=sys.stderr)
-    os.makedirs(args.out, exist_ok=True)
     lines = ["# ditops attention beside its peers", "",
              f"FLUX self-attention, B=1, N={HEADS}, D={DIM}, fp32, BSND inputs (PyTorch: BNSD). "
              f"Median of {args.rounds} interleaved rounds (one timed call each, after one untimed call), "
@@ -216,12 +437,8 @@ def run(args):
         lines.append(f'| {row["seq"]} | {"causal" if row["causal"] else "non-causal"} | {row["threads"]} | '
                      f"{cell('ditops')} | {cell('torch')} | {cell('ort')} | {gflops} | {fraction} | {ratio} |")
     lines += ["", "best peer / ditops > 1 means ditops is faster. Chart: peers.svg."]
-    with open(os.path.join(args.out, "peers.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    with open(os.path.join(args.out, "peers.json"), "w") as f:
-        json.dump({"rows": rows, "versions": versions}, f, indent=1)
     svg_chart(rows, os.path.join(args.out, "peers.svg"))
-    print(f"peers: wrote {args.out}/peers.md, peers.json, peers.svg")
+    return lines, {"rows": rows, "versions": versions}
 
 
 def main():
@@ -233,14 +450,27 @@ def main():
     w.add_argument("--causal", type=int, default=0)
     w.add_argument("--threads", type=int, default=1)
     w.add_argument("--reps", type=int, default=1)
+    rw = sub.add_parser("rowwise-worker")
+    rw.add_argument("--op", choices=sorted(ORT_OPS), required=True)
+    rw.add_argument("--dtype", choices=ROWWISE_DTYPES, default="f32")
+    rw.add_argument("--rows", type=int, required=True)
+    rw.add_argument("--heads", type=int, default=1)
+    rw.add_argument("--dim", type=int, required=True)
+    rw.add_argument("--threads", type=int, default=1)
+    rw.add_argument("--reps", type=int, default=1)
     r = sub.add_parser("run")
-    r.add_argument("--ditops", required=True, help="path of the ditops-attention-peer binary")
+    r.add_argument("--ditops", help="path of the ditops-attention-peer binary (attention table)")
+    r.add_argument("--ditops-rowwise", help="path of the ditops-rowwise-peer binary (RMSNorm/RoPE table)")
     r.add_argument("--out", default="out")
     r.add_argument("--rounds", type=int, default=3)
-    r.add_argument("--quick", action="store_true", help="S=2048 at 2 threads only")
+    r.add_argument("--quick", action="store_true",
+                   help="attention: S=2048 at 2 threads only; row-wise: f32 and bf16 at 2 threads only")
     r.add_argument("--peak-gflops", type=float, nargs=2, help="FP32 FMA peak at 1 and 2 threads")
+    r.add_argument("--triad-gbs", type=float, nargs=2, help="memory triad GB/s at 1 and 2 threads")
+    r.add_argument("--rowwise-dtypes", nargs="+", choices=ROWWISE_DTYPES, help="row-wise dtypes (default: all)")
+    r.add_argument("--rowwise-threads", nargs="+", type=int, help="row-wise thread counts (default: 2 1)")
     args = parser.parse_args()
-    worker(args) if args.command == "worker" else run(args)
+    {"worker": worker, "rowwise-worker": rowwise_worker, "run": run}[args.command](args)
 
 
 if __name__ == "__main__":

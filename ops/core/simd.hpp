@@ -641,20 +641,56 @@ inline F32<Arch> load_chunk(const T* src, std::size_t i, std::size_t count) {
                                  : simd::load<Arch>(src + i);
 }
 
-/// Calls chunk(i, count, stream) over [0, dim) in pieces of at most one vector. With `stream`,
-/// the pieces that cover whole cache lines of dst get stream = true; the (at most two) partial
-/// lines at the ends of the row are written with ordinary stores.
-template <class Arch, class T, class Chunk>
-inline void for_each_chunk(const T* dst, std::size_t dim, bool stream, const Chunk& chunk) {
+/// Stores two vectors (lo, then hi: 2 * F32<Arch>::size floats) as T, with non-temporal stores
+/// when `stream` and dst is aligned for them. bf16 on AVX2 packs both vectors with one pack and
+/// one permute into one 32-byte store, which AVX2 can also stream (a single vector packs into
+/// 16 bytes and pays the pack and the permute alone).
+template <class Arch, class T>
+inline void store_pair(T* dst, F32<Arch> lo, F32<Arch> hi, bool stream) noexcept {
+  if constexpr (kIsAvx2<Arch> && std::is_same_v<T, bf16>) {
+    // packus interleaves the 128-bit lanes of its operands: [lo0-3 hi0-3 | lo4-7 hi4-7].
+    const __m256i packed = _mm256_permute4x64_epi64(
+        _mm256_packus_epi32(simd::bf16_bits<Arch>(lo), simd::bf16_bits<Arch>(hi)), 0xD8);
+    auto* target = reinterpret_cast<__m256i*>(dst);
+    if (stream && reinterpret_cast<std::uintptr_t>(dst) % 32 == 0) {
+      _mm256_stream_si256(target, packed);
+    } else {
+      _mm256_storeu_si256(target, packed);
+    }
+  } else if (stream) {
+    simd::store_stream<Arch>(dst, lo);
+    simd::store_stream<Arch>(dst + F32<Arch>::size, hi);
+  } else {
+    simd::store<Arch>(dst, lo);
+    simd::store<Arch>(dst + F32<Arch>::size, hi);
+  }
+}
+
+/// Walks [0, dim) of a row written to dst: pair(i, stream) for pieces [i, i + 2 lanes) and
+/// single(i, count, stream) for pieces of at most one vector. With `stream`, the pieces that
+/// cover whole cache lines of dst get stream = std::true_type (a constant, so the callee's store
+/// needs no test per piece); the (at most two) partial lines at the ends of the row are written
+/// with ordinary stores, in single pieces. Without, every piece gets std::false_type.
+template <class Arch, class T, class Pair, class Single>
+inline void for_each_piece(const T* dst, std::size_t dim, bool stream, const Pair& pair,
+                           const Single& single) {
   constexpr std::size_t kLanes = F32<Arch>::size;
   constexpr std::size_t kLineElements = kCacheLineBytes / sizeof(T);
-  // Three plain loops (head, whole lines, tail) rather than a helper lambda: GCC 12 kept such a
-  // lambda out of line, a call per piece, which short rows (D = 128) pay for every row.
-  const std::size_t head = stream ? std::min(dim, elements_to_line(dst)) : 0;
-  const std::size_t body_end = stream ? head + (dim - head) / kLineElements * kLineElements : 0;
-  for (std::size_t i = 0; i < head; i += kLanes) chunk(i, std::min(kLanes, head - i), false);
-  for (std::size_t i = head; i < body_end; i += kLanes) chunk(i, kLanes, true);  // whole lines
-  for (std::size_t i = body_end; i < dim; i += kLanes) chunk(i, std::min(kLanes, dim - i), false);
+  // Plain loops rather than a helper lambda: GCC 12 kept such a lambda out of line, a call per
+  // piece, which short rows (D = 128) pay for every row.
+  constexpr std::true_type whole_lines;
+  constexpr std::false_type ordinary;
+  std::size_t i = 0;
+  if (stream) {
+    const std::size_t head = std::min(dim, elements_to_line(dst));
+    const std::size_t body_end = head + (dim - head) / kLineElements * kLineElements;
+    for (; i < head; i += kLanes) single(i, std::min(kLanes, head - i), ordinary);
+    for (i = head; i + 2 * kLanes <= body_end; i += 2 * kLanes) pair(i, whole_lines);
+    for (; i < body_end; i += kLanes) single(i, kLanes, whole_lines);  // a line of one vector
+  } else {
+    for (; i + 2 * kLanes <= dim; i += 2 * kLanes) pair(i, ordinary);
+  }
+  for (; i < dim; i += kLanes) single(i, std::min(kLanes, dim - i), ordinary);
 }
 
 }  // namespace ditops::simd

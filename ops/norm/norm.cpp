@@ -55,8 +55,10 @@ void run(norm::NormProblem& problem, const TensorView& weight) {
   const std::int64_t bytes = problem.rows.rows * problem.dim * dtype_size(problem.dtype) * operands;
   const int threads = core::threads_for_bytes(bytes);
   problem.stream = core::use_streaming_stores(bytes / 2);  // half of the traffic is written
-  // Scratch for h in fp32 (fused path): one row per thread, each on its own cache lines.
-  const std::size_t stride = core::per_thread_stride<float>(static_cast<std::size_t>(problem.dim));
+  // Scratch for h in fp32 (fused path): the rows of one pass per thread, each thread's on its
+  // own cache lines.
+  const std::size_t stride = core::per_thread_stride<float>(
+      static_cast<std::size_t>(problem.dim * norm::rows_per_pass(problem.dim, problem.dtype)));
   core::AlignedBuffer<float> scratch(problem.residual ? stride * threads : 0);
   core::parallel_ranges(
       problem.rows.rows, threads, [&](std::int64_t begin, std::int64_t end, int thread) {

@@ -1,8 +1,11 @@
 // RMSNorm row kernel, compiled once per ISA level (cmake/DitopsKernels.cmake).
 //
 // Memory-bound: each row is read once from memory and once more from L1 (D <= ~8K floats fit
-// L1/L2), so the work per element is a few vector ops. Four accumulators hide the FMA latency
-// of the sum of squares (one chain would cap it at one vector per 4 cycles).
+// L1/L2), so the work per element must stay a few vector ops or the conversions of 16-bit types
+// show. Short rows go several per pass (rows_per_pass): their reductions, square roots and
+// divisions overlap instead of each row's second pass waiting on its own. Results are stored two
+// vectors at a time (bf16 packs a pair in one store) and, for outputs far beyond the caches, with
+// streaming stores.
 
 #include "ops/norm/norm_kernel.hpp"
 
@@ -16,101 +19,229 @@
 namespace ditops::norm {
 namespace {
 
+template <class Arch>
+using B = simd::F32<Arch>;
+
+/// The operands of one row (residual and sum_out only when fused).
+template <class T>
+struct RowOperands {
+  const T* x;
+  const T* residual;
+  T* out;
+  T* sum_out;
+};
+
+/// Sum of the squares of one row of x, in two partial sums (two FMA chains).
 template <class Arch, class T>
-void norm_rows(const NormProblem& p, std::int64_t begin, std::int64_t end, float* scratch) {
-  using B = simd::F32<Arch>;
-  constexpr std::size_t kLanes = B::size;
-  const auto dim = static_cast<std::size_t>(p.dim);
-  const std::size_t unrolled_end = dim - dim % (4 * kLanes);
-
-  core::RowWalker<4> walker(p.rows, begin);
-  for (std::int64_t row = begin; row < end; ++row, walker.next()) {
-    const T* x = static_cast<const T*>(p.x) + walker.offset(kX);
-    T* out = static_cast<T*>(p.out) + walker.offset(kOut);
-
-    // Pass 1: sum of squares (of h = x + residual when fused, storing h on the way).
-    B acc0(0.f), acc1(0.f), acc2(0.f), acc3(0.f);
-    const float* h_f32 = nullptr;  // fused: h in fp32, which pass 2 normalizes
-    if (p.residual) {
-      const T* residual = static_cast<const T*>(p.residual) + walker.offset(kResidual);
-      T* sum_out = static_cast<T*>(p.sum_out) + walker.offset(kSumOut);
-      // An f32 sum_out that stays in cache is h itself; otherwise keep h in scratch (narrow
-      // types round h in sum_out; streamed stores leave it in memory).
-      float* h =
-          std::is_same_v<T, float> && !p.stream ? reinterpret_cast<float*>(sum_out) : scratch;
-      simd::for_each_chunk<Arch>(
-          sum_out, dim, p.stream, [&](std::size_t i, std::size_t count, bool stream) {
-            const B sum =
-                simd::load_chunk<Arch>(x, i, count) + simd::load_chunk<Arch>(residual, i, count);
-            simd::store_chunk<Arch>(sum_out, i, count, sum, stream);
-            if (h != reinterpret_cast<float*>(sum_out))
-              simd::store_chunk<Arch>(h, i, count, sum, false);
-            acc0 = simd::fmadd<Arch>(sum, sum, acc0);
-          });
-      h_f32 = h;
-    } else {
-      for (std::size_t i = 0; i < unrolled_end; i += 4 * kLanes) {
-        const B v0 = simd::load<Arch>(x + i);
-        const B v1 = simd::load<Arch>(x + i + kLanes);
-        const B v2 = simd::load<Arch>(x + i + 2 * kLanes);
-        const B v3 = simd::load<Arch>(x + i + 3 * kLanes);
-        acc0 = simd::fmadd<Arch>(v0, v0, acc0);
-        acc1 = simd::fmadd<Arch>(v1, v1, acc1);
-        acc2 = simd::fmadd<Arch>(v2, v2, acc2);
-        acc3 = simd::fmadd<Arch>(v3, v3, acc3);
-      }
-      for (std::size_t i = unrolled_end; i < dim; i += kLanes) {
-        const B v = simd::load_chunk<Arch>(x, i, std::min(kLanes, dim - i));
-        acc1 = simd::fmadd<Arch>(v, v, acc1);
-      }
-    }
-    const float sum_squares = simd::reduce_add<Arch>((acc0 + acc1) + (acc2 + acc3));
-    if (!(sum_squares <= 0x1p126f) || (sum_squares < 0x1p-100f && p.eps < 0x1p-80f)) {
-      // The fp32 sum of squares overflowed (|x| beyond ~1e19), underflowed where eps does not
-      // dominate (|x| below ~1e-20), or is NaN: this row again in double, where every float's
-      // square fits, scaled in double too (1 / rms may exceed FLT_MAX). Such rows are rare, so
-      // scalar code; NaN and infinity propagate as in the vector path.
-      double sum = 0;
-      for (std::size_t i = 0; i < dim; ++i) {
-        const double v = h_f32 ? h_f32[i] : static_cast<double>(to_float(x[i]));
-        sum += v * v;
-      }
-      const double inv_rms_wide = 1.0 / std::sqrt(sum / static_cast<double>(dim) + p.eps);
-      for (std::size_t i = 0; i < dim; ++i) {
-        double y = (h_f32 ? h_f32[i] : static_cast<double>(to_float(x[i]))) * inv_rms_wide;
-        if (p.weight) y *= p.weight[i];
-        out[i] = from_float<T>(static_cast<float>(y));
-      }
-      continue;
-    }
-    const float inv_rms = 1.f / std::sqrt(sum_squares / static_cast<float>(dim) + p.eps);
-
-    // Pass 2: scale (and weight) the row, now in L1, while prefetching the next row's inputs:
-    // pass 1 of that row then finds them in cache instead of waiting on memory, and this
-    // pass's arithmetic overlaps the transfer. Rows under 1 KiB are left to the hardware
-    // prefetcher, which follows consecutive short rows well (measured: prefetching there cost
-    // ~20% at D = 128 f32).
-    const B scale(inv_rms);
-    const T* next_x = nullptr;
-    const T* next_residual = nullptr;
-    if (row + 1 < end && dim * sizeof(T) >= 1024) {
-      core::RowWalker<4> next = walker;
-      next.next();
-      next_x = static_cast<const T*>(p.x) + next.offset(kX);
-      if (p.residual) next_residual = static_cast<const T*>(p.residual) + next.offset(kResidual);
-    }
-    simd::for_each_chunk<Arch>(out, dim, p.stream,
-                               [&](std::size_t i, std::size_t count, bool stream) {
-                                 if (next_x) simd::prefetch(next_x + i);
-                                 if (next_residual) simd::prefetch(next_residual + i);
-                                 B y = (h_f32 ? simd::load_chunk<Arch>(h_f32, i, count)
-                                              : simd::load_chunk<Arch>(x, i, count)) *
-                                       scale;
-                                 if (p.weight) y = y * simd::load_chunk<Arch>(p.weight, i, count);
-                                 simd::store_chunk<Arch>(out, i, count, y, stream);
-                               });
+float sum_squares(const T* x, std::size_t dim) {
+  constexpr std::size_t kLanes = B<Arch>::size;
+  B<Arch> even(0.f), odd(0.f);
+  std::size_t i = 0;
+  for (; i + 2 * kLanes <= dim; i += 2 * kLanes) {
+    const B<Arch> a = simd::load<Arch>(x + i), b = simd::load<Arch>(x + i + kLanes);
+    even = simd::fmadd<Arch>(a, a, even);
+    odd = simd::fmadd<Arch>(b, b, odd);
   }
+  if (i < dim) {  // less than two vectors left: one (maybe partial), then maybe a partial one
+    const B<Arch> a = simd::load_chunk<Arch>(x, i, std::min(kLanes, dim - i));
+    even = simd::fmadd<Arch>(a, a, even);
+    if (i + kLanes < dim) {
+      const B<Arch> b = simd::load_chunk<Arch>(x, i + kLanes, dim - i - kLanes);
+      odd = simd::fmadd<Arch>(b, b, odd);
+    }
+  }
+  return simd::reduce_add<Arch>(even + odd);
+}
+
+/// Fused pass 1 of one row: h = x + residual to sum_out (rounded to T) and, when `h` is another
+/// buffer, to h in fp32 for pass 2; returns the sum of the squares of h.
+template <class Arch, class T>
+float add_and_sum_squares(const RowOperands<T>& row, std::size_t dim, bool stream, float* h,
+                          bool h_is_sum_out) {
+  constexpr std::size_t kLanes = B<Arch>::size;
+  B<Arch> even(0.f), odd(0.f);
+  simd::for_each_piece<Arch>(
+      row.sum_out, dim, stream,
+      [&](std::size_t i, auto whole_lines) {
+        const B<Arch> a = simd::load<Arch>(row.x + i) + simd::load<Arch>(row.residual + i);
+        const B<Arch> b =
+            simd::load<Arch>(row.x + i + kLanes) + simd::load<Arch>(row.residual + i + kLanes);
+        simd::store_pair<Arch>(row.sum_out + i, a, b, whole_lines);
+        if (!h_is_sum_out) simd::store_pair<Arch>(h + i, a, b, false);
+        even = simd::fmadd<Arch>(a, a, even);
+        odd = simd::fmadd<Arch>(b, b, odd);
+      },
+      [&](std::size_t i, std::size_t count, auto whole_line) {
+        const B<Arch> a = simd::load_chunk<Arch>(row.x, i, count) +
+                          simd::load_chunk<Arch>(row.residual, i, count);
+        simd::store_chunk<Arch>(row.sum_out, i, count, a, whole_line);
+        if (!h_is_sum_out) simd::store_chunk<Arch>(h, i, count, a, false);
+        even = simd::fmadd<Arch>(a, a, even);
+      });
+  return simd::reduce_add<Arch>(even + odd);
+}
+
+/// Pass 2 of one row: out = src * inv_rms (* weight when kWeighted). src is x, or h in fp32 when
+/// fused. With kPrefetch (long rows), the next row's inputs (next_x, and next_residual unless
+/// null) are prefetched on the way: its pass 1 then finds them in cache, and this pass's
+/// arithmetic overlaps the transfer. Rows under 1 KiB are left to the hardware prefetcher, which
+/// follows consecutive short rows well (measured: prefetching there cost ~20% at D = 128 f32).
+/// The options are template parameters so the loop tests none of them per piece.
+template <class Arch, bool kWeighted, bool kPrefetch, class T, class S>
+void scale_row(const S* src, T* out, const float* weight, float inv_rms, std::size_t dim,
+               bool stream, const T* next_x, const T* next_residual) {
+  constexpr std::size_t kLanes = B<Arch>::size;
+  const B<Arch> scale(inv_rms);
+  simd::for_each_piece<Arch>(
+      out, dim, stream,
+      [&](std::size_t i, auto whole_lines) {
+        if constexpr (kPrefetch) {
+          simd::prefetch(next_x + i);
+          simd::prefetch(next_x + i + kLanes);
+          if (next_residual) {
+            simd::prefetch(next_residual + i);
+            simd::prefetch(next_residual + i + kLanes);
+          }
+        }
+        B<Arch> a = simd::load<Arch>(src + i) * scale;
+        B<Arch> b = simd::load<Arch>(src + i + kLanes) * scale;
+        if constexpr (kWeighted) {
+          a *= simd::load<Arch>(weight + i);
+          b *= simd::load<Arch>(weight + i + kLanes);
+        }
+        simd::store_pair<Arch>(out + i, a, b, whole_lines);
+      },
+      [&](std::size_t i, std::size_t count, auto whole_line) {
+        if constexpr (kPrefetch) {
+          simd::prefetch(next_x + i);
+          if (next_residual) simd::prefetch(next_residual + i);
+        }
+        B<Arch> y = simd::load_chunk<Arch>(src, i, count) * scale;
+        if constexpr (kWeighted) y *= simd::load_chunk<Arch>(weight, i, count);
+        simd::store_chunk<Arch>(out, i, count, y, whole_line);
+      });
+}
+
+/// Whether a row's fp32 sum of squares cannot give its scale: it overflowed (|x| beyond ~1e19),
+/// underflowed where eps does not dominate (|x| below ~1e-20; the output would be inf or NaN),
+/// or is NaN.
+inline bool sum_out_of_range(float sum, float eps) {
+  return !(sum <= 0x1p126f) || (sum < 0x1p-100f && eps < 0x1p-80f);
+}
+
+/// Such a row again in double, where every float's square fits, scaled in double too (1 / rms
+/// may exceed FLT_MAX). Rare rows, so scalar code; NaN and infinity propagate as in the vector
+/// path. src: x, or h in fp32 when fused.
+template <class T, class S>
+void normalize_row_in_double(const S* src, T* out, const float* weight, float eps,
+                             std::size_t dim) {
+  double sum = 0;
+  for (std::size_t i = 0; i < dim; ++i) {
+    const double v = to_float(src[i]);
+    sum += v * v;
+  }
+  const double inv_rms = 1.0 / std::sqrt(sum / static_cast<double>(dim) + eps);
+  for (std::size_t i = 0; i < dim; ++i) {
+    double y = to_float(src[i]) * inv_rms;
+    if (weight) y *= weight[i];
+    out[i] = from_float<T>(static_cast<float>(y));
+  }
+}
+
+/// scale_row with the options of this row chosen once.
+template <class Arch, class T, class S>
+void scale_row(const S* src, T* out, const float* weight, float inv_rms, std::size_t dim,
+               bool stream, const T* next_x, const T* next_residual) {
+  if (weight && next_x) {
+    scale_row<Arch, true, true>(src, out, weight, inv_rms, dim, stream, next_x, next_residual);
+  } else if (weight) {
+    scale_row<Arch, true, false>(src, out, weight, inv_rms, dim, stream, next_x, next_residual);
+  } else if (next_x) {
+    scale_row<Arch, false, true>(src, out, weight, inv_rms, dim, stream, next_x, next_residual);
+  } else {
+    scale_row<Arch, false, false>(src, out, weight, inv_rms, dim, stream, next_x, next_residual);
+  }
+}
+
+/// Normalizes the Rows rows at the walker and moves it past them; `more_rows`: rows follow in
+/// this thread's range (worth prefetching for long rows).
+template <class Arch, class T, int Rows>
+void normalize_rows(const NormProblem& p, core::RowWalker<4>& walker, bool more_rows,
+                    float* scratch) {
+  const auto dim = static_cast<std::size_t>(p.dim);
+  RowOperands<T> rows[Rows];
+  for (int r = 0; r < Rows; ++r, walker.next()) {
+    rows[r].x = static_cast<const T*>(p.x) + walker.offset(kX);
+    rows[r].out = static_cast<T*>(p.out) + walker.offset(kOut);
+    if (p.residual) {
+      rows[r].residual = static_cast<const T*>(p.residual) + walker.offset(kResidual);
+      rows[r].sum_out = static_cast<T*>(p.sum_out) + walker.offset(kSumOut);
+    }
+  }
+
+  // Pass 1: sums of squares (of h = x + residual when fused, storing h on the way). An f32
+  // sum_out that stays in cache is h itself; otherwise h goes to scratch (narrow types round h
+  // in sum_out; streamed stores leave it in memory).
+  float sums[Rows];
+  const bool h_is_sum_out = std::is_same_v<T, float> && !p.stream;
+  const auto h_of = [&](int r) {
+    return h_is_sum_out ? reinterpret_cast<float*>(rows[r].sum_out) : scratch + r * dim;
+  };
+  // The rows are read one after the other, in memory order (interleaving short rows vector by
+  // vector measured ~15% slower at D = 128 f32: the hardware prefetcher follows one stream).
+  for (int r = 0; r < Rows; ++r) {
+    sums[r] = p.residual ? add_and_sum_squares<Arch>(rows[r], dim, p.stream, h_of(r), h_is_sum_out)
+                         : sum_squares<Arch>(rows[r].x, dim);
+  }
+  float inv_rms[Rows];
+  for (int r = 0; r < Rows; ++r) {
+    inv_rms[r] = 1.f / std::sqrt(sums[r] / static_cast<float>(dim) + p.eps);
+  }
+
+  // Pass 2: scale (and weight) each row, now in L1.
+  const T* next_x = nullptr;
+  const T* next_residual = nullptr;
+  if (more_rows && dim * sizeof(T) >= 1024) {
+    next_x = static_cast<const T*>(p.x) + walker.offset(kX);
+    if (p.residual) next_residual = static_cast<const T*>(p.residual) + walker.offset(kResidual);
+  }
+  for (int r = 0; r < Rows; ++r) {
+    if (sum_out_of_range(sums[r], p.eps)) {
+      if (p.residual) {
+        normalize_row_in_double(static_cast<const float*>(h_of(r)), rows[r].out, p.weight, p.eps,
+                                dim);
+      } else {
+        normalize_row_in_double(rows[r].x, rows[r].out, p.weight, p.eps, dim);
+      }
+    } else if (p.residual) {
+      scale_row<Arch>(static_cast<const float*>(h_of(r)), rows[r].out, p.weight, inv_rms[r], dim,
+                      p.stream, next_x, next_residual);
+    } else {
+      scale_row<Arch>(rows[r].x, rows[r].out, p.weight, inv_rms[r], dim, p.stream, next_x,
+                      next_residual);
+    }
+  }
+}
+
+template <class Arch, class T, int Rows>
+void norm_rows(const NormProblem& p, std::int64_t begin, std::int64_t end, float* scratch) {
+  core::RowWalker<4> walker(p.rows, begin);
+  std::int64_t row = begin;
+  for (; row + Rows <= end; row += Rows) {
+    normalize_rows<Arch, T, Rows>(p, walker, row + Rows < end, scratch);
+  }
+  for (; row < end; ++row) normalize_rows<Arch, T, 1>(p, walker, row + 1 < end, scratch);
   if (p.stream) simd::stream_fence<Arch>();
+}
+
+template <class Arch, class T>
+void norm_rows_by_length(const NormProblem& p, std::int64_t begin, std::int64_t end,
+                         float* scratch) {
+  if (rows_per_pass(p.dim, p.dtype) == 4) {
+    norm_rows<Arch, T, 4>(p, begin, end, scratch);
+  } else {
+    norm_rows<Arch, T, 1>(p, begin, end, scratch);
+  }
 }
 
 }  // namespace
@@ -120,11 +251,11 @@ void rms_norm_rows(const NormProblem& problem, std::int64_t begin, std::int64_t 
                    float* scratch) noexcept {
   switch (problem.dtype) {
     case DType::bf16:
-      return norm_rows<Arch, bf16>(problem, begin, end, scratch);
+      return norm_rows_by_length<Arch, bf16>(problem, begin, end, scratch);
     case DType::f16:
-      return norm_rows<Arch, f16>(problem, begin, end, scratch);
+      return norm_rows_by_length<Arch, f16>(problem, begin, end, scratch);
     default:
-      return norm_rows<Arch, float>(problem, begin, end, scratch);
+      return norm_rows_by_length<Arch, float>(problem, begin, end, scratch);
   }
 }
 

@@ -24,9 +24,17 @@ struct NormProblem {
   bool stream = false;      ///< write out and sum_out with streaming (non-temporal) stores
 };
 
-/// Normalizes rows [begin, end). scratch: D floats private to the calling thread (holds
-/// x + residual in fp32 for the second pass, unless sum_out is f32 and stays in cache). Defined per
-/// ISA in norm_kernel.cpp.
+/// Rows one pass normalizes together: short rows (up to 1 KiB) four at a time, so that the four
+/// reductions, square roots and divisions overlap and the loop overhead is shared; longer rows
+/// one at a time. Depends on the row only, never on the thread split, so results do not either.
+inline int rows_per_pass(std::int64_t dim, DType dtype) noexcept {
+  constexpr std::int64_t kShortRowBytes = 1024;
+  return dim * dtype_size(dtype) <= kShortRowBytes ? 4 : 1;
+}
+
+/// Normalizes rows [begin, end). scratch: rows_per_pass(dim) * D floats private to the calling
+/// thread (holds x + residual in fp32 for the second pass, unless sum_out is f32 and stays in
+/// cache). Defined per ISA in norm_kernel.cpp.
 template <class Arch>
 void rms_norm_rows(const NormProblem& problem, std::int64_t begin, std::int64_t end,
                    float* scratch) noexcept;

@@ -16,7 +16,9 @@ namespace {
 // Model widths (DiT and LLM hidden sizes and head dims) plus sizes that leave a tail for every
 // vector width (4, 8, 16 lanes) and the 4-vector unroll.
 const std::int64_t kDims[] = {1, 7, 8, 17, 33, 64, 72, 80, 96, 128, 256, 3072, 5120, 4104};
-const std::vector<std::int64_t> kLeading[] = {{1}, {3}, {2, 3}};
+// Row counts around the 4-row passes of short rows (norm::rows_per_pass): a lone row, fewer
+// than a pass, one pass and a 2-row tail, two passes and a 1-row tail across two leading dims.
+const std::vector<std::int64_t> kLeading[] = {{1}, {3}, {2, 3}, {3, 3}};
 constexpr float kEps = 1e-6f;
 
 enum class WeightKind { none, f32, same_dtype };
@@ -356,12 +358,15 @@ namespace ditops::test {
 namespace {
 
 // Outputs above 32 MiB are written with streaming stores after an unaligned head; rows start
-// at every misalignment here (row length 4101, odd), and the fused form streams sum_out too.
+// at every misalignment here (row lengths 4101 and 101, odd: long rows one per pass, short rows
+// four per pass with a tail row), and the fused form streams sum_out too.
 TYPED_TEST(NormTest, LargeOutputsUseStreamingStoresCorrectly) {
   std::mt19937 rng(77);
-  const std::int64_t rows = (std::int64_t{33} << 20) / (4101 * sizeof(TypeParam)) + 1;
-  for (bool fused : {false, true}) {
-    NormCase<TypeParam>{{rows, 4101}, 0, WeightKind::f32, 2, fused, false}.run_and_check(rng);
+  for (const std::int64_t dim : {4101, 101}) {
+    const std::int64_t rows = (std::int64_t{33} << 20) / (dim * sizeof(TypeParam)) / 4 * 4 + 5;
+    for (bool fused : {false, true}) {
+      NormCase<TypeParam>{{rows, dim}, 0, WeightKind::f32, 2, fused, false}.run_and_check(rng);
+    }
   }
 }
 
