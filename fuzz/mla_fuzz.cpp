@@ -122,7 +122,8 @@ void decode(Input& in) {
   }
   if (q_specials || cache_specials || scale > 4.f) return;
   const test::MlaReference ref =
-      test::mla_reference(q_nope, q_rope, nope, nope_scale, rope, table, seq_lens, scale, false);
+      test::mla_reference(q_nope, q_rope, nope, nope_scale, rope, table, seq_lens, scale, false,
+                          test::mla_weight_levels());
   const Tolerance tol = std::is_same_v<O, bf16> ? kMlaBf16 : kMlaF32;
   for (std::int64_t i = 0; i < out.size(); ++i) {
     const double want = ref.out[static_cast<std::size_t>(i)];

@@ -28,13 +28,6 @@ inline constexpr Tolerance kTightBf16{1.0 / 256, 3e-5};
 
 constexpr int kNope = 512, kRope = 64, kLatent = kNope + kRope;
 
-/// u8 levels of the P·V weights on the active ISA level: 127 on SSE4.2 and AVX2, whose
-/// pmaddubsw would saturate the int16 sums of 255 x 127 pairs; 255 elsewhere.
-int weight_levels() {
-  const std::string isa = active_isa_name();
-  return isa == "sse4.2" || isa == "avx2" ? 127 : 255;
-}
-
 struct MlaConfig {
   int heads;
   int block_size;
@@ -145,11 +138,12 @@ void check_config(const MlaConfig& c, std::mt19937& rng,
   q_nope.fill_normal(rng, 0.1f, 1.f);
   q_rope.fill_normal(rng, 0.f, 1.f);
   const double scale = 1.0 / std::sqrt(576.0);
-  const MlaReference tight = mla_reference(q_nope, q_rope, setup.nope, setup.scale, setup.rope,
-                                           setup.table, setup.lens, scale, true, weight_levels());
+  const MlaReference tight =
+      mla_reference(q_nope, q_rope, setup.nope, setup.scale, setup.rope, setup.table, setup.lens,
+                    scale, true, mla_weight_levels());
   const MlaReference exact_q =
       mla_reference(q_nope, q_rope, setup.nope, setup.scale, setup.rope, setup.table, setup.lens,
-                    scale, false, weight_levels());
+                    scale, false, mla_weight_levels());
   const Tolerance tol = std::is_same_v<O, bf16> ? kTightBf16 : kTightF32;
   for (int threads : {1, 2}) {
     set_num_threads(threads);
@@ -311,7 +305,7 @@ TEST(MlaDecode, ZeroScaleTokensKeepTheirSoftmaxWeight) {
     q_rope.fill_normal(rng);
     mla_decode_paged(q_nope.view(), q_rope.view(), cache, table.view(), lens, out.view());
     const MlaReference ref = mla_reference(q_nope, q_rope, nope, scale, rope, table, lens,
-                                           1.0 / std::sqrt(576.0), false, weight_levels());
+                                           1.0 / std::sqrt(576.0), false, mla_weight_levels());
     std::int64_t outside = 0;
     for (std::int64_t i = 0; i < out.size(); ++i) {
       const double bound = ref.bound[i / kNope] + ref.p_bound[i] + kTightF32.atol +

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <ditops/runtime.hpp>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "tests/support/test_tensor.hpp"
@@ -43,6 +45,13 @@ struct MlaReference {
   /// |out~ - out| <= (eN[d] + max_t |v_t[d]| eD) / (D - eD), D = sum_t p_t.
   std::vector<double> p_bound;
 };
+
+/// u8 levels of the P·V weights on the running ISA level: 127 on SSE4.2 and AVX2, whose
+/// pmaddubsw would saturate the int16 sums of 255 x 127 pairs; 255 elsewhere.
+inline int mla_weight_levels() {
+  const std::string isa = cpu_info().isa;
+  return isa == "sse4.2" || isa == "avx2" ? 127 : 255;
+}
 
 /// block_table: [B, max_blocks]; cache tensors [num_blocks, block_size, ...].
 template <class Q, class R>
