@@ -14,12 +14,13 @@
 #   2. outside documents: the file names SPEC.md, API.md, DESIGN.md (case-sensitive, as a whole
 #      word: docs/api.md and MYSPEC.md do not match) and ascend-910b.md (any case). A tracked
 #      file with one of these names fails too.
-#   3. machine paths: an absolute path that starts a token (at the start of a line, or after a
-#      character other than a letter, digit, '_', '.', '-' or '~') and begins with
-#      /work (followed by '/' or the end of the word: /workspace does not match), /home/, /root/,
-#      or /tmp/ followed by a name. Relative paths (build/work/, ../home/), URLs
-#      (https://host/home/) and a bare /tmp (a TMPDIR fallback) are allowed; write
-#      mktemp -t NAME.XXXXXX, not /tmp/NAME.XXXXXX.
+#   3. machine paths: a path component /work (followed by '/' or the end of the word:
+#      /workspace does not match) anywhere, even inside a relative path (build/x/work/ reads as
+#      the development machine's path, so the project names such directories otherwise); and an
+#      absolute path that starts a token (at the start of a line, or after a character other
+#      than a letter, digit, '_', '.', '-' or '~') and begins with /home/, /root/, or /tmp/
+#      followed by a name. Relative paths (../home/), URLs (https://host/home/) and a bare /tmp
+#      (a TMPDIR fallback) are allowed; write mktemp -t NAME.XXXXXX, not /tmp/NAME.XXXXXX.
 #   4. issue references: "issue 12", "issue #12", "issues 3" ("issue" as a word, any case), a
 #      number in parentheses "(#12)", and "PR #12", "pull request #12", "fixes #12",
 #      "closes #12", "resolves #12" (any case). #include, #pragma, Markdown headings, hex colours
@@ -55,7 +56,7 @@ patterns=(
   '\.\./shared'
   '\b(SPEC|API|DESIGN)\.md\b'
   '\bascend-910b\.md\b'
-  '(^|[^A-Za-z0-9_.~-])/(work(/|\b)|home/|root/|tmp/[A-Za-z0-9_.$-])'
+  '(^|[^A-Za-z0-9_.~-])/(home/|root/|tmp/[A-Za-z0-9_.$-])|/work(/|\b)'
   '\bissues?[ #]*[0-9]+|\(#[0-9]+\)|\b(pr|pull request|fix(es|ed)?|close[sd]?|resolve[sd]?) ?#[0-9]+'
 )
 

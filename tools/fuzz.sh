@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the libFuzzer harnesses (fuzz/) long: builds the fuzz preset (clang, ASan + UBSan), then
-# each harness in turn from its seed corpus plus what earlier runs found (build/fuzz/work), and
+# each harness in turn from its seed corpus plus what earlier runs found (build/fuzz/runs), and
 # prints per harness the executions, the time and the rate. A crash stops with the harness's
-# report and the input under build/fuzz/work/NAME/artifacts/ (replay it: BINARY FILE).
+# report and the input under build/fuzz/runs/NAME/artifacts/ (replay it: BINARY FILE).
 # Usage: tools/fuzz.sh [--runs N] [--time SECONDS] [HARNESS...]
 #   --runs N       inputs per harness (default 1000000)
 #   --time S       stop each harness after S seconds instead (libFuzzer -max_total_time)
@@ -32,12 +32,12 @@ limit=(-runs="$runs")
 summary=()
 for name in "${harnesses[@]}"; do
   [ -x "build/fuzz/fuzz/$name" ] || { echo "tools/fuzz.sh: no harness $name" >&2; exit 2; }
-  log=build/fuzz/work/$name.log
-  mkdir -p build/fuzz/work
+  log=build/fuzz/runs/$name.log
+  mkdir -p build/fuzz/runs
   echo "== $name (${limit[*]})"
   start=$(date +%s%N)
   status=0
-  fuzz/run_fuzzer.sh "build/fuzz/fuzz/$name" "fuzz/corpus/$name" build/fuzz/work "${limit[@]}" \
+  fuzz/run_fuzzer.sh "build/fuzz/fuzz/$name" "fuzz/corpus/$name" build/fuzz/runs "${limit[@]}" \
     >"$log" 2>&1 || status=$?
   executions=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   line=$(awk -v name="$name" -v runs="${executions:-0}" -v ns=$(($(date +%s%N) - start)) \
