@@ -235,36 +235,48 @@ TEST(MlaDecode, ZeroLengthRowsAreZero) {
   for (std::int64_t i = 16 * kNope; i < out.size(); ++i) ASSERT_TRUE(std::isfinite(out.at(i)));
 }
 
+/// One sequence of `tokens` cached latents (normal, with group 0 zeroed in every `zero_every`-th
+/// token, as mla_fill_cache stores all-zero latents: scale 0) in two blocks of 64, and three
+/// normal query heads.
+struct ZeroGroupCache {
+  TestTensor<std::int8_t> nope{{2, 64, kNope}};
+  TestTensor<float> scale, rope{{2, 64, kRope}};
+  TestTensor<std::int32_t> table{{1, 2}};
+  std::vector<std::int32_t> lens;
+  TestTensor<float> q_nope{{1, 3, kNope}}, q_rope{{1, 3, kRope}};
+
+  ZeroGroupCache(std::int64_t groups, std::int64_t tokens, std::int64_t zero_every, unsigned seed)
+      : scale({2, 64, groups}), lens{static_cast<std::int32_t>(tokens)} {
+    TestTensor<float> latent({tokens, kLatent});
+    std::mt19937 rng(seed);
+    latent.fill_normal(rng);
+    for (std::int64_t t = 0; t < tokens; t += zero_every) {
+      for (std::int64_t d = 0; d < kNope / groups; ++d) latent.at(t * kLatent + d) = 0.f;
+    }
+    std::vector<std::int32_t> slots(tokens);
+    std::iota(slots.begin(), slots.end(), 0);
+    mla_fill_cache(latent.view(), view(slots.data(), {tokens}), cache());
+    table.at(0) = 0;
+    table.at(1) = 1;
+    q_nope.fill_normal(rng);
+    q_rope.fill_normal(rng);
+  }
+  MlaPagedCache cache() { return {nope.view(), scale.view(), rope.view()}; }
+};
+
 // Sequences whose latents are all zero in a scale group (as mla_fill_cache stores all-zero
 // latents: scale 0) have zero values there, so the output's group is exactly 0 (it was 0 / 0,
 // NaN), while a group with values is still the softmax average; G = 1 and 4, every split count.
 TEST(MlaDecode, ZeroScaleGroupsGiveZerosNotNan) {
   for (const std::int64_t groups : {1, 4}) {
-    const std::int64_t tokens = 70, group_dim = kNope / groups;
-    TestTensor<std::int8_t> nope({2, 64, kNope});
-    TestTensor<float> scale({2, 64, groups}), rope({2, 64, kRope}), latent({tokens, kLatent});
-    std::mt19937 rng(17);
-    latent.fill_normal(rng);
-    for (std::int64_t t = 0; t < tokens; ++t) {  // group 0 zero everywhere (the whole row for G=1)
-      for (std::int64_t d = 0; d < group_dim; ++d) latent.at(t * kLatent + d) = 0.f;
-    }
-    std::vector<std::int32_t> slots(tokens);
-    std::iota(slots.begin(), slots.end(), 0);
-    const MlaPagedCache cache{nope.view(), scale.view(), rope.view()};
-    mla_fill_cache(latent.view(), view(slots.data(), {tokens}), cache);
-    TestTensor<std::int32_t> table({1, 2});
-    table.at(0) = 0;
-    table.at(1) = 1;
-    const std::vector<std::int32_t> lens = {static_cast<std::int32_t>(tokens)};
-    TestTensor<float> q_nope({1, 3, kNope}), q_rope({1, 3, kRope});
-    q_nope.fill_normal(rng);
-    q_rope.fill_normal(rng);
+    const std::int64_t group_dim = kNope / groups;
+    ZeroGroupCache c(groups, 70, 1, 17);  // group 0 zero everywhere (the whole row for G=1)
     for (const int splits : {0, 1, 2}) {
       TestTensor<float> out({1, 3, kNope});
       MlaDecodeOptions options;
       options.num_splits = splits;
-      mla_decode_paged(q_nope.view(), q_rope.view(), cache, table.view(), lens, out.view(),
-                       options);
+      mla_decode_paged(c.q_nope.view(), c.q_rope.view(), c.cache(), c.table.view(), c.lens,
+                       out.view(), options);
       for (std::int64_t h = 0; h < 3; ++h) {
         for (std::int64_t d = 0; d < kNope; ++d) {
           const float got = out.at(h * kNope + d);
@@ -284,28 +296,13 @@ TEST(MlaDecode, ZeroScaleGroupsGiveZerosNotNan) {
 // by mla_fuzz). Against the reference within its quantization bounds, G = 1 and 4.
 TEST(MlaDecode, ZeroScaleTokensKeepTheirSoftmaxWeight) {
   for (const std::int64_t groups : {1, 4}) {
-    const std::int64_t tokens = 100, group_dim = kNope / groups;
-    TestTensor<std::int8_t> nope({2, 64, kNope});
-    TestTensor<float> scale({2, 64, groups}), rope({2, 64, kRope}), latent({tokens, kLatent});
-    std::mt19937 rng(18);
-    latent.fill_normal(rng);
-    for (std::int64_t t = 0; t < tokens; t += 2) {  // group 0 zero in every other token
-      for (std::int64_t d = 0; d < group_dim; ++d) latent.at(t * kLatent + d) = 0.f;
-    }
-    std::vector<std::int32_t> slots(tokens);
-    std::iota(slots.begin(), slots.end(), 0);
-    const MlaPagedCache cache{nope.view(), scale.view(), rope.view()};
-    mla_fill_cache(latent.view(), view(slots.data(), {tokens}), cache);
-    TestTensor<std::int32_t> table({1, 2});
-    table.at(0) = 0;
-    table.at(1) = 1;
-    const std::vector<std::int32_t> lens = {static_cast<std::int32_t>(tokens)};
-    TestTensor<float> q_nope({1, 3, kNope}), q_rope({1, 3, kRope}), out({1, 3, kNope});
-    q_nope.fill_normal(rng);
-    q_rope.fill_normal(rng);
-    mla_decode_paged(q_nope.view(), q_rope.view(), cache, table.view(), lens, out.view());
-    const MlaReference ref = mla_reference(q_nope, q_rope, nope, scale, rope, table, lens,
-                                           1.0 / std::sqrt(576.0), false, mla_weight_levels());
+    ZeroGroupCache c(groups, 100, 2, 18);  // group 0 zero in every other token
+    TestTensor<float> out({1, 3, kNope});
+    mla_decode_paged(c.q_nope.view(), c.q_rope.view(), c.cache(), c.table.view(), c.lens,
+                     out.view());
+    const MlaReference ref =
+        mla_reference(c.q_nope, c.q_rope, c.nope, c.scale, c.rope, c.table, c.lens,
+                      1.0 / std::sqrt(576.0), false, mla_weight_levels());
     std::int64_t outside = 0;
     for (std::int64_t i = 0; i < out.size(); ++i) {
       const double bound = ref.bound[i / kNope] + ref.p_bound[i] + kTightF32.atol +
