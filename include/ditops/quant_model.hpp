@@ -1,0 +1,57 @@
+#pragma once
+// A quantized model exported by msmodelslim for MindIE-SD: a description JSON naming each
+// layer's algorithm, and the safetensors file(s) holding the tensors. Layers come out as
+// QuantLinear (ditops/linear.hpp); the files are read once, memory-mapped, and validated.
+
+#include <ditops/linear.hpp>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ditops {
+
+struct QuantModelOptions {
+  /// The safetensors file; empty: the one the description names beside it,
+  /// quant_model_weight_{algo lower}[_{rank}].safetensors.
+  std::string weights_path;
+  /// Steps that use static parameters in W8A8_TIMESTEP layers (every other step is dynamic).
+  TimestepPolicy timestep_policy;
+};
+
+/// One loaded model instance. Layers built from it share its Timestep (set_timestep_step).
+class QuantModel {
+ public:
+  /// Reads `description_path` and the weights. Throws Error naming the file, the tensor or
+  /// key, and what is wrong (missing, wrong dtype or shape, malformed header, out-of-file
+  /// offsets, unknown algorithm) before returning.
+  static QuantModel load(const std::string& description_path, QuantModelOptions options = {});
+
+  /// The description's global algorithm ("model_quant_type").
+  QuantAlgo model_algo() const noexcept;
+  /// The algorithm the description gives layer `name` (a key `name.linear.weight`,
+  /// `name.weight`, `name` or `name.quant_type`); Error if none matches.
+  QuantAlgo layer_algo(std::string_view name) const;
+  /// Names of the layers the description lists (without the key suffixes), sorted.
+  std::vector<std::string> layer_names() const;
+
+  /// Layer `name`, its weights packed for this CPU. Error naming the layer and tensor if the
+  /// weights file lacks what its algorithm needs.
+  QuantLinear linear(std::string_view name) const;
+  /// Q, K and V projections as one layer (QuantLinear::concat_outputs).
+  QuantLinear fused_qkv(std::string_view q, std::string_view k, std::string_view v) const;
+
+  /// This instance's denoising step, read by its W8A8_TIMESTEP layers.
+  void set_timestep_step(int step) { timestep_->set_step(step); }
+  const std::shared_ptr<Timestep>& timestep() const noexcept { return timestep_; }
+
+  struct Files;
+
+ private:
+  QuantModel(std::shared_ptr<const Files> files, std::shared_ptr<Timestep> timestep)
+      : files_(std::move(files)), timestep_(std::move(timestep)) {}
+  std::shared_ptr<const Files> files_;
+  std::shared_ptr<Timestep> timestep_;
+};
+
+}  // namespace ditops
