@@ -34,6 +34,9 @@ constexpr int kF32Rows = simd::kIsAvx512<Arch> ? 12
 constexpr int kVectors = 2;  // per tile row, both kinds
 template <class Arch>
 constexpr int kCols = kVectors* static_cast<int>(F32<Arch>::size);
+/// Words of k (4 bytes) per chunk of gemm_int8: 16 KiB of panel, half of the smallest L1d.
+template <class Arch>
+constexpr std::int64_t kChunkWords = 16384 / (kCols<Arch> * 4);
 template <class Arch>
 constexpr simd::RowBytes kRowBytes =
     simd::kHasBf16Vnni<Arch> ? simd::RowBytes::u8 : simd::RowBytes::s8;
@@ -176,6 +179,7 @@ void gemm_int8(const GemmProblem& p, const std::uint8_t* a, const float* row_sca
   constexpr int R = kInt8Rows<Arch>, kLanes = F32<Arch>::size;
   using Reg = typename I32<Arch>::register_type;
   const std::int64_t words = p.k_padded / 4;
+  alignas(64) std::int32_t partial[kMaxBlockTiles * R * kCols<Arch>];
   for (std::int64_t panel = panel_begin; panel < panel_end; ++panel) {
     const auto* weights = static_cast<const std::int8_t*>(p.panels) + panel * p.panel_bytes;
     const std::int64_t n0 = panel * kCols<Arch>;
@@ -186,14 +190,40 @@ void gemm_int8(const GemmProblem& p, const std::uint8_t* a, const float* row_sca
       scale[c] = F32<Arch>::load_aligned(p.column_scale + n0 + c * kLanes);
       bias[c] = p.bias ? F32<Arch>::load_aligned(p.bias + n0 + c * kLanes) : F32<Arch>(0.f);
     }
-    for (std::int64_t row0 = row_begin; row0 < row_end; row0 += R) {
-      Reg acc[R][kVectors];
-      simd::dot_tile<Arch, R, kVectors, kRowBytes<Arch>>(a + row0 * p.k_padded, p.k_padded, 4,
-                                                         weights, kCols<Arch> * 4, words, acc);
-      store_tile<Arch, R>(p, row0, n0, [&](int r, int c) {
-        const F32<Arch> sum = xsimd::to_float(I32<Arch>(acc[r][c]) + offset[c]);
-        return simd::fmadd<Arch>(sum, scale[c] * F32<Arch>(row_scale[row0 + r]), bias[c]);
-      });
+    // k in chunks whose slice of the panel (16 KiB) stays in L1 while every row tile of the
+    // block passes over it; a whole-k panel (48 KiB at k = 3072 on AVX2) would be re-read from
+    // L2 by each tile. Sums of the earlier chunks wait in `partial` (L1 too).
+    for (std::int64_t first_word = 0; first_word < words; first_word += kChunkWords<Arch>) {
+      const std::int64_t chunk_words = std::min(kChunkWords<Arch>, words - first_word);
+      const bool first_chunk = first_word == 0;
+      const bool last_chunk = first_word + chunk_words == words;
+      for (std::int64_t row0 = row_begin; row0 < row_end; row0 += R) {
+        Reg acc[R][kVectors];
+        simd::dot_tile<Arch, R, kVectors, kRowBytes<Arch>>(
+            a + row0 * p.k_padded + first_word * 4, p.k_padded, 4,
+            weights + first_word * kCols<Arch> * 4, kCols<Arch> * 4, chunk_words, acc);
+        std::int32_t* tile_partial = partial + (row0 - row_begin) * kCols<Arch>;
+        if (!first_chunk) {
+          for (int r = 0; r < R; ++r) {
+            for (int c = 0; c < kVectors; ++c) {
+              acc[r][c] = I32<Arch>(acc[r][c]) +
+                          I32<Arch>::load_aligned(tile_partial + r * kCols<Arch> + c * kLanes);
+            }
+          }
+        }
+        if (!last_chunk) {
+          for (int r = 0; r < R; ++r) {
+            for (int c = 0; c < kVectors; ++c) {
+              I32<Arch>(acc[r][c]).store_aligned(tile_partial + r * kCols<Arch> + c * kLanes);
+            }
+          }
+          continue;
+        }
+        store_tile<Arch, R>(p, row0, n0, [&](int r, int c) {
+          const F32<Arch> sum = xsimd::to_float(I32<Arch>(acc[r][c]) + offset[c]);
+          return simd::fmadd<Arch>(sum, scale[c] * F32<Arch>(row_scale[row0 + r]), bias[c]);
+        });
+      }
     }
   }
 }

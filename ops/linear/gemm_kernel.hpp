@@ -15,6 +15,9 @@
 
 namespace ditops::linear {
 
+/// Most register tiles of rows in one call of gemm_int8 / gemm_f32 (its scratch is sized by it).
+inline constexpr int kMaxBlockTiles = 32;
+
 /// The register tile of a kernel variant: `rows` rows of x by `cols` panel columns.
 struct TileShape {
   int rows = 0;
@@ -76,8 +79,8 @@ template <class Arch>
 void widen_rows(const GemmProblem& problem, std::int64_t begin, std::int64_t end,
                 float* a) noexcept;
 
-/// y rows [row_begin, row_end) (whole tiles of a; rows >= m are computed but not stored) for
-/// panels [panel_begin, panel_end).
+/// y rows [row_begin, row_end) (at most kMaxBlockTiles whole tiles of a; rows >= m are computed
+/// but not stored) for panels [panel_begin, panel_end).
 template <class Arch>
 void gemm_int8(const GemmProblem& problem, const std::uint8_t* a, const float* row_scale,
                std::int64_t row_begin, std::int64_t row_end, std::int64_t panel_begin,

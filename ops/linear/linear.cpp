@@ -433,7 +433,8 @@ std::uint8_t* thread_scratch(core::CheckedSize bytes) {
 /// stays cached while every panel of the task passes over it.
 std::int64_t rows_per_block(std::int64_t row_bytes, int tile_rows) {
   constexpr std::int64_t kBlockBytes = 256 * 1024;
-  const std::int64_t tiles = std::clamp<std::int64_t>(kBlockBytes / (row_bytes * tile_rows), 1, 32);
+  const std::int64_t tiles =
+      std::clamp<std::int64_t>(kBlockBytes / (row_bytes * tile_rows), 1, linear::kMaxBlockTiles);
   return tiles * tile_rows;
 }
 

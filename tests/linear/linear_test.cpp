@@ -27,13 +27,14 @@ constexpr double kEpilogueUlps = 4.0 * 0x1p-24;
 constexpr double kBf16Rounding = 0x1p-8;
 
 /// M, N, K around the tile edges of every level (rows 4, 6, 8, 12; columns 8, 16, 32; k words
-/// of 4 and rows padded to 64 bytes), plus odd sizes.
+/// of 4 and rows padded to 64 bytes; k chunks of 1024 or 512 bytes past 1024), plus odd sizes.
 struct Shape {
   std::int64_t m, n, k;
 };
-const Shape kShapes[] = {{1, 1, 1},     {1, 17, 5},   {3, 8, 4},     {4, 16, 64},   {5, 15, 63},
-                         {7, 31, 65},   {8, 32, 3},   {9, 33, 127},  {12, 48, 128}, {13, 64, 129},
-                         {17, 65, 200}, {25, 7, 300}, {64, 96, 257}, {100, 40, 31}};
+const Shape kShapes[] = {{1, 1, 1},     {1, 17, 5},    {3, 8, 4},     {4, 16, 64},
+                         {5, 15, 63},   {7, 31, 65},   {8, 32, 3},    {9, 33, 127},
+                         {12, 48, 128}, {13, 64, 129}, {17, 65, 200}, {25, 7, 300},
+                         {64, 96, 257}, {100, 40, 31}, {6, 20, 1100}, {9, 40, 2100}};
 
 struct Int8Layer {
   std::int64_t n = 0, k = 0;
