@@ -1,0 +1,394 @@
+#include "dit_block.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ditops/guidance.hpp>
+#include <ditops/norm.hpp>
+#include <ditops/rope.hpp>
+#include <ditops/runtime.hpp>
+#include <ditops/sparse.hpp>
+#include <memory>
+#include <random>
+
+namespace dit {
+namespace {
+
+using ditops::TensorView;
+
+/// Runs `work` and, when `times` is given, adds its wall time under `name`.
+template <class Work>
+void timed(OpTimes* times, const char* name, const Work& work) {
+  const auto start = std::chrono::steady_clock::now();
+  work();
+  if (times) {
+    times->add(name,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+}
+
+/// Uniform on [-a, a] with a = sqrt(3 / in): the variance of the usual 1/sqrt(in) init, drawn
+/// several times faster than a normal (the FLUX shape has 170M weights to draw at start).
+LinearWeights random_linear(std::int64_t out, std::int64_t in, std::mt19937& rng, bool quantize) {
+  LinearWeights layer;
+  layer.out = out;
+  layer.in = in;
+  const float bound = std::sqrt(3.f / static_cast<float>(in));
+  std::uniform_real_distribution<float> weight(-bound, bound), bias(-0.02f, 0.02f);
+  layer.weight.resize(static_cast<std::size_t>(out * in));
+  for (float& w : layer.weight) w = weight(rng);
+  layer.bias.resize(static_cast<std::size_t>(out));
+  for (float& b : layer.bias) b = bias(rng);
+  if (!quantize) return layer;
+  // Symmetric per-output-channel int8, as msmodelslim quantizes W8A8 weights; `weight` keeps
+  // the dequantized values, the exact fp32 layer the integers stand for.
+  layer.weight_q.resize(layer.weight.size());
+  layer.weight_scale.resize(static_cast<std::size_t>(out));
+  for (std::int64_t n = 0; n < out; ++n) {
+    float* row = &layer.weight[static_cast<std::size_t>(n * in)];
+    float top = 0.f;
+    for (std::int64_t i = 0; i < in; ++i) top = std::max(top, std::fabs(row[i]));
+    const float scale = top > 0.f ? top / 127.f : 1.f;
+    layer.weight_scale[static_cast<std::size_t>(n)] = scale;
+    for (std::int64_t i = 0; i < in; ++i) {
+      const auto q = static_cast<std::int8_t>(std::nearbyint(row[i] / scale));
+      layer.weight_q[static_cast<std::size_t>(n * in + i)] = q;
+      row[i] = static_cast<float>(q) * scale;
+    }
+  }
+  return layer;
+}
+
+ditops::QuantLinear make_linear(const LinearWeights& layer, LinearKind kind) {
+  const TensorView bias = ditops::view(layer.bias.data(), {layer.out});
+  if (kind == LinearKind::fp32) {
+    return ditops::QuantLinear::float_linear(
+        ditops::view(layer.weight.data(), {layer.out, layer.in}), bias);
+  }
+  ditops::W8A8Tensors tensors;
+  tensors.weight = ditops::view(layer.weight_q.data(), {layer.out, layer.in});
+  tensors.weight_scale = ditops::view(layer.weight_scale.data(), {layer.out});
+  tensors.bias = bias;
+  return ditops::QuantLinear::w8a8(ditops::QuantAlgo::w8a8_dynamic, tensors);
+}
+
+/// FLUX-style 2-D RoPE in the interleaved layout: the first half of the rotation pairs turn
+/// with the token's latent row, the second half with its column; text tokens sit at (0, 0),
+/// which leaves them unrotated.
+void rope_tables(const DitBlockConfig& config, std::vector<float>& cos, std::vector<float>& sin) {
+  const std::int64_t dim = config.head_dim, pairs = dim / 2, row_pairs = pairs / 2;
+  const std::int64_t width = config.width();
+  cos.assign(static_cast<std::size_t>(config.sequence() * dim), 1.f);
+  sin.assign(static_cast<std::size_t>(config.sequence() * dim), 0.f);
+  for (std::int64_t token = 0; token < config.image_tokens; ++token) {
+    const double row = static_cast<double>(token / width);
+    const double column = static_cast<double>(token % width);
+    const std::int64_t at = (config.text_tokens + token) * dim;
+    for (std::int64_t p = 0; p < pairs; ++p) {
+      const bool by_row = p < row_pairs;
+      const std::int64_t index = by_row ? p : p - row_pairs;
+      const std::int64_t count = by_row ? row_pairs : pairs - row_pairs;
+      const double angle =
+          (by_row ? row : column) *
+          std::pow(10000.0, -static_cast<double>(index) / static_cast<double>(count));
+      for (std::int64_t half = 0; half < 2; ++half) {
+        cos[static_cast<std::size_t>(at + 2 * p + half)] = static_cast<float>(std::cos(angle));
+        sin[static_cast<std::size_t>(at + 2 * p + half)] = static_cast<float>(std::sin(angle));
+      }
+    }
+  }
+}
+
+float gelu_tanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * x * (1.f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+}
+
+}  // namespace
+
+const char* attention_kind_name(AttentionKind kind) noexcept {
+  switch (kind) {
+    case AttentionKind::flash:
+      return "flash";
+    case AttentionKind::int8:
+      return "int8";
+    case AttentionKind::rainfusion:
+      return "rainfusion";
+  }
+  return "?";
+}
+
+const char* linear_kind_name(LinearKind kind) noexcept {
+  return kind == LinearKind::w8a8 ? "w8a8" : "fp32";
+}
+
+std::int64_t DitBlockConfig::width() const noexcept {
+  if (image_width > 0) return image_width;
+  const std::int64_t per_frame = frames > 0 ? image_tokens / frames : image_tokens;
+  std::int64_t width = 1;
+  for (std::int64_t w = 1; w * w <= per_frame; ++w) {
+    if (per_frame % w == 0) width = w;
+  }
+  return width;
+}
+
+void DitBlockConfig::validate() const {
+  auto require = [](bool ok, const std::string& what) {
+    if (!ok) throw ditops::Error("DitBlockConfig: " + what);
+  };
+  require(hidden > 0 && heads > 0 && head_dim > 0, "hidden, heads and head_dim must be > 0");
+  require(hidden == heads * head_dim, "hidden (" + std::to_string(hidden) + ") != heads (" +
+                                          std::to_string(heads) + ") * head_dim (" +
+                                          std::to_string(head_dim) + ")");
+  require(head_dim % 2 == 0, "head_dim must be even (RoPE rotates pairs)");
+  require(mlp_ratio > 0, "mlp_ratio must be > 0");
+  require(image_tokens > 0 && text_tokens >= 0, "image_tokens must be > 0, text_tokens >= 0");
+  require(frames > 0 && image_tokens % frames == 0, "frames must divide image_tokens");
+  require((image_tokens / frames) % width() == 0,
+          "image_width must divide the image tokens of a frame");
+  require(eps > 0.f, "eps must be > 0");
+}
+
+void OpTimes::add(const std::string& name, double seconds) {
+  for (auto& [entry, total] : entries_) {
+    if (entry == name) {
+      total += seconds;
+      return;
+    }
+  }
+  entries_.emplace_back(name, seconds);
+}
+
+void OpTimes::merge(const OpTimes& other) {
+  for (const auto& [name, seconds] : other.entries_) add(name, seconds);
+}
+
+double OpTimes::total() const noexcept {
+  double sum = 0;
+  for (const auto& entry : entries_) sum += entry.second;
+  return sum;
+}
+
+DitBlockWeights make_synthetic_weights(const DitBlockConfig& config) {
+  config.validate();
+  std::mt19937 rng(config.seed);
+  const bool quantize = config.linear == LinearKind::w8a8;
+  const std::int64_t hidden = config.hidden, mlp = config.mlp_hidden();
+  DitBlockWeights weights;
+  weights.modulation = random_linear(6 * hidden, hidden, rng, quantize);
+  weights.q = random_linear(hidden, hidden, rng, quantize);
+  weights.k = random_linear(hidden, hidden, rng, quantize);
+  weights.v = random_linear(hidden, hidden, rng, quantize);
+  weights.out = random_linear(hidden, hidden, rng, quantize);
+  weights.mlp_up = random_linear(mlp, hidden, rng, quantize);
+  weights.mlp_down = random_linear(hidden, mlp, rng, quantize);
+  std::uniform_real_distribution<float> norm_weight(0.5f, 1.5f);
+  for (auto* norm : {&weights.q_norm, &weights.k_norm}) {
+    norm->resize(static_cast<std::size_t>(config.head_dim));
+    for (float& w : *norm) w = norm_weight(rng);
+  }
+  return weights;
+}
+
+DitBlock::DitBlock(const DitBlockConfig& config, const DitBlockWeights& weights)
+    : config_((config.validate(), config)),
+      modulation_(make_linear(weights.modulation, config.linear)),
+      qkv_(ditops::QuantLinear::concat_outputs({make_linear(weights.q, config.linear),
+                                                make_linear(weights.k, config.linear),
+                                                make_linear(weights.v, config.linear)})),
+      out_(make_linear(weights.out, config.linear)),
+      mlp_up_(make_linear(weights.mlp_up, config.linear)),
+      mlp_down_(make_linear(weights.mlp_down, config.linear)),
+      q_norm_(weights.q_norm),
+      k_norm_(weights.k_norm) {
+  if (q_norm_.size() != static_cast<std::size_t>(config.head_dim) ||
+      k_norm_.size() != static_cast<std::size_t>(config.head_dim)) {
+    throw ditops::Error("DitBlock: q_norm and k_norm need head_dim values");
+  }
+  if (modulation_.out_features() != 6 * config.hidden || qkv_.in_features() != config.hidden ||
+      mlp_up_.out_features() != config.mlp_hidden() || mlp_down_.out_features() != config.hidden) {
+    throw ditops::Error("DitBlock: the weights do not have the config's shapes");
+  }
+  rope_tables(config_, rope_cos_, rope_sin_);
+}
+
+void DitBlock::forward(std::span<float> x, std::span<const float> conditioning,
+                       std::span<const std::int64_t> text_lengths, OpTimes* times) const {
+  const DitBlockConfig& c = config_;
+  const auto batch = static_cast<std::int64_t>(text_lengths.size());
+  const std::int64_t seq = c.sequence(), hidden = c.hidden, rows = batch * seq;
+  const std::int64_t heads = c.heads, dim = c.head_dim, mlp = c.mlp_hidden();
+  if (batch < 1 || static_cast<std::int64_t>(x.size()) != rows * hidden ||
+      static_cast<std::int64_t>(conditioning.size()) != batch * hidden) {
+    throw ditops::Error("DitBlock::forward: x must hold [batch, " + std::to_string(seq) + ", " +
+                        std::to_string(hidden) + "] and conditioning [batch, " +
+                        std::to_string(hidden) + "], batch = text_lengths.size()");
+  }
+  for (std::int64_t length : text_lengths) {
+    if (length < 0 || length > c.text_tokens) {
+      throw ditops::Error("DitBlock::forward: a text length is outside [0, text_tokens]");
+    }
+  }
+  const int threads = ditops::num_threads();
+
+  // AdaLN: six [hidden] vectors per sequence from silu(conditioning).
+  std::vector<float> activated(conditioning.begin(), conditioning.end());
+  std::vector<float> modulation(static_cast<std::size_t>(batch * 6 * hidden));
+  timed(times, "modulation", [&] {
+    for (float& v : activated) v = v / (1.f + std::exp(-v));
+    modulation_.forward(ditops::view(activated.data(), {batch, hidden}),
+                        ditops::view(modulation.data(), {batch, 6 * hidden}));
+  });
+  // Vector `which` (0..5: shift, scale, gate of attention, then of the MLP) of sequence b.
+  const auto mod = [&](std::int64_t b, int which) {
+    return modulation.data() + (b * 6 + which) * hidden;
+  };
+  // normed = normed * (1 + scale) + shift, per sequence: the AdaLN modulation around RMSNorm.
+  std::vector<float> normed(static_cast<std::size_t>(rows * hidden));
+  const auto modulate = [&](int shift_index) {
+    timed(times, "modulate", [&] {
+#pragma omp parallel for num_threads(threads) schedule(static)
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const float* shift = mod(r / seq, shift_index);
+        const float* scale = mod(r / seq, shift_index + 1);
+        float* row = normed.data() + r * hidden;
+        for (std::int64_t i = 0; i < hidden; ++i) row[i] = row[i] * (1.f + scale[i]) + shift[i];
+      }
+    });
+  };
+  // values *= gate of its sequence.
+  const auto gate = [&](std::vector<float>& values, int gate_index) {
+    timed(times, "gate", [&] {
+#pragma omp parallel for num_threads(threads) schedule(static)
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const float* g = mod(r / seq, gate_index);
+        float* row = values.data() + r * hidden;
+        for (std::int64_t i = 0; i < hidden; ++i) row[i] *= g[i];
+      }
+    });
+  };
+  const TensorView x_view = ditops::view(x.data(), {rows, hidden});
+  const TensorView normed_view = ditops::view(normed.data(), {rows, hidden});
+
+  // ---- attention half ----
+  timed(times, "rms_norm", [&] { ditops::rms_norm(x_view, {}, c.eps, normed_view); });
+  modulate(0);
+  std::vector<float> qkv(static_cast<std::size_t>(rows * 3 * hidden));
+  timed(times, "qkv", [&] {
+    qkv_.forward(normed_view, ditops::view(qkv.data(), {rows, 3 * hidden}));
+  });
+  // q, k, v: [batch, S, heads, head_dim] views into the fused output's columns.
+  const auto part = [&](int index) {
+    return ditops::view(qkv.data() + index * hidden, {batch, seq, heads, dim},
+                        {seq * 3 * hidden, 3 * hidden, dim, 1});
+  };
+  const TensorView q = part(0), k = part(1), v = part(2);
+  timed(times, "qk_norm", [&] {
+    ditops::rms_norm(q, ditops::view(q_norm_.data(), {dim}), c.eps, q);
+    ditops::rms_norm(k, ditops::view(k_norm_.data(), {dim}), c.eps, k);
+  });
+  timed(times, "rope", [&] {
+    const TensorView cos = ditops::view(rope_cos_.data(), {seq, dim});
+    const TensorView sin = ditops::view(rope_sin_.data(), {seq, dim});
+    ditops::rotary_position_embedding(q, cos, sin, q, ditops::RotatedMode::rotated_interleaved);
+    ditops::rotary_position_embedding(k, cos, sin, k, ditops::RotatedMode::rotated_interleaved);
+  });
+  std::vector<float> attended(static_cast<std::size_t>(rows * hidden));
+  timed(times, "attention", [&] {
+    if (c.attention == AttentionKind::rainfusion) {
+      // RainFusion plans one layout per call, so each sequence runs over its valid suffix
+      // (its own text length); the padding rows it skips stay zero.
+      for (std::int64_t b = 0; b < batch; ++b) {
+        const std::int64_t padding = c.text_tokens - text_lengths[static_cast<std::size_t>(b)];
+        const auto suffix = [&](const TensorView& t) {
+          TensorView s = t;
+          s.data = static_cast<float*>(t.data) + b * t.strides[0] + padding * t.strides[1];
+          s.shape[0] = 1;
+          s.shape[1] = seq - padding;
+          return s;
+        };
+        ditops::RainFusionOptions rf;
+        rf.video.frames = c.frames;
+        rf.video.width = c.width();
+        rf.video.height = c.image_tokens / c.frames / rf.video.width;
+        rf.video.text_tokens = text_lengths[static_cast<std::size_t>(b)];
+        const TensorView out = ditops::view(attended.data(), {batch, seq, heads, dim});
+        ditops::rainfusion_attention(suffix(q), suffix(k), suffix(v), {}, suffix(out), rf);
+      }
+      return;
+    }
+    // Key-padding mask [batch, 1, 1, S]: one row per sequence, broadcast over heads and queries.
+    std::unique_ptr<bool[]> keep(new bool[static_cast<std::size_t>(batch * seq)]);
+    for (std::int64_t b = 0; b < batch; ++b) {
+      const std::int64_t padding = c.text_tokens - text_lengths[static_cast<std::size_t>(b)];
+      for (std::int64_t j = 0; j < seq; ++j) keep[b * seq + j] = j >= padding;
+    }
+    ditops::AttentionOptions options;
+    options.attn_mask = ditops::view(keep.get(), {batch, 1, 1, seq});
+    options.backend = c.attention == AttentionKind::int8 ? ditops::AttentionBackend::int8
+                                                         : ditops::AttentionBackend::flash;
+    ditops::attention_forward(q, k, v, ditops::view(attended.data(), {batch, seq, heads, dim}),
+                              options);
+  });
+  std::vector<float> projected(static_cast<std::size_t>(rows * hidden));
+  timed(times, "out_proj", [&] {
+    out_.forward(ditops::view(attended.data(), {rows, hidden}),
+                 ditops::view(projected.data(), {rows, hidden}));
+  });
+  gate(projected, 2);
+  // x += gate * attention; normed = rms_norm(x): the residual add and the MLP half's norm in
+  // one pass over memory.
+  timed(times, "add_rms_norm", [&] {
+    ditops::add_rms_norm(x_view, ditops::view(projected.data(), {rows, hidden}), {}, c.eps,
+                         normed_view, x_view);
+  });
+
+  // ---- MLP half ----
+  modulate(3);
+  std::vector<float> up(static_cast<std::size_t>(rows * mlp));
+  timed(times, "mlp_up", [&] {
+    mlp_up_.forward(normed_view, ditops::view(up.data(), {rows, mlp}));
+  });
+  timed(times, "gelu", [&] {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (std::int64_t i = 0; i < rows * mlp; ++i) up[i] = gelu_tanh(up[i]);
+  });
+  timed(times, "mlp_down", [&] {
+    mlp_down_.forward(ditops::view(up.data(), {rows, mlp}),
+                      ditops::view(projected.data(), {rows, hidden}));
+  });
+  gate(projected, 5);
+  timed(times, "residual", [&] {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (std::int64_t i = 0; i < rows * hidden; ++i) x[i] += projected[i];
+  });
+}
+
+void run_cfg(const DitBlock& block, int blocks, CfgMode mode, float guidance_scale,
+             std::span<float> x, std::span<const float> conditioning,
+             std::span<const std::int64_t> text_lengths, std::span<float> guided, OpTimes* times) {
+  const std::int64_t seq = block.config().sequence(), hidden = block.config().hidden;
+  const auto tokens = static_cast<std::size_t>(seq * hidden);
+  if (text_lengths.size() != 2 || x.size() != 2 * tokens || guided.size() != tokens) {
+    throw ditops::Error("run_cfg: x must hold [2, S, hidden] (cond, uncond), guided [S, hidden]");
+  }
+  for (int i = 0; i < blocks; ++i) {
+    if (mode == CfgMode::fused) {
+      block.forward(x, conditioning, text_lengths, times);
+    } else {
+      for (std::size_t b = 0; b < 2; ++b) {
+        block.forward(x.subspan(b * tokens, tokens),
+                      conditioning.subspan(b * static_cast<std::size_t>(hidden),
+                                           static_cast<std::size_t>(hidden)),
+                      text_lengths.subspan(b, 1), times);
+      }
+    }
+  }
+  timed(times, "cfg_combine", [&] {
+    ditops::cfg_combine(ditops::view(x.data(), {seq, hidden}),
+                        ditops::view(x.data() + tokens, {seq, hidden}), guidance_scale,
+                        ditops::view(guided.data(), {seq, hidden}));
+  });
+}
+
+}  // namespace dit

@@ -1,0 +1,120 @@
+#pragma once
+// One diffusion-transformer block assembled from ditops' public API: the single-stream form of
+// a FLUX-like DiT (text and image tokens in one sequence, one set of weights), with AdaLN
+// modulation, fused QKV, per-head q/k RMSNorm, 2-D RoPE, attention, a gated residual and a
+// GELU MLP. Everything heavy is a ditops call; element-wise glue is plain loops.
+
+#include <cstdint>
+#include <ditops/attention.hpp>
+#include <ditops/linear.hpp>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dit {
+
+enum class AttentionKind { flash, int8, rainfusion };
+enum class LinearKind { w8a8, fp32 };
+
+/// "flash", "int8", "rainfusion" / "w8a8", "fp32" (the CLI's spelling).
+const char* attention_kind_name(AttentionKind kind) noexcept;
+const char* linear_kind_name(LinearKind kind) noexcept;
+
+struct DitBlockConfig {
+  std::int64_t hidden = 3072;
+  std::int64_t heads = 24;  ///< hidden = heads * head_dim
+  std::int64_t head_dim = 128;
+  std::int64_t mlp_ratio = 4;
+  std::int64_t image_tokens = 4608;
+  /// Image tokens per latent row, for the 2-D RoPE and RainFusion's layout; 0: the largest
+  /// divisor of image_tokens not above its square root (64 x 72 for 4608).
+  std::int64_t image_width = 0;
+  /// RainFusion only: the image tokens split into this many frames (a video latent); the
+  /// sparse patterns need several frames to skip anything.
+  std::int64_t frames = 1;
+  std::int64_t text_tokens = 512;  ///< the padded text length every sequence has
+  AttentionKind attention = AttentionKind::flash;
+  LinearKind linear = LinearKind::w8a8;
+  float eps = 1e-6f;
+  std::uint32_t seed = 1;
+
+  std::int64_t sequence() const noexcept { return text_tokens + image_tokens; }
+  std::int64_t mlp_hidden() const noexcept { return hidden * mlp_ratio; }
+  /// image_width resolved (see above).
+  std::int64_t width() const noexcept;
+  /// Throws ditops::Error naming the first inconsistent field.
+  void validate() const;
+};
+
+/// One linear layer's weights, kept so that a reference can recompute the block.
+struct LinearWeights {
+  std::int64_t out = 0, in = 0;
+  std::vector<float> weight;          ///< f32 [out, in]; W8A8: weight_q * weight_scale
+  std::vector<std::int8_t> weight_q;  ///< i8 [out, in], W8A8 only
+  std::vector<float> weight_scale;    ///< f32 [out], W8A8 only (per output channel)
+  std::vector<float> bias;            ///< f32 [out]
+};
+
+struct DitBlockWeights {
+  /// [6 * hidden, hidden] on silu(conditioning): shift, scale and gate of the attention half,
+  /// then of the MLP half (AdaLN-Zero's six vectors).
+  LinearWeights modulation;
+  LinearWeights q, k, v, out, mlp_up, mlp_down;
+  std::vector<float> q_norm, k_norm;  ///< [head_dim] per-head RMSNorm weights
+};
+
+/// Random weights drawn from config.seed (normal, 1/sqrt(in) scaled); for LinearKind::w8a8
+/// each layer is quantized per output channel (symmetric int8, scale max|w| / 127).
+DitBlockWeights make_synthetic_weights(const DitBlockConfig& config);
+
+/// Wall time per operator name, summed over calls, in the order names first appear.
+class OpTimes {
+ public:
+  void add(const std::string& name, double seconds);
+  void merge(const OpTimes& other);
+  const std::vector<std::pair<std::string, double>>& entries() const noexcept { return entries_; }
+  double total() const noexcept;
+
+ private:
+  std::vector<std::pair<std::string, double>> entries_;
+};
+
+class DitBlock {
+ public:
+  /// Packs the weights (each QuantLinear packs once; a copy of the block shares them).
+  DitBlock(const DitBlockConfig& config, const DitBlockWeights& weights);
+
+  /// One block over `batch = text_lengths.size()` sequences of config.sequence() tokens, laid
+  /// out [text padding, text, image] (text left-padded to text_tokens, so the valid tokens of
+  /// every sequence are one contiguous suffix). x: [batch, S, hidden] f32, the residual stream,
+  /// updated in place. conditioning: [batch, hidden] f32 (timestep + pooled text embedding).
+  /// Padding tokens are never attended to; their own rows come out finite but meaningless.
+  /// Safe to call from several threads at once (each call allocates its activations).
+  void forward(std::span<float> x, std::span<const float> conditioning,
+               std::span<const std::int64_t> text_lengths, OpTimes* times = nullptr) const;
+
+  const DitBlockConfig& config() const noexcept { return config_; }
+  /// RoPE tables, f32 [S, head_dim] (rotated_interleaved layout), for a reference.
+  const std::vector<float>& rope_cos() const noexcept { return rope_cos_; }
+  const std::vector<float>& rope_sin() const noexcept { return rope_sin_; }
+
+ private:
+  DitBlockConfig config_;
+  ditops::QuantLinear modulation_, qkv_, out_, mlp_up_, mlp_down_;
+  std::vector<float> q_norm_, k_norm_;
+  std::vector<float> rope_cos_, rope_sin_;
+};
+
+enum class CfgMode { fused, two_pass };
+
+/// Classifier-free guidance around the block: the conditional and unconditional sequences
+/// (x: [2, S, hidden], cond first) through `blocks` blocks, as one batch of two (fused: every
+/// weight read once per block) or as two batch-1 passes, then guided = uncond + scale ·
+/// (cond - uncond) (ditops::cfg_combine), [S, hidden]. x is updated in place.
+void run_cfg(const DitBlock& block, int blocks, CfgMode mode, float guidance_scale,
+             std::span<float> x, std::span<const float> conditioning,
+             std::span<const std::int64_t> text_lengths, std::span<float> guided,
+             OpTimes* times = nullptr);
+
+}  // namespace dit
