@@ -9,7 +9,8 @@
 #                    attention on the FLUX S=2048 shapes (int8 at chunk 2), the MLA decode subset,
 #                    and the CPU MLA chunk ratios at kv 2048, batch 1/4/16, beside the simulator's;
 #                    with PyTorch and ONNX Runtime installed (tools/bench-peers.sh), attention
-#                    beside them at S=2048 (about a minute more).
+#                    beside them at S=2048 (about a minute more). The DiT block example
+#                    (examples/dit_block) at a small shape and at FLUX's (one CFG block).
 #   --full           the long grids as well (about 5 more minutes): RMSNorm and RoPE on every
 #                    shape and dtype at 1 and 2 threads, int8 attention at chunk 1/2/4 on three
 #                    FLUX shapes, and the CPU chunk ratios over the simulator sweep's whole grid.
@@ -74,6 +75,7 @@ mkdir -p "$out/logs"
 echo "tools/demo.sh output directory: each run replaces the demo's own files here" >"$out/$marker"
 rm -f -- "$out"/{machine.txt,bench.json,bench.txt,mla_chunks.json,mla_chunks.txt} \
   "$out"/{sparse.json,sparse.txt,sparse.md,linear.json,linear.txt,linear.md} \
+  "$out"/{dit.json,dit.txt,dit.md} \
   "$out"/{sim_sweep.txt,sim_vs_cpu.txt,summary.md} "$out"/sim_chunk[124]* "$out"/logs/*.log
 
 # What each mode measures. Attention on 2 threads: flash fp32 and flash_bf16 on FLUX S=2048
@@ -92,6 +94,8 @@ case "$mode" in
     cpu_grid=(--batch "1,4,16" --kv 2048)
     chunk_filter='mla_grid/b:(1|4|16)/kv:2048/h:128/chunk:[124]/threads:2/'
     linear_filter='BM_linear/shape:[01]/kind:[0-4]/threads:2/'
+    dit_small=(--hidden 768 --heads 12 --image 1024 --text 128 --steps 2)
+    dit_flux=(--cfg fused --warmup 0 --steps 1)
     ;;
   full)
     attention='attention_(flash_(f32|bf16)/shape:[01]|int8/shape:[0-2])/threads:2/'
@@ -101,6 +105,8 @@ case "$mode" in
     cpu_grid=()
     chunk_filter='mla_grid/b:[0-9]+/kv:[0-9]+/h:128/chunk:[124]/threads:2/'
     linear_filter='BM_linear/'
+    dit_small=(--hidden 768 --heads 12 --image 1024 --text 128 --steps 3)
+    dit_flux=(--cfg both --warmup 1 --steps 1)
     ;;
   tiny)
     bench_filter='peak|triad|BM_rms_norm<float>/shape:1/threads:2/|BM_rope<float>/seq:0/interleaved:0/threads:2/|attention_flash_f32/shape:5/threads:2/|mla_decode/b:1/kv:2048/h:16/chunk:2/threads:2/splits:0'
@@ -109,6 +115,8 @@ case "$mode" in
     cpu_grid=(--batch 1 --kv 512 --heads 16)
     linear_filter='BM_linear/shape:1/kind:[03]/threads:2/'
     chunk_filter='mla_grid/b:1/kv:512/h:16/chunk:[124]/threads:2/'
+    dit_small=(--hidden 256 --heads 4 --image 256 --text 64 --steps 1)
+    dit_flux=()
     ;;
 esac
 
@@ -123,7 +131,7 @@ section_build() {
 
 section_check_build() {
   for tool in tools/ditops-info bench/ditops_bench bench/ditops_linear_bench tools/ditops-sim \
-    tools/bench-summary; do
+    tools/bench-summary examples/dit_block/dit_block; do
     if [ ! -x "$build/$tool" ]; then
       echo "$build/$tool is not built (cmake --build $build first)" >&2
       return 1
@@ -156,6 +164,27 @@ section_sparse() {
   "$build/bench/ditops_bench" --benchmark_filter="$sparse_filter" --benchmark_min_time="$min_time" \
     --benchmark_out="$out/sparse.json" --benchmark_out_format=json >"$out/sparse.txt"
   "$build/tools/bench-summary" "$out/sparse.json" | tee "$out/sparse.md"
+}
+
+# The DiT block example (examples/dit_block): W8A8 linears and flash fp32 attention on 2
+# threads, a small shape with CFG fused beside two passes, then FLUX's (hidden 3072, 24 heads,
+# 4608 image + 512 text tokens; about 10 s per CFG block on 2 AVX2 cores, so the quick demo
+# times one fused block without a warm-up and --full adds the warm-up and two passes). dit.json
+# holds the runs' reports, dit.md their text.
+section_dit() {
+  local tool=$build/examples/dit_block/dit_block
+  "$tool" "${dit_small[@]}" --threads 2 --json >"$out/dit_small.json" 2>"$out/dit.txt"
+  local runs
+  runs=$(cat "$out/dit_small.json")
+  if [ ${#dit_flux[@]} -gt 0 ]; then
+    echo >>"$out/dit.txt"
+    "$tool" --hidden 3072 --heads 24 --image 4608 --text 512 "${dit_flux[@]}" --threads 2 \
+      --json >"$out/dit_flux.json" 2>>"$out/dit.txt"
+    runs="$runs,$(cat "$out/dit_flux.json")"
+  fi
+  echo "{\"runs\": [$runs]}" >"$out/dit.json"
+  rm -f -- "$out/dit_small.json" "$out/dit_flux.json"
+  code_block "$out/dit.txt" | tee "$out/dit.md"
 }
 
 section_simulator() {
@@ -225,6 +254,10 @@ section_summary() {
     echo
     if [ -f "$out/linear.md" ]; then cat "$out/linear.md"; else echo "(not run)"; fi
     echo
+    echo "## DiT block example (examples/dit_block; seconds per CFG block, operator shares)"
+    echo
+    if [ -f "$out/dit.md" ]; then cat "$out/dit.md"; else echo "(not run)"; fi
+    echo
     echo "## Simulator: int8 MLA decode, batch 1, kv 2048"
     for chunk in 1 2 4; do
       echo
@@ -278,6 +311,7 @@ run_section machine section_machine
 run_section benchmarks section_benchmarks
 [ "$mode" = tiny ] || run_section sparse section_sparse
 run_section linear section_linear
+run_section dit section_dit
 run_section simulator section_simulator
 run_section cpu-vs-simulator section_cpu_vs_simulator
 [ "$mode" = tiny ] || run_section peers section_peers
