@@ -94,7 +94,7 @@ case "$mode" in
     cpu_grid=(--batch "1,4,16" --kv 2048)
     chunk_filter='mla_grid/b:(1|4|16)/kv:2048/h:128/chunk:[124]/threads:2/'
     linear_filter='BM_linear/shape:[01]/kind:[0-4]/threads:2/'
-    dit_small=(--hidden 768 --heads 12 --image 1024 --text 128 --steps 2)
+    dit_small=(--hidden 768 --heads 12 --image 1024 --text 128 --steps 2 --instances 2)
     dit_flux=(--cfg fused --warmup 0 --steps 1)
     ;;
   full)
@@ -105,8 +105,8 @@ case "$mode" in
     cpu_grid=()
     chunk_filter='mla_grid/b:[0-9]+/kv:[0-9]+/h:128/chunk:[124]/threads:2/'
     linear_filter='BM_linear/'
-    dit_small=(--hidden 768 --heads 12 --image 1024 --text 128 --steps 3)
-    dit_flux=(--cfg both --warmup 1 --steps 1)
+    dit_small=(--hidden 768 --heads 12 --image 1024 --text 128 --steps 3 --instances 2)
+    dit_flux=(--cfg both --warmup 1 --steps 1 --instances 2)
     ;;
   tiny)
     bench_filter='peak|triad|BM_rms_norm<float>/shape:1/threads:2/|BM_rope<float>/seq:0/interleaved:0/threads:2/|attention_flash_f32/shape:5/threads:2/|mla_decode/b:1/kv:2048/h:16/chunk:2/threads:2/splits:0'
@@ -167,10 +167,11 @@ section_sparse() {
 }
 
 # The DiT block example (examples/dit_block): W8A8 linears and flash fp32 attention on 2
-# threads, a small shape with CFG fused beside two passes, then FLUX's (hidden 3072, 24 heads,
-# 4608 image + 512 text tokens; about 10 s per CFG block on 2 AVX2 cores, so the quick demo
-# times one fused block without a warm-up and --full adds the warm-up and two passes). dit.json
-# holds the runs' reports, dit.md their text.
+# threads, a small shape with CFG fused beside two passes and beside two instances of one core
+# each, then FLUX's (hidden 3072, 24 heads, 4608 image + 512 text tokens; about 20 s per CFG
+# block on 2 AVX2 cores, so the quick demo times one fused block without a warm-up, and --full
+# adds the warm-up, two passes and two instances: about 3 minutes). dit.json holds the runs'
+# reports, dit.md their text.
 section_dit() {
   local tool=$build/examples/dit_block/dit_block
   "$tool" "${dit_small[@]}" --threads 2 --json >"$out/dit_small.json" 2>"$out/dit.txt"

@@ -15,10 +15,13 @@
 #include <cmath>
 #include <cstring>
 #include <ditops/guidance.hpp>
+#include <ditops/instance.hpp>
 #include <ditops/runtime.hpp>
 #include <numbers>
 #include <random>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/reference/attention_ref.hpp"
@@ -334,6 +337,39 @@ const BlockCase kCfgCases[] = {
     {dit::LinearKind::w8a8, dit::AttentionKind::rainfusion, 2},
 };
 INSTANTIATE_TEST_SUITE_P(Cases, DitBlockCfg, ::testing::ValuesIn(kCfgCases));
+
+// Two instances, each running the block on its own input from its own run(), concurrently,
+// give what they give one at a time: they share the packed weights read-only and nothing else
+// (each call allocates its activations, each instance has its own threads and scratch).
+TEST(DitBlockInstances, ConcurrentEqualsOneAtATimeOnDisjointCores) {
+  if (cpu_info().physical_cores < 2) GTEST_SKIP() << "one physical core: no second instance";
+  const std::vector<Instance> instances = Instance::partition(2);
+  ASSERT_EQ(instances.size(), 2u);
+  std::set<int> cores;
+  for (const Instance& instance : instances) {
+    for (int core : instance.cores()) EXPECT_TRUE(cores.insert(core).second) << "core " << core;
+  }
+  const dit::DitBlockConfig config = small_config(dit::LinearKind::w8a8, dit::AttentionKind::flash);
+  const dit::DitBlock block(config, dit::make_synthetic_weights(config));
+  std::vector<Input> inputs = {random_input(config, 21), random_input(config, 22)};
+  const auto run_on = [&](std::size_t i, std::vector<float>& x) {
+    instances[i].run([&] {
+      for (int step = 0; step < 3; ++step) {
+        block.forward(x, inputs[i].conditioning, inputs[i].text_lengths);
+      }
+    });
+  };
+  std::vector<std::vector<float>> alone = {inputs[0].x, inputs[1].x};
+  for (std::size_t i = 0; i < 2; ++i) run_on(i, alone[i]);
+  std::vector<std::vector<float>> together = {inputs[0].x, inputs[1].x};
+  std::thread second([&] { run_on(1, together[1]); });
+  run_on(0, together[0]);
+  second.join();
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(std::memcmp(alone[i].data(), together[i].data(), alone[i].size() * sizeof(float)), 0)
+        << "instance " << i;
+  }
+}
 
 TEST(DitBlockConfig, InconsistentShapesAreErrors) {
   dit::DitBlockConfig config = small_config(dit::LinearKind::fp32, dit::AttentionKind::flash);
