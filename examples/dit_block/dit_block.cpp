@@ -99,9 +99,13 @@ void rope_tables(const DitBlockConfig& config, std::vector<float>& cos, std::vec
   }
 }
 
+/// GELU, tanh approximation: 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)), the same function
+/// written with one expf, about twice as fast as tanhf here (the MLP applies it to 4 x hidden
+/// values per token). exp overflowing to +inf for very negative x gives -0, the limit.
 float gelu_tanh(float x) {
   constexpr float kSqrt2OverPi = 0.7978845608028654f;
-  return 0.5f * x * (1.f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+  const float u = kSqrt2OverPi * (x + 0.044715f * x * x * x);
+  return x / (1.f + std::exp(-2.f * u));
 }
 
 }  // namespace
