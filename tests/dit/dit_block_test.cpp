@@ -294,9 +294,13 @@ INSTANTIATE_TEST_SUITE_P(Cases, DitBlockReference, ::testing::ValuesIn(kBlockCas
 
 // CFG fused (one batch of two) against two batch-1 passes, bit for bit: every operator of the
 // block computes a row (a token, or a (sequence, head) for attention) from that row's inputs
-// alone, in an order that does not depend on the batch: W8A8 sums exact int32 products, the
-// FLOAT GEMM and the norms split K and D the same way for any row count, and attention splits
-// the work over (sequence, head, query block) without mixing sequences.
+// alone, in an order that does not depend on the batch: W8A8 sums exact int32 products; the
+// FLOAT GEMM tiles rows x output panels and reduces each output over the whole K in one task;
+// norms and RoPE are per row; attention runs one task per (sequence, head, query block) over
+// all of its keys. The exception is attention's split-KV, taken only when a call has fewer
+// tasks than 2 x threads (decode-like shapes): there a batch-1 pass may split its keys where
+// the fused batch does not, and the two agree to fp32 rounding only. A DiT's (heads x query
+// blocks) is far above that, and so is this test's 4 heads at 2 threads.
 class DitBlockCfg : public ::testing::TestWithParam<BlockCase> {};
 
 TEST_P(DitBlockCfg, FusedEqualsTwoPassesAndTheCombineItsFormula) {
