@@ -217,7 +217,8 @@ DitBlock::DitBlock(const DitBlockConfig& config, const DitBlockWeights& weights)
 }
 
 void DitBlock::forward(std::span<float> x, std::span<const float> conditioning,
-                       std::span<const std::int64_t> text_lengths, OpTimes* times) const {
+                       std::span<const std::int64_t> text_lengths, OpTimes* times,
+                       DitWorkspace* workspace) const {
   const DitBlockConfig& c = config_;
   const auto batch = static_cast<std::int64_t>(text_lengths.size());
   const std::int64_t seq = c.sequence(), hidden = c.hidden, rows = batch * seq;
@@ -235,9 +236,17 @@ void DitBlock::forward(std::span<float> x, std::span<const float> conditioning,
   }
   const int threads = ditops::num_threads();
 
+  // Activations in the caller's workspace (allocated and first touched once, not per block).
+  DitWorkspace local;
+  DitWorkspace& ws = workspace ? *workspace : local;
+  const auto buffer = [](std::vector<float>& v, std::int64_t size) -> std::vector<float>& {
+    v.resize(static_cast<std::size_t>(size));
+    return v;
+  };
+  std::vector<float>& activated = ws.activated;
+  activated.assign(conditioning.begin(), conditioning.end());
+  std::vector<float>& modulation = buffer(ws.modulation, batch * 6 * hidden);
   // AdaLN: six [hidden] vectors per sequence from silu(conditioning).
-  std::vector<float> activated(conditioning.begin(), conditioning.end());
-  std::vector<float> modulation(static_cast<std::size_t>(batch * 6 * hidden));
   timed(times, "modulation", [&] {
     for (float& v : activated) v = v / (1.f + std::exp(-v));
     modulation_.forward(ditops::view(activated.data(), {batch, hidden}),
@@ -248,7 +257,7 @@ void DitBlock::forward(std::span<float> x, std::span<const float> conditioning,
     return modulation.data() + (b * 6 + which) * hidden;
   };
   // normed = normed * (1 + scale) + shift, per sequence: the AdaLN modulation around RMSNorm.
-  std::vector<float> normed(static_cast<std::size_t>(rows * hidden));
+  std::vector<float>& normed = buffer(ws.normed, rows * hidden);
   const auto modulate = [&](int shift_index) {
     timed(times, "modulate", [&] {
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -277,7 +286,7 @@ void DitBlock::forward(std::span<float> x, std::span<const float> conditioning,
   // ---- attention half ----
   timed(times, "rms_norm", [&] { ditops::rms_norm(x_view, {}, c.eps, normed_view); });
   modulate(0);
-  std::vector<float> qkv(static_cast<std::size_t>(rows * 3 * hidden));
+  std::vector<float>& qkv = buffer(ws.qkv, rows * 3 * hidden);
   timed(times, "qkv", [&] {
     qkv_.forward(normed_view, ditops::view(qkv.data(), {rows, 3 * hidden}));
   });
@@ -297,13 +306,14 @@ void DitBlock::forward(std::span<float> x, std::span<const float> conditioning,
     ditops::rotary_position_embedding(q, cos, sin, q, ditops::RotatedMode::rotated_interleaved);
     ditops::rotary_position_embedding(k, cos, sin, k, ditops::RotatedMode::rotated_interleaved);
   });
-  std::vector<float> attended(static_cast<std::size_t>(rows * hidden));
+  std::vector<float>& attended = buffer(ws.attended, rows * hidden);
   timed(times, "attention", [&] {
     if (c.attention == AttentionKind::rainfusion) {
       // RainFusion plans one layout per call, so each sequence runs over its valid suffix
-      // (its own text length); the padding rows it skips stay zero.
+      // (its own text length); the padding rows it skips are set to zero.
       for (std::int64_t b = 0; b < batch; ++b) {
         const std::int64_t padding = c.text_tokens - text_lengths[static_cast<std::size_t>(b)];
+        std::fill_n(attended.begin() + b * seq * hidden, padding * hidden, 0.f);
         const auto suffix = [&](const TensorView& t) {
           TensorView s = t;
           s.data = static_cast<float*>(t.data) + b * t.strides[0] + padding * t.strides[1];
@@ -334,7 +344,7 @@ void DitBlock::forward(std::span<float> x, std::span<const float> conditioning,
     ditops::attention_forward(q, k, v, ditops::view(attended.data(), {batch, seq, heads, dim}),
                               options);
   });
-  std::vector<float> projected(static_cast<std::size_t>(rows * hidden));
+  std::vector<float>& projected = buffer(ws.projected, rows * hidden);
   timed(times, "out_proj", [&] {
     out_.forward(ditops::view(attended.data(), {rows, hidden}),
                  ditops::view(projected.data(), {rows, hidden}));
@@ -349,7 +359,7 @@ void DitBlock::forward(std::span<float> x, std::span<const float> conditioning,
 
   // ---- MLP half ----
   modulate(3);
-  std::vector<float> up(static_cast<std::size_t>(rows * mlp));
+  std::vector<float>& up = buffer(ws.up, rows * mlp);
   timed(times, "mlp_up", [&] {
     mlp_up_.forward(normed_view, ditops::view(up.data(), {rows, mlp}));
   });
@@ -370,7 +380,10 @@ void DitBlock::forward(std::span<float> x, std::span<const float> conditioning,
 
 void run_cfg(const DitBlock& block, int blocks, CfgMode mode, float guidance_scale,
              std::span<float> x, std::span<const float> conditioning,
-             std::span<const std::int64_t> text_lengths, std::span<float> guided, OpTimes* times) {
+             std::span<const std::int64_t> text_lengths, std::span<float> guided, OpTimes* times,
+             DitWorkspace* workspace) {
+  DitWorkspace local;
+  if (!workspace) workspace = &local;
   const std::int64_t seq = block.config().sequence(), hidden = block.config().hidden;
   const auto tokens = static_cast<std::size_t>(seq * hidden);
   if (text_lengths.size() != 2 || x.size() != 2 * tokens || guided.size() != tokens) {
@@ -378,13 +391,13 @@ void run_cfg(const DitBlock& block, int blocks, CfgMode mode, float guidance_sca
   }
   for (int i = 0; i < blocks; ++i) {
     if (mode == CfgMode::fused) {
-      block.forward(x, conditioning, text_lengths, times);
+      block.forward(x, conditioning, text_lengths, times, workspace);
     } else {
       for (std::size_t b = 0; b < 2; ++b) {
         block.forward(x.subspan(b * tokens, tokens),
                       conditioning.subspan(b * static_cast<std::size_t>(hidden),
                                            static_cast<std::size_t>(hidden)),
-                      text_lengths.subspan(b, 1), times);
+                      text_lengths.subspan(b, 1), times, workspace);
       }
     }
   }
