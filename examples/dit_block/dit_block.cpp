@@ -269,17 +269,6 @@ void DitBlock::forward(std::span<float> x, std::span<const float> conditioning,
       }
     });
   };
-  // values *= gate of its sequence.
-  const auto gate = [&](std::vector<float>& values, int gate_index) {
-    timed(times, "gate", [&] {
-#pragma omp parallel for num_threads(threads) schedule(static)
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const float* g = mod(r / seq, gate_index);
-        float* row = values.data() + r * hidden;
-        for (std::int64_t i = 0; i < hidden; ++i) row[i] *= g[i];
-      }
-    });
-  };
   const TensorView x_view = ditops::view(x.data(), {rows, hidden});
   const TensorView normed_view = ditops::view(normed.data(), {rows, hidden});
 
@@ -349,7 +338,15 @@ void DitBlock::forward(std::span<float> x, std::span<const float> conditioning,
     out_.forward(ditops::view(attended.data(), {rows, hidden}),
                  ditops::view(projected.data(), {rows, hidden}));
   });
-  gate(projected, 2);
+  // projected *= the attention half's gate, for the residual add below.
+  timed(times, "gate", [&] {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* g = mod(r / seq, 2);
+      float* row = projected.data() + r * hidden;
+      for (std::int64_t i = 0; i < hidden; ++i) row[i] *= g[i];
+    }
+  });
   // x += gate * attention; normed = rms_norm(x): the residual add and the MLP half's norm in
   // one pass over memory.
   timed(times, "add_rms_norm", [&] {
@@ -371,10 +368,15 @@ void DitBlock::forward(std::span<float> x, std::span<const float> conditioning,
     mlp_down_.forward(ditops::view(up.data(), {rows, mlp}),
                       ditops::view(projected.data(), {rows, hidden}));
   });
-  gate(projected, 5);
-  timed(times, "residual", [&] {
+  // x += gate * MLP, in one pass (no norm follows inside the block).
+  timed(times, "gated_residual", [&] {
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (std::int64_t i = 0; i < rows * hidden; ++i) x[i] += projected[i];
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* g = mod(r / seq, 5);
+      const float* row = projected.data() + r * hidden;
+      float* out = x.data() + r * hidden;
+      for (std::int64_t i = 0; i < hidden; ++i) out[i] += g[i] * row[i];
+    }
   });
 }
 
