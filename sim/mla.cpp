@@ -171,13 +171,17 @@ class MlaBuilder : private ProgramBuilder {
     }
   }
 
-  void emit_pv(const MlaTask& task, const sched::StageInstance& item) {
+  // `drain`: the task's QKs are all issued, so the cube has nothing else to run while this PV
+  // waits for its SM. Those waits are the pipeline's drain bubble and are reported apart
+  // ("SOFTMAX_READY (drain)").
+  void emit_pv(const MlaTask& task, const sched::StageInstance& item, bool drain) {
     const int core = task.core;
     CoreRings& rings = cores_[static_cast<std::size_t>(core)];
     const int block = item.block;
     const int tokens = block_tokens(task, block);
     if (flag_at_group_start(item)) {
-      wait_cross(core, 0, Pipe::mte2, kFlagSoftmaxReady, StageTag::pv, block);
+      wait_cross(core, 0, Pipe::mte2, kFlagSoftmaxReady, StageTag::pv, block,
+                 drain ? label("SOFTMAX_READY (drain)") : 0);
     }
     const double p_tile = static_cast<double>(task.rows) * config_.block_size;
     const int slot = acquire(core, rings.p_tiles, StageTag::pv, block);
@@ -363,12 +367,14 @@ class MlaBuilder : private ProgramBuilder {
     gm_read(core, 0, StageTag::setup, -1, label("load q (HBM->L1)"), q_bytes(task), MemLevel::hbm,
             false, Buffer::l1, q_bytes(task));
     ready(core, rings.q_tile, 0, StageTag::setup, -1);
+    int qks_left = task.num_blocks;
     for (const sched::StageInstance& item : schedule.cube) {
       if (item.stage == sched::Stage::qk) {
         block_slot_[static_cast<std::size_t>(item.block)] = rings.k_tiles.uses;
         emit_qk(task, item);
+        --qks_left;
       } else {
-        emit_pv(task, item);
+        emit_pv(task, item, qks_left == 0);
       }
     }
     for (int aiv = 0; aiv < 2; ++aiv) {
