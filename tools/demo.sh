@@ -168,8 +168,8 @@ section_sparse() {
 
 # The DiT block example (examples/dit_block): W8A8 linears and flash fp32 attention on 2
 # threads, a small shape with CFG fused beside two passes and beside two instances of one core
-# each, then FLUX's (hidden 3072, 24 heads, 4608 image + 512 text tokens; about 20 s per CFG
-# block on 2 AVX2 cores, so the quick demo times one fused block without a warm-up, and --full
+# each, then FLUX's (hidden 3072, 24 heads, 4608 image + 512 text tokens; 20 s or more per
+# CFG block on 2 AVX2 cores, so the quick demo times one fused block without a warm-up, and --full
 # adds the warm-up, two passes and two instances: about 3 minutes). dit.json holds the runs'
 # reports, dit.md their text.
 section_dit() {
