@@ -1,8 +1,11 @@
 #pragma once
-// One diffusion-transformer block assembled from ditops' public API: the single-stream form of
-// a FLUX-like DiT (text and image tokens in one sequence, one set of weights), with AdaLN
-// modulation, fused QKV, per-head q/k RMSNorm, 2-D RoPE, attention, a gated residual and a
-// GELU MLP. Everything heavy is a ditops call; element-wise glue is plain loops.
+// One diffusion-transformer block assembled from ditops' public API, single-stream as in
+// FLUX's later blocks (text and image tokens in one sequence, one set of weights; a
+// double-stream block runs the same operators with separate text and image weights), with
+// AdaLN modulation, fused QKV, per-head q/k RMSNorm, 2-D RoPE, attention, a gated residual and
+// a GELU MLP after it (in sequence, as in DiT and SD3 blocks; FLUX's single-stream blocks run
+// the MLP beside attention from one fused input projection). Everything heavy is a ditops call;
+// element-wise glue is plain loops.
 
 #include <cstdint>
 #include <ditops/attention.hpp>
