@@ -73,7 +73,7 @@ fi
 mkdir -p "$out/logs"
 echo "tools/demo.sh output directory: each run replaces the demo's own files here" >"$out/$marker"
 rm -f -- "$out"/{machine.txt,bench.json,bench.txt,mla_chunks.json,mla_chunks.txt} \
-  "$out"/{sparse.json,sparse.txt,sparse.md} \
+  "$out"/{sparse.json,sparse.txt,sparse.md,linear.json,linear.txt,linear.md} \
   "$out"/{sim_sweep.txt,sim_vs_cpu.txt,summary.md} "$out"/sim_chunk[124]* "$out"/logs/*.log
 
 # What each mode measures. Attention on 2 threads: flash fp32 and flash_bf16 on FLUX S=2048
@@ -91,6 +91,7 @@ case "$mode" in
     sim_grid=()
     cpu_grid=(--batch "1,4,16" --kv 2048)
     chunk_filter='mla_grid/b:(1|4|16)/kv:2048/h:128/chunk:[124]/threads:2/'
+    linear_filter='BM_linear/shape:[01]/kind:[0-4]/threads:2/'
     ;;
   full)
     attention='attention_(flash_(f32|bf16)/shape:[01]|int8/shape:[0-2])/threads:2/'
@@ -99,19 +100,21 @@ case "$mode" in
     sim_grid=()
     cpu_grid=()
     chunk_filter='mla_grid/b:[0-9]+/kv:[0-9]+/h:128/chunk:[124]/threads:2/'
+    linear_filter='BM_linear/'
     ;;
   tiny)
     bench_filter='peak|triad|BM_rms_norm<float>/shape:1/threads:2/|BM_rope<float>/seq:0/interleaved:0/threads:2/|attention_flash_f32/shape:5/threads:2/|mla_decode/b:1/kv:2048/h:16/chunk:2/threads:2/splits:0'
     min_time=0.01
     sim_grid=(--batch 1 --kv 512)
     cpu_grid=(--batch 1 --kv 512 --heads 16)
+    linear_filter='BM_linear/shape:1/kind:[03]/threads:2/'
     chunk_filter='mla_grid/b:1/kv:512/h:16/chunk:[124]/threads:2/'
     ;;
 esac
 
 section_build() {
   source tools/setup.sh
-  ditops_ensure_packages
+  ditops_ensure_packages demo
   cmake --preset release
   # One target for the four tools: make builds the targets named on its command line one after
   # the other, but the dependencies of one target in parallel.
@@ -119,7 +122,8 @@ section_build() {
 }
 
 section_check_build() {
-  for tool in tools/ditops-info bench/ditops_bench tools/ditops-sim tools/bench-summary; do
+  for tool in tools/ditops-info bench/ditops_bench bench/ditops_linear_bench tools/ditops-sim \
+    tools/bench-summary; do
     if [ ! -x "$build/$tool" ]; then
       echo "$build/$tool is not built (cmake --build $build first)" >&2
       return 1
@@ -129,6 +133,15 @@ section_check_build() {
 
 section_machine() {
   "$build/tools/ditops-info" | tee "$out/machine.txt"
+}
+
+# W8A8 linear layers beside Eigen's fp32 GEMM and oneDNN's int8 matmul (where the build found
+# libdnnl-dev): FLUX's hidden size 3072 over 4608 image tokens and over 16 rows.
+section_linear() {
+  "$build/bench/ditops_linear_bench" --benchmark_filter="$linear_filter" \
+    --benchmark_min_time="$min_time" --benchmark_out="$out/linear.json" \
+    --benchmark_out_format=json >"$out/linear.txt"
+  "$build/tools/bench-summary" "$out/linear.json" | tee "$out/linear.md"
 }
 
 section_benchmarks() {
@@ -207,6 +220,11 @@ section_summary() {
       if [ -f "$out/sparse.md" ]; then cat "$out/sparse.md"; else echo "(not run)"; fi
       echo
     fi
+    echo "## W8A8 linear layers beside Eigen f32 and oneDNN int8 (GOP/s; frac_int8 of the int8" \
+      "dot-product peak, frac_peak of the FP32 FMA peak)"
+    echo
+    if [ -f "$out/linear.md" ]; then cat "$out/linear.md"; else echo "(not run)"; fi
+    echo
     echo "## Simulator: int8 MLA decode, batch 1, kv 2048"
     for chunk in 1 2 4; do
       echo
@@ -259,6 +277,7 @@ fi
 run_section machine section_machine
 run_section benchmarks section_benchmarks
 [ "$mode" = tiny ] || run_section sparse section_sparse
+run_section linear section_linear
 run_section simulator section_simulator
 run_section cpu-vs-simulator section_cpu_vs_simulator
 [ "$mode" = tiny ] || run_section peers section_peers

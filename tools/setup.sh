@@ -6,11 +6,14 @@ ditops_packages=(g++ cmake make pkg-config libomp-dev libxsimd-dev libhwloc-dev 
 # The fuzz preset: clang, its libFuzzer runtime (libclang_rt.fuzzer, in libclang-rt-14-dev on
 # bookworm, which libclang-rt-dev pulls in) and clang's OpenMP runtime (libomp-dev, above).
 ditops_fuzz_packages=(clang libclang-rt-dev)
+# The demo's benchmark peer for the int8 linear layers (oneDNN's int8 matmul).
+ditops_demo_packages=(libdnnl-dev)
 
-# Usage: ditops_ensure_packages [fuzz]
+# Usage: ditops_ensure_packages [fuzz | demo]
 ditops_ensure_packages() {
   local missing=() wanted=("${ditops_packages[@]}")
   [ "${1:-}" = fuzz ] && wanted+=("${ditops_fuzz_packages[@]}")
+  [ "${1:-}" = demo ] && wanted+=("${ditops_demo_packages[@]}")
   for package in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
       missing+=("$package")

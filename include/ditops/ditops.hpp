@@ -2,6 +2,7 @@
 // Everything ditops offers: #include <ditops/ditops.hpp>.
 
 #include <ditops/attention.hpp>
+#include <ditops/linear.hpp>
 #include <ditops/mla.hpp>
 #include <ditops/norm.hpp>
 #include <ditops/rope.hpp>

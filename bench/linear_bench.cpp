@@ -1,0 +1,151 @@
+// Linear layers: the W8A8 GEMM (dynamic and static activations) and the FLOAT path, beside
+// Eigen's fp32 GEMM (and oneDNN's int8 matmul where built with it) with the same threads, in
+// one process. This file alone is compiled for the build machine's CPU (-march=native), so
+// the peers run as a user would build them; ditops dispatches at run time as always.
+//
+// Shapes: FLUX's hidden size (3072) with its image tokens (4608) -- QKV / out-projection
+// sized -- and a short batch of rows (16: a text encoder step, a decode-like call).
+// Kinds: 0 W8A8_DYNAMIC, 1 W8A8 static, 2 FLOAT (f32), 3 Eigen f32 GEMM, 4 oneDNN s8 x s8.
+// frac_int8 is of the measured int8 dot-product peak; frac_peak of the FP32 FMA peak.
+
+#include <Eigen/Core>
+#include <ditops/linear.hpp>
+#include <ditops/runtime.hpp>
+#include <random>
+#include <vector>
+
+#include "bench/support.hpp"
+
+#ifdef DITOPS_BENCH_DNNL
+#include <omp.h>
+
+#include <dnnl.hpp>
+#endif
+
+namespace ditops::bench {
+namespace {
+
+struct GemmShape {
+  std::int64_t m, k, n;
+};
+constexpr GemmShape kShapes[] = {{4608, 3072, 3072}, {16, 3072, 3072}, {4608, 3072, 16}};
+
+enum Kind { kDynamic = 0, kStatic = 1, kFloat = 2, kEigen = 3, kDnnl = 4 };
+
+const char* kind_name(int kind) {
+  static const char* const names[] = {"ditops W8A8_DYNAMIC", "ditops W8A8", "ditops FLOAT f32",
+                                      "Eigen f32", "oneDNN s8s8"};
+  return names[kind];
+}
+
+/// A random layer of `kind` with per-channel weight scales as a quantizer would make them.
+QuantLinear make_layer(int kind, const GemmShape& shape) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  const std::size_t count = static_cast<std::size_t>(shape.n * shape.k);
+  if (kind == kFloat) {
+    std::vector<float> weight(count);
+    for (float& w : weight) w = normal(rng) * 0.02f;
+    return QuantLinear::float_linear(view(weight.data(), {shape.n, shape.k}), {});
+  }
+  std::vector<std::int8_t> weight(count);
+  std::uniform_int_distribution<int> level(-127, 127);
+  for (auto& w : weight) w = static_cast<std::int8_t>(level(rng));
+  std::vector<float> scale(static_cast<std::size_t>(shape.n), 1e-4f);
+  std::vector<std::int32_t> quant_bias(static_cast<std::size_t>(shape.n), 0);
+  std::vector<float> bias(static_cast<std::size_t>(shape.n), 0.5f);
+  float input_scale = 0.03f, input_offset = 0.f;
+  W8A8Tensors tensors;
+  tensors.weight = view(weight.data(), {shape.n, shape.k});
+  tensors.weight_scale = tensors.deq_scale = view(scale.data(), {shape.n});
+  tensors.quant_bias = view(quant_bias.data(), {shape.n});
+  tensors.bias = view(bias.data(), {shape.n});
+  tensors.input_scale = view(&input_scale, {1});
+  tensors.input_offset = view(&input_offset, {1});
+  return QuantLinear::w8a8(kind == kStatic ? QuantAlgo::w8a8_static : QuantAlgo::w8a8_dynamic,
+                           tensors);
+}
+
+void BM_linear(benchmark::State& state) {
+  const GemmShape shape = kShapes[state.range(0)];
+  const int kind = static_cast<int>(state.range(1));
+  const int threads = static_cast<int>(state.range(2));
+  set_num_threads(threads);
+  ColdBuffers<float> x(shape.m * shape.k, shape.m * shape.k * 4);
+  std::vector<float> y(static_cast<std::size_t>(shape.m * shape.n));
+  int copy = 0;
+  const double ops = 2.0 * static_cast<double>(shape.m) * static_cast<double>(shape.n) *
+                     static_cast<double>(shape.k);
+  if (kind == kEigen) {
+    using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    Eigen::setNbThreads(threads);
+    const Matrix weight = Matrix::Random(shape.n, shape.k) * 0.02f;
+    const Eigen::VectorXf bias = Eigen::VectorXf::Constant(shape.n, 0.5f);
+    Eigen::Map<Matrix> out(y.data(), shape.m, shape.n);
+    for (auto _ : state) {
+      Eigen::Map<const Matrix> in(x.copy(copy++), shape.m, shape.k);
+      out.noalias() = in * weight.transpose();
+      out.rowwise() += bias.transpose();
+      benchmark::DoNotOptimize(y.data());
+    }
+    report_flops(state, ops, measured_limits(threads).fma_flops, threads);
+  } else if (kind == kDnnl) {
+#ifdef DITOPS_BENCH_DNNL
+    // s8 activations (quantized beforehand, as oneDNN's int8 matmul takes them) times s8
+    // weights with f32 output scales: the GEMM part of a W8A8 layer.
+    omp_set_num_threads(threads);  // Debian builds oneDNN on OpenMP
+    dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+    dnnl::stream stream(engine);
+    using tag = dnnl::memory::format_tag;
+    using dt = dnnl::memory::data_type;
+    const dnnl::memory::desc a_desc({shape.m, shape.k}, dt::s8, tag::ab);
+    const dnnl::memory::desc b_any({shape.k, shape.n}, dt::s8, tag::any);
+    const dnnl::memory::desc b_plain({shape.k, shape.n}, dt::s8, tag::ba);
+    const dnnl::memory::desc c_desc({shape.m, shape.n}, dt::f32, tag::ab);
+    dnnl::primitive_attr attr;
+    attr.set_output_scales(2, {DNNL_RUNTIME_F32_VAL});
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_desc, b_any, c_desc), attr, engine);
+    std::vector<std::int8_t> a(static_cast<std::size_t>(shape.m * shape.k), 3);
+    std::vector<std::int8_t> b(static_cast<std::size_t>(shape.k * shape.n), -5);
+    std::vector<float> scales(static_cast<std::size_t>(shape.n), 1e-4f);
+    dnnl::memory a_mem(a_desc, engine, a.data()), b_src(b_plain, engine, b.data());
+    dnnl::memory b_mem(pd.weights_desc(), engine);
+    dnnl::reorder(b_src, b_mem).execute(stream, b_src, b_mem);  // packed once, as ours
+    dnnl::memory c_mem(c_desc, engine, y.data());
+    dnnl::memory scale_mem({{shape.n}, dt::f32, tag::a}, engine, scales.data());
+    const dnnl::matmul matmul(pd);
+    for (auto _ : state) {
+      matmul.execute(stream, {{DNNL_ARG_SRC, a_mem},
+                              {DNNL_ARG_WEIGHTS, b_mem},
+                              {DNNL_ARG_DST, c_mem},
+                              {DNNL_ARG_ATTR_OUTPUT_SCALES, scale_mem}});
+      stream.wait();
+    }
+    report_int8_ops(state, ops, threads);
+#else
+    state.SkipWithError("built without oneDNN (Debian: libdnnl-dev)");
+#endif
+  } else {
+    const QuantLinear layer = make_layer(kind, shape);
+    for (auto _ : state) {
+      layer.forward(view(x.copy(copy++), {shape.m, shape.k}), view(y.data(), {shape.m, shape.n}));
+      benchmark::DoNotOptimize(y.data());
+    }
+    if (kind == kFloat) {
+      report_flops(state, ops, measured_limits(threads).fma_flops, threads);
+    } else {
+      report_int8_ops(state, ops, threads);
+    }
+  }
+  state.SetLabel(std::string(kind_name(kind)) + " m" + std::to_string(shape.m) + " k" +
+                 std::to_string(shape.k) + " n" + std::to_string(shape.n) + " " + cpu_info().isa);
+}
+
+BENCHMARK(BM_linear)
+    ->ArgNames({"shape", "kind", "threads"})
+    ->ArgsProduct({{0, 1, 2}, {kDynamic, kStatic, kFloat, kEigen, kDnnl}, {1, 2}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+}  // namespace
+}  // namespace ditops::bench

@@ -1,0 +1,285 @@
+// The linear layers' GEMM kernels, compiled once per ISA level (cmake/DitopsKernels.cmake).
+//
+// int8: the register tile is simd::dot_tile, the one the int8 attention and MLA kernels use:
+// a word (4 bytes of k) of each of `rows` rows of x broadcast against the panel's columns.
+// On AVX2 (16 ymm) 4 rows x 2 vectors: 8 accumulators, 2 weight vectors, the broadcast row,
+// its magnitude and the sign-adjusted weights leave room for the pmaddwd constant; each word
+// costs 2 loads + 4 broadcasts for 8 vpmaddubsw/vpmaddwd pairs, so the multiply ports, not the
+// loads, bound it. With VNNI (32 zmm) 8 rows x 2 vectors: 16 vpdpbusd per 2 loads + 8
+// broadcasts. The panel of a whole k (k x 16 bytes on AVX2: 48 KiB at k = 3072) streams from
+// L2 while the tile's rows stay in L1; the layer hands out blocks of rows x panels.
+// f32: 6 rows x 2 vectors on AVX2 (12 accumulators + 2 + 1 of 16 ymm), 12 x 2 on AVX-512
+// (24 + 2 + 1 of 32 zmm), broadcast-FMA as in SGEMM.
+
+#include "ops/linear/gemm_kernel.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "ops/core/arch.hpp"
+#include "ops/core/simd.hpp"
+
+namespace ditops::linear {
+namespace {
+
+using simd::F32;
+using simd::I32;
+
+template <class Arch>
+constexpr int kInt8Rows = simd::kHasBf16Vnni<Arch> ? 8 : 4;
+template <class Arch>
+constexpr int kF32Rows = simd::kIsAvx512<Arch> ? 12
+                         : simd::kIsAvx2<Arch> ? 6
+                                               : 4;
+constexpr int kVectors = 2;  // per tile row, both kinds
+template <class Arch>
+constexpr int kCols = kVectors* static_cast<int>(F32<Arch>::size);
+/// Words of k (4 bytes) per chunk of gemm_int8: 16 KiB of panel, half of the smallest L1d.
+template <class Arch>
+constexpr std::int64_t kChunkWords = 16384 / (kCols<Arch> * 4);
+template <class Arch>
+constexpr simd::RowBytes kRowBytes =
+    simd::kHasBf16Vnni<Arch> ? simd::RowBytes::u8 : simd::RowBytes::s8;
+
+template <class Arch, class T>
+const T* row_of(const GemmProblem& p, const core::RowWalker<1>& walker) noexcept {
+  return static_cast<const T*>(p.x) + walker.offset(0);
+}
+
+/// x · smooth (where present) of elements [i, i + count) of a row.
+template <class Arch, class T>
+F32<Arch> smoothed(const T* row, const float* smooth, std::int64_t i, std::int64_t count) noexcept {
+  const F32<Arch> v =
+      simd::load_chunk<Arch>(row, static_cast<std::size_t>(i), static_cast<std::size_t>(count));
+  return smooth ? v * simd::load_chunk<Arch>(smooth, static_cast<std::size_t>(i),
+                                             static_cast<std::size_t>(count))
+                : v;
+}
+
+template <class Arch, class T>
+void quantize_typed(const GemmProblem& p, const ActivationQuant& quant, std::int64_t begin,
+                    std::int64_t end, std::uint8_t* a, float* row_scale) noexcept {
+  using B = F32<Arch>;
+  constexpr std::int64_t kLanes = B::size;
+  const int offset = int8_layout<Arch>().activation_offset;
+  core::RowWalker<1> walker(p.rows, begin);
+  for (std::int64_t r = begin; r < end; ++r, walker.next()) {
+    const T* row = row_of<Arch, T>(p, walker);
+    std::uint8_t* dst = a + r * p.k_padded;
+    float scale = quant.scale, shift = quant.offset;
+    B low(-128.f), high(127.f);
+    if (quant.dynamic) {
+      B top(0.f);
+      for (std::int64_t i = 0; i < p.k; i += kLanes) {
+        top = xsimd::max(
+            top, xsimd::abs(smoothed<Arch>(row, quant.smooth, i, std::min(kLanes, p.k - i))));
+      }
+      scale = simd::int8_scale(simd::reduce_max<Arch>(top));
+      shift = 0.f;
+      low = B(-127.f);
+      row_scale[r] = scale;
+    } else {
+      row_scale[r] = quant.row_scale;
+    }
+    // x / scale, as the formula reads (not x times 1 / scale): the reference rounds the same
+    // fp32 quotient, so the integers agree exactly. Clamped before the conversion, which
+    // turns anything out of int32 range into INT_MIN.
+    const B divisor(scale), added(shift);
+    for (std::int64_t i = 0; i < p.k_padded; i += kLanes) {
+      const B value =
+          i < p.k ? smoothed<Arch>(row, quant.smooth, i, std::min(kLanes, p.k - i)) : B(0.f);
+      const B clamped = xsimd::min(xsimd::max(value / divisor + added, low), high);
+      simd::store_low_bytes<Arch>(dst + i, xsimd::nearbyint_as_int(clamped) + I32<Arch>(offset));
+    }
+  }
+}
+
+template <class Arch, class T>
+void widen_typed(const GemmProblem& p, std::int64_t begin, std::int64_t end, float* a) noexcept {
+  constexpr std::int64_t kLanes = F32<Arch>::size;
+  core::RowWalker<1> walker(p.rows, begin);
+  for (std::int64_t r = begin; r < end; ++r, walker.next()) {
+    const T* row = row_of<Arch, T>(p, walker);
+    float* dst = a + r * p.k_padded;
+    for (std::int64_t i = 0; i < p.k_padded; i += kLanes) {
+      const F32<Arch> value =
+          i < p.k ? smoothed<Arch>(row, nullptr, i, std::min(kLanes, p.k - i)) : F32<Arch>(0.f);
+      value.store_aligned(dst + i);
+    }
+  }
+}
+
+/// Writes the tile rows that exist (row0 + r < m) of y's columns [n0, n0 + cols), value(r, c)
+/// giving vector c of row r.
+template <class Arch, int R, class Value>
+void store_tile(const GemmProblem& p, std::int64_t row0, std::int64_t n0, const Value& value) {
+  constexpr int kLanes = F32<Arch>::size;
+  const int rows = static_cast<int>(std::min<std::int64_t>(R, p.m - row0));
+  const std::int64_t columns = std::min<std::int64_t>(kCols<Arch>, p.n - n0);
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < kVectors; ++c) {
+      const std::int64_t first = n0 + c * kLanes;
+      const std::int64_t count = std::min<std::int64_t>(kLanes, p.n - first);
+      if (count <= 0) break;
+      const F32<Arch> v = value(r, c);
+      const std::int64_t at = (row0 + r) * p.n + first;
+      if (p.y_dtype == DType::f32) {
+        float* y = static_cast<float*>(p.y) + at;
+        columns == kCols<Arch> ? v.store_unaligned(y)
+                               : simd::store_partial<Arch>(y, v, static_cast<std::size_t>(count));
+      } else {
+        bf16* y = static_cast<bf16*>(p.y) + at;
+        columns == kCols<Arch> ? simd::store<Arch>(y, v)
+                               : simd::store_partial<Arch>(y, v, static_cast<std::size_t>(count));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+template <class Arch>
+Int8Layout int8_layout() noexcept {
+  Int8Layout layout;
+  layout.tile = {kInt8Rows<Arch>, kCols<Arch>};
+  layout.activation_offset = kRowBytes<Arch> == simd::RowBytes::u8 ? 128 : 0;
+  layout.exact_for_minus_128 = !simd::kHasMaddubs<Arch>;
+  return layout;
+}
+
+template <class Arch>
+TileShape f32_tile() noexcept {
+  return {kF32Rows<Arch>, kCols<Arch>};
+}
+
+template <class Arch>
+void quantize_rows(const GemmProblem& problem, const ActivationQuant& quant, std::int64_t begin,
+                   std::int64_t end, std::uint8_t* a, float* row_scale) noexcept {
+  if (problem.x_dtype == DType::f32) {
+    quantize_typed<Arch, float>(problem, quant, begin, end, a, row_scale);
+  } else {
+    quantize_typed<Arch, bf16>(problem, quant, begin, end, a, row_scale);
+  }
+}
+
+template <class Arch>
+void widen_rows(const GemmProblem& problem, std::int64_t begin, std::int64_t end,
+                float* a) noexcept {
+  if (problem.x_dtype == DType::f32) {
+    widen_typed<Arch, float>(problem, begin, end, a);
+  } else {
+    widen_typed<Arch, bf16>(problem, begin, end, a);
+  }
+}
+
+template <class Arch>
+void gemm_int8(const GemmProblem& p, const std::uint8_t* a, const float* row_scale,
+               std::int64_t row_begin, std::int64_t row_end, std::int64_t panel_begin,
+               std::int64_t panel_end) noexcept {
+  constexpr int R = kInt8Rows<Arch>, kLanes = F32<Arch>::size;
+  using Reg = typename I32<Arch>::register_type;
+  const std::int64_t words = p.k_padded / 4;
+  alignas(64) std::int32_t partial[kMaxBlockTiles * R * kCols<Arch>];
+  for (std::int64_t panel = panel_begin; panel < panel_end; ++panel) {
+    const auto* weights = static_cast<const std::int8_t*>(p.panels) + panel * p.panel_bytes;
+    const std::int64_t n0 = panel * kCols<Arch>;
+    I32<Arch> offset[kVectors];
+    F32<Arch> scale[kVectors], bias[kVectors];
+    for (int c = 0; c < kVectors; ++c) {
+      offset[c] = I32<Arch>::load_aligned(p.column_offset + n0 + c * kLanes);
+      scale[c] = F32<Arch>::load_aligned(p.column_scale + n0 + c * kLanes);
+      bias[c] = p.bias ? F32<Arch>::load_aligned(p.bias + n0 + c * kLanes) : F32<Arch>(0.f);
+    }
+    // k in chunks whose slice of the panel (16 KiB) stays in L1 while every row tile of the
+    // block passes over it; a whole-k panel (48 KiB at k = 3072 on AVX2) would be re-read from
+    // L2 by each tile. Sums of the earlier chunks wait in `partial` (L1 too).
+    for (std::int64_t first_word = 0; first_word < words; first_word += kChunkWords<Arch>) {
+      const std::int64_t chunk_words = std::min(kChunkWords<Arch>, words - first_word);
+      const bool first_chunk = first_word == 0;
+      const bool last_chunk = first_word + chunk_words == words;
+      for (std::int64_t row0 = row_begin; row0 < row_end; row0 += R) {
+        Reg acc[R][kVectors];
+        simd::dot_tile<Arch, R, kVectors, kRowBytes<Arch>>(
+            a + row0 * p.k_padded + first_word * 4, p.k_padded, 4,
+            weights + first_word * kCols<Arch> * 4, kCols<Arch> * 4, chunk_words, acc);
+        std::int32_t* tile_partial = partial + (row0 - row_begin) * kCols<Arch>;
+        if (!first_chunk) {
+          for (int r = 0; r < R; ++r) {
+            for (int c = 0; c < kVectors; ++c) {
+              acc[r][c] = I32<Arch>(acc[r][c]) +
+                          I32<Arch>::load_aligned(tile_partial + r * kCols<Arch> + c * kLanes);
+            }
+          }
+        }
+        if (!last_chunk) {
+          for (int r = 0; r < R; ++r) {
+            for (int c = 0; c < kVectors; ++c) {
+              I32<Arch>(acc[r][c]).store_aligned(tile_partial + r * kCols<Arch> + c * kLanes);
+            }
+          }
+          continue;
+        }
+        store_tile<Arch, R>(p, row0, n0, [&](int r, int c) {
+          const F32<Arch> sum = xsimd::to_float(I32<Arch>(acc[r][c]) + offset[c]);
+          return simd::fmadd<Arch>(sum, scale[c] * F32<Arch>(row_scale[row0 + r]), bias[c]);
+        });
+      }
+    }
+  }
+}
+
+template <class Arch>
+void gemm_f32(const GemmProblem& p, const float* a, std::int64_t row_begin, std::int64_t row_end,
+              std::int64_t panel_begin, std::int64_t panel_end) noexcept {
+  constexpr int R = kF32Rows<Arch>, kLanes = F32<Arch>::size;
+  using Reg = typename F32<Arch>::register_type;
+  for (std::int64_t panel = panel_begin; panel < panel_end; ++panel) {
+    const auto* weights = static_cast<const float*>(p.panels) + panel * (p.panel_bytes / 4);
+    const std::int64_t n0 = panel * kCols<Arch>;
+    F32<Arch> bias[kVectors];
+    for (int c = 0; c < kVectors; ++c) {
+      bias[c] = p.bias ? F32<Arch>::load_aligned(p.bias + n0 + c * kLanes) : F32<Arch>(0.f);
+    }
+    for (std::int64_t row0 = row_begin; row0 < row_end; row0 += R) {
+      // Plain register arrays: GCC keeps arrays of xsimd batches in memory.
+      Reg acc[R][kVectors];
+#pragma GCC unroll 12
+      for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+        for (int c = 0; c < kVectors; ++c) acc[r][c] = F32<Arch>(0.f);
+      }
+      const float* rows = a + row0 * p.k_padded;
+      for (std::int64_t k = 0; k < p.k_padded; ++k) {
+        Reg column[kVectors];
+#pragma GCC unroll 2
+        for (int c = 0; c < kVectors; ++c) {
+          column[c] = F32<Arch>::load_aligned(weights + k * kCols<Arch> + c * kLanes);
+        }
+#pragma GCC unroll 12
+        for (int r = 0; r < R; ++r) {
+          const F32<Arch> x(rows[r * p.k_padded + k]);
+#pragma GCC unroll 2
+          for (int c = 0; c < kVectors; ++c) {
+            acc[r][c] = simd::fmadd<Arch>(x, F32<Arch>(column[c]), F32<Arch>(acc[r][c]));
+          }
+        }
+      }
+      store_tile<Arch, R>(p, row0, n0,
+                          [&](int r, int c) { return F32<Arch>(acc[r][c]) + bias[c]; });
+    }
+  }
+}
+
+template Int8Layout int8_layout<KernelArch>() noexcept;
+template TileShape f32_tile<KernelArch>() noexcept;
+template void quantize_rows<KernelArch>(const GemmProblem&, const ActivationQuant&, std::int64_t,
+                                        std::int64_t, std::uint8_t*, float*) noexcept;
+template void widen_rows<KernelArch>(const GemmProblem&, std::int64_t, std::int64_t,
+                                     float*) noexcept;
+template void gemm_int8<KernelArch>(const GemmProblem&, const std::uint8_t*, const float*,
+                                    std::int64_t, std::int64_t, std::int64_t,
+                                    std::int64_t) noexcept;
+template void gemm_f32<KernelArch>(const GemmProblem&, const float*, std::int64_t, std::int64_t,
+                                   std::int64_t, std::int64_t) noexcept;
+
+}  // namespace ditops::linear

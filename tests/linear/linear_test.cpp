@@ -1,0 +1,503 @@
+// QuantLinear against the reference of tests/reference/linear_ref.hpp: the int8 sums exactly
+// (integer inputs whose products stay below 2^24 come out of an identity epilogue as the exact
+// integers), the epilogue within a few fp32 roundings, over M, N, K around every tile edge,
+// f32 and bf16 activations and outputs, strided rows, 1 and 2 threads; per-step switching of
+// timestep layers; the fused QKV equal to its parts; bad arguments.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <ditops/linear.hpp>
+#include <ditops/runtime.hpp>
+#include <random>
+#include <thread>
+
+#include "tests/reference/linear_ref.hpp"
+#include "tests/support/expect_rejected.hpp"
+#include "tests/support/test_tensor.hpp"
+
+namespace ditops::test {
+namespace {
+
+// Epilogue: the int32 sum (plus column offset) converted to fp32, the two scales multiplied
+// and fused-multiply-added to the bias: three fp32 roundings of terms of the size of
+// |a · b · sum| + |bias|; 4 ulps of that covers them. bf16 outputs add their own rounding
+// (half an ulp of bf16: at most 2^-8 relative, at the bottom of a binade).
+constexpr double kEpilogueUlps = 4.0 * 0x1p-24;
+constexpr double kBf16Rounding = 0x1p-8;
+
+/// M, N, K around the tile edges of every level (rows 4, 6, 8, 12; columns 8, 16, 32; k words
+/// of 4 and rows padded to 64 bytes; k chunks of 1024 or 512 bytes past 1024), plus odd sizes.
+struct Shape {
+  std::int64_t m, n, k;
+};
+const Shape kShapes[] = {{1, 1, 1},     {1, 17, 5},    {3, 8, 4},     {4, 16, 64},
+                         {5, 15, 63},   {7, 31, 65},   {8, 32, 3},    {9, 33, 127},
+                         {12, 48, 128}, {13, 64, 129}, {17, 65, 200}, {25, 7, 300},
+                         {64, 96, 257}, {100, 40, 31}, {6, 20, 1100}, {9, 40, 2100}};
+
+struct Int8Layer {
+  std::int64_t n = 0, k = 0;
+  std::vector<std::int8_t> weight;
+  std::vector<float> weight_scale, deq_scale, bias, smooth, input_scale, input_offset;
+  std::vector<std::int32_t> quant_bias;
+
+  W8A8Tensors tensors() {
+    W8A8Tensors t;
+    t.weight = view(weight.data(), {n, k});
+    if (!weight_scale.empty()) t.weight_scale = view(weight_scale.data(), {n});
+    if (!deq_scale.empty()) t.deq_scale = view(deq_scale.data(), {n});
+    if (!quant_bias.empty()) t.quant_bias = view(quant_bias.data(), {n});
+    if (!input_scale.empty()) {
+      t.input_scale = view(input_scale.data(), {static_cast<std::int64_t>(input_scale.size())});
+      t.input_offset = view(input_offset.data(), {static_cast<std::int64_t>(input_offset.size())});
+    }
+    if (!bias.empty()) t.bias = view(bias.data(), {n});
+    if (!smooth.empty()) t.smooth_scale = view(smooth.data(), {k});
+    return t;
+  }
+};
+
+Int8Layer random_layer(std::int64_t n, std::int64_t k, std::mt19937& rng, bool with_bias,
+                       bool with_smooth) {
+  Int8Layer layer;
+  layer.n = n;
+  layer.k = k;
+  std::uniform_int_distribution<int> weight(-127, 127);
+  std::uniform_real_distribution<float> scale(0.001f, 0.02f), bias(-2.f, 2.f), smooth(0.5f, 2.f);
+  for (std::int64_t i = 0; i < n * k; ++i)
+    layer.weight.push_back(static_cast<std::int8_t>(weight(rng)));
+  for (std::int64_t j = 0; j < n; ++j) {
+    layer.weight_scale.push_back(scale(rng));
+    layer.deq_scale.push_back(scale(rng) * 0.05f);
+    layer.quant_bias.push_back(std::uniform_int_distribution<int>(-5000, 5000)(rng));
+    if (with_bias) layer.bias.push_back(bias(rng));
+  }
+  if (with_smooth) {
+    for (std::int64_t i = 0; i < k; ++i) layer.smooth.push_back(smooth(rng));
+  }
+  return layer;
+}
+
+/// x as floats (the values the layer reads, after bf16 rounding where x is bf16).
+template <class T>
+std::vector<float> values_of(const TestTensor<T>& x) {
+  std::vector<float> values(static_cast<std::size_t>(x.size()));
+  for (std::int64_t i = 0; i < x.size(); ++i)
+    values[static_cast<std::size_t>(i)] = to_float(x.at(i));
+  return values;
+}
+
+/// Expected y = row_scale[m] · column_scale[n] · (acc + column_offset[n]) + bias[n] and its
+/// tolerance, checked against y.
+template <class Y>
+void expect_epilogue(const TestTensor<Y>& y, const std::vector<std::int64_t>& acc,
+                     const std::vector<double>& row_scale, const std::vector<float>& column_scale,
+                     const std::vector<double>& column_offset, const std::vector<float>& bias,
+                     std::int64_t m, std::int64_t n, const std::string& what) {
+  ASSERT_EQ(y.damaged_canaries(), 0) << what;
+  int reported = 0;
+  for (std::int64_t r = 0; r < m; ++r) {
+    for (std::int64_t j = 0; j < n; ++j) {
+      const std::size_t at = static_cast<std::size_t>(r * n + j);
+      const double product =
+          row_scale[static_cast<std::size_t>(r)] * column_scale[static_cast<std::size_t>(j)] *
+          (static_cast<double>(acc[at]) + column_offset[static_cast<std::size_t>(j)]);
+      const double shift = bias.empty() ? 0.0 : bias[static_cast<std::size_t>(j)];
+      const double expected = product + shift;
+      double tolerance = kEpilogueUlps * (std::fabs(product) + std::fabs(shift)) + 1e-30;
+      if constexpr (std::is_same_v<Y, bf16>) tolerance += kBf16Rounding * std::fabs(expected);
+      const double got = y.value(static_cast<std::int64_t>(at));
+      if (!(std::fabs(got - expected) <= tolerance) && reported++ < 5) {
+        ADD_FAILURE() << what << " y[" << r << ", " << j << "] = " << got << ", expected "
+                      << expected << " +- " << tolerance;
+      }
+    }
+  }
+}
+
+class ThreadCount {
+ public:
+  explicit ThreadCount(int threads) : before_(num_threads()) { set_num_threads(threads); }
+  ~ThreadCount() { set_num_threads(before_); }
+
+ private:
+  int before_;
+};
+
+// ---- exact integer sums -------------------------------------------------------------------------
+
+// Integer x in [-128, 127] through a static layer with scale 1, offset 0, deq_scale 1 and
+// quant_bias 0 quantizes to itself, and y is the int32 sum converted to fp32, exact while
+// |sum| < 2^24 (k <= 1000 here): the sums are compared as integers. Weights include -128,
+// which pmaddubsw levels must still multiply exactly.
+TEST(QuantLinear, Int8SumsAreExactIntegers) {
+  std::mt19937 rng(7);
+  for (int threads : {1, 2}) {
+    const ThreadCount thread_count(threads);
+    for (const Shape& shape : kShapes) {
+      for (bool minus_128 : {false, true}) {
+        Int8Layer layer = random_layer(shape.n, shape.k, rng, false, false);
+        if (minus_128) layer.weight[layer.weight.size() / 2] = -128;
+        std::fill(layer.deq_scale.begin(), layer.deq_scale.end(), 1.f);
+        std::fill(layer.quant_bias.begin(), layer.quant_bias.end(), 0);
+        layer.input_scale = {1.f};
+        layer.input_offset = {0.f};
+        const QuantLinear linear = QuantLinear::w8a8(QuantAlgo::w8a8_static, layer.tensors());
+        TestTensor<float> x({shape.m, shape.k}, /*row_pad=*/3);
+        std::uniform_int_distribution<int> value(-128, 127);
+        for (std::int64_t i = 0; i < x.size(); ++i) x.at(i) = static_cast<float>(value(rng));
+        TestTensor<float> y({shape.m, shape.n});
+        linear.forward(x.view(), y.view());
+        std::vector<std::int32_t> q(x.size());
+        for (std::int64_t i = 0; i < x.size(); ++i)
+          q[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(x.at(i));
+        const auto acc = int_matmul_ref(q, layer.weight, shape.m, shape.n, shape.k);
+        ASSERT_EQ(y.damaged_canaries(), 0);
+        for (std::int64_t i = 0; i < y.size(); ++i) {
+          ASSERT_EQ(static_cast<std::int64_t>(y.at(i)), acc[static_cast<std::size_t>(i)])
+              << "m" << shape.m << " n" << shape.n << " k" << shape.k << " threads " << threads
+              << " -128 weight " << minus_128 << " at " << i;
+        }
+      }
+    }
+  }
+}
+
+// ---- static and dynamic layers, every dtype -----------------------------------------------------
+
+template <class X, class Y>
+void check_algo(QuantAlgo algo, bool smooth) {
+  std::mt19937 rng(11);
+  for (int threads : {1, 2}) {
+    const ThreadCount thread_count(threads);
+    for (const Shape& shape : kShapes) {
+      Int8Layer layer = random_layer(shape.n, shape.k, rng, shape.n % 2 == 1, smooth);
+      layer.input_scale = {0.02f};
+      layer.input_offset = {3.f};
+      const QuantLinear linear = QuantLinear::w8a8(algo, layer.tensors());
+      // Rank 3, rows strided: [2, ceil(m / 2), k] would change m; use [1, m, k].
+      TestTensor<X> x({1, shape.m, shape.k}, /*row_pad=*/5);
+      x.fill_normal(rng);
+      if (shape.m > 1) x.at(shape.k + shape.k / 2) = from_float<X>(40.f);  // an outlier
+      TestTensor<Y> y({1, shape.m, shape.n});
+      linear.forward(x.view(), y.view());
+
+      RefQuant quant;
+      quant.dynamic = algo == QuantAlgo::w8a8_dynamic;
+      quant.scale = layer.input_scale[0];
+      quant.offset = layer.input_offset[0];
+      quant.smooth = smooth ? &layer.smooth : nullptr;
+      std::vector<std::int32_t> q;
+      std::vector<double> row_scale;
+      quantize_ref(values_of(x), shape.m, shape.k, quant, q, row_scale);
+      const auto acc = int_matmul_ref(q, layer.weight, shape.m, shape.n, shape.k);
+      std::vector<double> column_offset(static_cast<std::size_t>(shape.n), 0.0);
+      const std::string what = std::string(quant_algo_name(algo)) + " m" + std::to_string(shape.m) +
+                               " n" + std::to_string(shape.n) + " k" + std::to_string(shape.k) +
+                               " threads " + std::to_string(threads);
+      if (algo == QuantAlgo::w8a8_static) {
+        std::fill(row_scale.begin(), row_scale.end(), 1.0);
+        for (std::int64_t j = 0; j < shape.n; ++j) {
+          column_offset[static_cast<std::size_t>(j)] =
+              layer.quant_bias[static_cast<std::size_t>(j)];
+        }
+        expect_epilogue(y, acc, row_scale, layer.deq_scale, column_offset, layer.bias, shape.m,
+                        shape.n, what);
+      } else {
+        expect_epilogue(y, acc, row_scale, layer.weight_scale, column_offset, layer.bias, shape.m,
+                        shape.n, what);
+      }
+    }
+  }
+}
+
+TEST(QuantLinear, StaticF32) { check_algo<float, float>(QuantAlgo::w8a8_static, false); }
+TEST(QuantLinear, StaticSmoothBf16InF32Out) {
+  check_algo<bf16, float>(QuantAlgo::w8a8_static, true);
+}
+TEST(QuantLinear, DynamicF32) { check_algo<float, float>(QuantAlgo::w8a8_dynamic, false); }
+TEST(QuantLinear, DynamicSmoothF32InBf16Out) {
+  check_algo<float, bf16>(QuantAlgo::w8a8_dynamic, true);
+}
+TEST(QuantLinear, DynamicBf16) { check_algo<bf16, bf16>(QuantAlgo::w8a8_dynamic, false); }
+
+// A row of zeros quantizes with scale 1 (not 0 / 127) and gives y = bias.
+TEST(QuantLinear, DynamicZeroRowGivesBias) {
+  std::mt19937 rng(3);
+  Int8Layer layer = random_layer(20, 40, rng, true, false);
+  const QuantLinear linear = QuantLinear::w8a8(QuantAlgo::w8a8_dynamic, layer.tensors());
+  TestTensor<float> x({2, 40});
+  TestTensor<float> y({2, 20});
+  linear.forward(x.view(), y.view());
+  for (std::int64_t i = 0; i < y.size(); ++i)
+    EXPECT_EQ(y.at(i), layer.bias[static_cast<std::size_t>(i % 20)]);
+}
+
+// ---- timestep layers ----------------------------------------------------------------------------
+
+// Steps 0..1 static, 3 static, the rest dynamic; T = 4 steps of parameters, so step 5 (policy
+// default) and a static request past T are dynamic. Each step against the reference of its mode.
+TEST(QuantLinear, TimestepLayerSwitchesPerStep) {
+  std::mt19937 rng(5);
+  const std::int64_t m = 9, n = 33, k = 70;
+  Int8Layer layer = random_layer(n, k, rng, true, true);
+  layer.input_scale = {0.03f, 0.05f, 0.04f, 0.02f};
+  layer.input_offset = {0.f, -4.f, 2.f, 7.f};
+  auto timestep = std::make_shared<Timestep>(TimestepPolicy()
+                                                 .set(0, 1, TimestepMode::static_params)
+                                                 .set(3, TimestepMode::static_params)
+                                                 .set(6, TimestepMode::static_params));
+  const QuantLinear linear = QuantLinear::w8a8(QuantAlgo::w8a8_timestep, layer.tensors(), timestep);
+  TestTensor<float> x({m, k});
+  x.fill_normal(rng);
+  std::vector<std::int64_t> column_sum(static_cast<std::size_t>(n), 0);
+  for (std::int64_t j = 0; j < n; ++j) {
+    for (std::int64_t i = 0; i < k; ++i)
+      column_sum[static_cast<std::size_t>(j)] += layer.weight[static_cast<std::size_t>(j * k + i)];
+  }
+  for (int step : {0, 1, 2, 3, 5, 6, 0}) {
+    timestep->set_step(step);
+    TestTensor<float> y({m, n});
+    linear.forward(x.view(), y.view());
+    const bool is_static = step <= 1 || step == 3;  // step 6: static by policy but past T
+    RefQuant quant;
+    quant.dynamic = !is_static;
+    quant.smooth = &layer.smooth;
+    std::vector<double> column_offset(static_cast<std::size_t>(n), 0.0);
+    if (is_static) {
+      quant.scale = layer.input_scale[static_cast<std::size_t>(step)];
+      quant.offset = layer.input_offset[static_cast<std::size_t>(step)];
+      for (std::int64_t j = 0; j < n; ++j) {
+        column_offset[static_cast<std::size_t>(j)] =
+            -quant.offset * static_cast<double>(column_sum[static_cast<std::size_t>(j)]);
+      }
+    }
+    std::vector<std::int32_t> q;
+    std::vector<double> row_scale;
+    quantize_ref(values_of(x), m, k, quant, q, row_scale);
+    const auto acc = int_matmul_ref(q, layer.weight, m, n, k);
+    expect_epilogue(y, acc, row_scale, layer.weight_scale, column_offset, layer.bias, m, n,
+                    "step " + std::to_string(step));
+  }
+}
+
+// Two model instances, two Timestep objects: one instance's step never changes the other's
+// results, also while both run from different threads.
+TEST(QuantLinear, TimestepIsPerInstance) {
+  std::mt19937 rng(9);
+  Int8Layer layer = random_layer(24, 48, rng, false, false);
+  layer.input_scale = {0.05f};
+  layer.input_offset = {0.f};
+  const TimestepPolicy policy = TimestepPolicy().set(0, TimestepMode::static_params);
+  auto first = std::make_shared<Timestep>(policy), second = std::make_shared<Timestep>(policy);
+  const QuantLinear a = QuantLinear::w8a8(QuantAlgo::w8a8_timestep, layer.tensors(), first);
+  const QuantLinear b = QuantLinear::w8a8(QuantAlgo::w8a8_timestep, layer.tensors(), second);
+  TestTensor<float> x({6, 48});
+  x.fill_normal(rng);
+  TestTensor<float> static_y({6, 24}), dynamic_y({6, 24});
+  a.forward(x.view(), static_y.view());  // step 0: static
+  second->set_step(4);
+  b.forward(x.view(), dynamic_y.view());  // step 4: dynamic
+  ASSERT_NE(static_y.snapshot(), dynamic_y.snapshot());
+  std::thread other([&] {
+    for (int i = 0; i < 20; ++i) {
+      TestTensor<float> y({6, 24});
+      b.forward(x.view(), y.view());
+      EXPECT_TRUE(y.unchanged_since(dynamic_y.snapshot()));
+    }
+  });
+  for (int i = 0; i < 20; ++i) {
+    TestTensor<float> y({6, 24});
+    a.forward(x.view(), y.view());
+    EXPECT_TRUE(y.unchanged_since(static_y.snapshot()));
+  }
+  other.join();
+}
+
+// ---- float layers -------------------------------------------------------------------------------
+
+template <class W, class X, class Y>
+void check_float() {
+  std::mt19937 rng(13);
+  for (int threads : {1, 2}) {
+    const ThreadCount thread_count(threads);
+    for (const Shape& shape : kShapes) {
+      TestTensor<W> weight({shape.n, shape.k}, 2);
+      weight.fill_normal(rng);
+      std::vector<float> bias;
+      if (shape.k % 2) {
+        for (std::int64_t j = 0; j < shape.n; ++j)
+          bias.push_back(static_cast<float>(j) * 0.1f - 1.f);
+      }
+      const QuantLinear linear = QuantLinear::float_linear(
+          weight.view(), bias.empty() ? TensorView{} : view(bias.data(), {shape.n}));
+      TestTensor<X> x({shape.m, shape.k}, 1);
+      x.fill_normal(rng);
+      TestTensor<Y> y({shape.m, shape.n});
+      linear.forward(x.view(), y.view());
+      const auto expected =
+          float_matmul_ref(values_of(x), values_of(weight), bias, shape.m, shape.n, shape.k);
+      ASSERT_EQ(y.damaged_canaries(), 0);
+      // fp32 sums of k products of N(0, 1) values: rounding grows like sqrt(k) ulps of the
+      // terms' magnitude; 1e-5 * (sqrt(k) + |y|) bounds it with margin.
+      for (std::int64_t i = 0; i < y.size(); ++i) {
+        const double want = expected[static_cast<std::size_t>(i)];
+        double tolerance = 1e-5 * (std::sqrt(static_cast<double>(shape.k)) + std::fabs(want));
+        if constexpr (std::is_same_v<Y, bf16>) tolerance += kBf16Rounding * std::fabs(want);
+        ASSERT_NEAR(y.value(i), want, tolerance)
+            << "m" << shape.m << " n" << shape.n << " k" << shape.k << " at " << i;
+      }
+    }
+  }
+}
+
+TEST(QuantLinear, FloatF32) { check_float<float, float, float>(); }
+TEST(QuantLinear, FloatBf16WeightsBf16Activations) { check_float<bf16, bf16, bf16>(); }
+
+// ---- fused QKV ----------------------------------------------------------------------------------
+
+// The fused layer runs the same kernel on the same quantized rows, so its columns are bitwise
+// those of each part run alone.
+TEST(QuantLinear, ConcatOutputsEqualsItsParts) {
+  std::mt19937 rng(17);
+  const std::int64_t m = 11, k = 96;
+  const std::int64_t widths[] = {40, 24, 24};
+  for (QuantAlgo algo :
+       {QuantAlgo::w8a8_static, QuantAlgo::w8a8_dynamic, QuantAlgo::float_linear}) {
+    std::vector<Int8Layer> layers;
+    std::vector<std::vector<float>> float_weights;
+    std::vector<QuantLinear> parts;
+    for (std::int64_t width : widths) {
+      layers.push_back(random_layer(width, k, rng, width == 24, false));
+      Int8Layer& layer = layers.back();
+      layer.input_scale = {0.03f};
+      layer.input_offset = {1.f};
+      if (algo == QuantAlgo::float_linear) {
+        float_weights.emplace_back(layer.weight.begin(), layer.weight.end());
+        parts.push_back(QuantLinear::float_linear(
+            view(float_weights.back().data(), {width, k}),
+            layer.bias.empty() ? TensorView{} : view(layer.bias.data(), {width})));
+      } else {
+        parts.push_back(QuantLinear::w8a8(algo, layer.tensors()));
+      }
+    }
+    const QuantLinear fused = QuantLinear::concat_outputs(parts);
+    ASSERT_EQ(fused.out_features(), 88);
+    TestTensor<float> x({m, k});
+    x.fill_normal(rng);
+    TestTensor<float> y({m, 88});
+    fused.forward(x.view(), y.view());
+    std::int64_t first = 0;
+    for (std::size_t p = 0; p < parts.size(); ++p) {
+      TestTensor<float> part_y({m, widths[p]});
+      parts[p].forward(x.view(), part_y.view());
+      for (std::int64_t r = 0; r < m; ++r) {
+        for (std::int64_t j = 0; j < widths[p]; ++j) {
+          ASSERT_TRUE(same_bits(y.at(r * 88 + first + j), part_y.at(r * widths[p] + j)))
+              << quant_algo_name(algo) << " part " << p << " row " << r << " column " << j;
+        }
+      }
+      first += widths[p];
+    }
+  }
+}
+
+// ---- bad arguments ------------------------------------------------------------------------------
+
+TEST(QuantLinear, RejectsBadLayers) {
+  std::mt19937 rng(19);
+  Int8Layer layer = random_layer(8, 16, rng, true, false);
+  layer.input_scale = {0.1f};
+  layer.input_offset = {0.f};
+  const auto expect_error = [](auto&& call, const std::string& needle) {
+    try {
+      call();
+      ADD_FAILURE() << "no ditops::Error for " << needle;
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find(needle), std::string::npos) << error.what();
+    }
+  };
+  expect_error([&] { QuantLinear::w8a8(QuantAlgo::float_linear, layer.tensors()); }, "algo");
+  expect_error([&] { QuantLinear::w8a8(QuantAlgo::w8a8_timestep, layer.tensors()); }, "timestep");
+  expect_error(
+      [&] {
+        QuantLinear::w8a8(QuantAlgo::w8a8_dynamic, layer.tensors(), std::make_shared<Timestep>());
+      },
+      "timestep");
+  {
+    Int8Layer bad = layer;
+    bad.deq_scale[3] = std::nanf("");
+    expect_error([&] { QuantLinear::w8a8(QuantAlgo::w8a8_static, bad.tensors()); }, "deq_scale[3]");
+  }
+  {
+    Int8Layer bad = layer;
+    bad.input_scale = {0.f};
+    expect_error([&] { QuantLinear::w8a8(QuantAlgo::w8a8_static, bad.tensors()); }, "input_scale");
+  }
+  {
+    Int8Layer bad = layer;
+    bad.weight_scale.pop_back();
+    W8A8Tensors tensors = bad.tensors();
+    tensors.weight_scale = view(bad.weight_scale.data(), {7});
+    expect_error([&] { QuantLinear::w8a8(QuantAlgo::w8a8_dynamic, tensors); }, "weight_scale");
+  }
+  {
+    W8A8Tensors tensors = layer.tensors();
+    std::vector<float> wrong(8 * 16);
+    tensors.weight = view(wrong.data(), {8, 16});
+    expect_error([&] { QuantLinear::w8a8(QuantAlgo::w8a8_dynamic, tensors); }, "weight");
+  }
+  {
+    Int8Layer bad = layer;
+    bad.input_scale = {0.1f, 0.2f};
+    bad.input_offset = {0.f, 0.5f};
+    expect_error(
+        [&] {
+          QuantLinear::w8a8(QuantAlgo::w8a8_timestep, bad.tensors(), std::make_shared<Timestep>());
+        },
+        "input_offset[1]");
+  }
+  expect_error([] { TimestepPolicy().set(3, 2, TimestepMode::dynamic); }, "3..2");
+  expect_error([] { Timestep().set_step(-1); }, "step");
+  expect_error([] { QuantLinear::concat_outputs({}); }, "parts");
+  {
+    const QuantLinear a = QuantLinear::w8a8(QuantAlgo::w8a8_static, layer.tensors());
+    Int8Layer other = layer;
+    other.input_scale = {0.2f};
+    const QuantLinear b = QuantLinear::w8a8(QuantAlgo::w8a8_static, other.tensors());
+    expect_error([&] { QuantLinear::concat_outputs({a, b}); }, "parts[1]");
+    const QuantLinear c = QuantLinear::w8a8(QuantAlgo::w8a8_dynamic, layer.tensors());
+    expect_error([&] { QuantLinear::concat_outputs({a, c}); }, "parts[1]");
+  }
+}
+
+TEST(QuantLinear, RejectsBadForwardArguments) {
+  std::mt19937 rng(23);
+  Int8Layer layer = random_layer(8, 16, rng, false, false);
+  const QuantLinear linear = QuantLinear::w8a8(QuantAlgo::w8a8_dynamic, layer.tensors());
+  TestTensor<float> x({3, 16});
+  TestTensor<float> y({3, 8});
+  TestTensor<float> wrong_k({3, 15});
+  expect_rejected([&] { linear.forward(wrong_k.view(), y.view()); }, "in features (16)", y);
+  TestTensor<float> wrong_n({3, 9});
+  expect_rejected([&] { linear.forward(x.view(), wrong_n.view()); }, "out features (8)", wrong_n);
+  TestTensor<float> wrong_rows({4, 8});
+  expect_rejected([&] { linear.forward(x.view(), wrong_rows.view()); }, "y has shape", wrong_rows);
+  TestTensor<float> strided_y({3, 8}, 1);
+  expect_rejected([&] { linear.forward(x.view(), strided_y.view()); }, "contiguous", strided_y);
+  TestTensor<std::int32_t> int_x({3, 16});
+  expect_rejected([&] { linear.forward(int_x.view(), y.view()); }, "x", y);
+  // y over x: [3, 16] floats viewed as y [3, 8] shares x's memory.
+  TensorView aliased = x.view();
+  aliased.shape[1] = 8;
+  aliased.strides[0] = 8;
+  expect_rejected([&] { linear.forward(x.view(), aliased); }, "overlap", x);
+  TestTensor<float> empty_x({0, 16});
+  TestTensor<float> empty_y({0, 8});
+  linear.forward(empty_x.view(), empty_y.view());  // no rows: nothing to do
+  EXPECT_THROW(QuantLinear(nullptr).forward(x.view(), y.view()), Error);
+}
+
+}  // namespace
+}  // namespace ditops::test
