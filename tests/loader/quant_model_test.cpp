@@ -16,17 +16,13 @@
 
 #include "loader/quant_files.hpp"
 #include "loader/safetensors.hpp"
+#include "tests/loader/files.hpp"
 #include "tests/support/temp_dir.hpp"
 
 namespace ditops::test {
 namespace {
 
 using loader::SafetensorsEntry;
-
-template <class T>
-std::string bytes_of(const std::vector<T>& values) {
-  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
-}
 
 std::int64_t fp32_bits(float value) {
   std::uint32_t bits;

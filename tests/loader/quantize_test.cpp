@@ -1,8 +1,8 @@
 // ditops-quantize's code path (loader::quantize_model) end to end: a random fp32 layer with
 // realistic activations (N(0, 1) with a few outlier channels ~50x) quantized static and dynamic
 // with SmoothQuant, written with msmodelslim's names, loaded by QuantModel, and run, against the
-// fp32 result. The files are checked against the layer math of linear.hpp (emulated here) even
-// without QuantLinear; the runs through QuantLinear skip while it is not implemented.
+// fp32 result, both through QuantLinear and through the layer math of linear.hpp computed from
+// the written tensors (tests/reference/linear_ref.hpp), which checks the files on their own.
 
 #include "loader/quantize.hpp"
 
@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "loader/quant_files.hpp"
+#include "tests/loader/files.hpp"
+#include "tests/reference/linear_ref.hpp"
 #include "tests/support/temp_dir.hpp"
 
 namespace ditops::test {
@@ -29,11 +31,6 @@ using loader::SafetensorsFile;
 constexpr std::int64_t kIn = 96, kOut = 40, kCalibrationRows = 256, kRows = 24;
 const std::vector<std::string> kLayers = {"blocks.0.attn.to_k", "blocks.0.attn.to_q",
                                           "blocks.0.attn.to_v", "blocks.0.ff"};
-
-template <class T>
-std::string bytes_of(const std::vector<T>& values) {
-  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
-}
 
 /// Activations [rows, kIn]: N(0, 1), channels 5, 17 and 60 scaled by ~50 (the outliers
 /// SmoothQuant exists for).
@@ -86,18 +83,8 @@ struct FloatModel {
 
   /// y = x · Wᵀ + b in double, [rows, kOut].
   std::vector<double> reference(const std::string& layer, const std::vector<float>& x) const {
-    const auto rows = x.size() / kIn;
-    std::vector<double> y(rows * kOut);
-    for (std::size_t r = 0; r < rows; ++r) {
-      for (std::int64_t n = 0; n < kOut; ++n) {
-        double sum = bias.at(layer)[n];
-        for (std::int64_t k = 0; k < kIn; ++k) {
-          sum += double{x[r * kIn + k]} * weight.at(layer)[n * kIn + k];
-        }
-        y[r * kOut + n] = sum;
-      }
-    }
-    return y;
+    return float_matmul_ref(x, weight.at(layer), bias.at(layer),
+                            static_cast<std::int64_t>(x.size()) / kIn, kOut, kIn);
   }
 };
 
@@ -118,51 +105,49 @@ std::vector<float> floats(const SafetensorsFile& file, const std::string& name) 
 
 /// The layer of linear.hpp computed from the written tensors (as QuantLinear must compute it).
 std::vector<double> emulate(const SafetensorsFile& file, const std::string& layer, QuantAlgo algo,
-                            std::vector<float> x) {
-  const auto& weight = file.get(layer + ".weight");
-  const auto* w = reinterpret_cast<const std::int8_t*>(weight.data);
-  if (const auto* smooth = file.find(layer + ".div.mul_scale")) {
-    const std::vector<float> mul = smooth->to_floats(file.path());
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] *= mul[i % kIn];
+                            const std::vector<float>& x) {
+  const auto& weight_tensor = file.get(layer + ".weight");
+  const auto* weight_data = reinterpret_cast<const std::int8_t*>(weight_tensor.data);
+  const std::vector<std::int8_t> weight(weight_data, weight_data + weight_tensor.bytes);
+  std::vector<float> smooth;
+  RefQuant quant;
+  if (const auto* smooth_tensor = file.find(layer + ".div.mul_scale")) {
+    smooth = smooth_tensor->to_floats(file.path());
+    quant.smooth = &smooth;
   }
+  quant.dynamic = algo == QuantAlgo::w8a8_dynamic;
+  if (!quant.dynamic) {
+    quant.scale = floats(file, layer + ".input_scale")[0];
+    quant.offset = floats(file, layer + ".input_offset")[0];
+  }
+  const auto rows = static_cast<std::int64_t>(x.size()) / kIn;
+  std::vector<std::int32_t> q;
+  std::vector<double> row_scale;
+  quantize_ref(x, rows, kIn, quant, q, row_scale);
+  const std::vector<std::int64_t> acc = int_matmul_ref(q, weight, rows, kOut, kIn);
+
   const std::vector<float> bias = floats(file, layer + ".bias");
-  const auto rows = x.size() / kIn;
-  std::vector<double> y(rows * kOut);
-  for (std::size_t r = 0; r < rows; ++r) {
-    std::vector<std::int32_t> xq(kIn);
-    float row_scale = 1.f;
-    float scale = 0.f, offset = 0.f;
-    if (algo == QuantAlgo::w8a8_static) {
-      scale = floats(file, layer + ".input_scale")[0];
-      offset = floats(file, layer + ".input_offset")[0];
+  std::vector<double> y(acc.size());
+  for (std::int64_t n = 0; n < kOut; ++n) {
+    double scale;  // per output column
+    std::int64_t column_offset = 0;
+    if (quant.dynamic) {
+      scale = floats(file, layer + ".weight_scale")[static_cast<std::size_t>(n)];
     } else {
-      float max = 0.f;
-      for (std::int64_t k = 0; k < kIn; ++k) max = std::max(max, std::fabs(x[r * kIn + k]));
-      row_scale = max / 127.f;
+      std::int64_t bits;  // msmodelslim's deq_scale: fp32 bits in an int64
+      std::memcpy(&bits, file.get(layer + ".deq_scale").data + n * 8, sizeof bits);
+      const auto low = static_cast<std::uint32_t>(bits);
+      float deq;
+      std::memcpy(&deq, &low, sizeof deq);
+      std::int32_t quant_bias;
+      std::memcpy(&quant_bias, file.get(layer + ".quant_bias").data + n * 4, sizeof quant_bias);
+      scale = deq;
+      column_offset = quant_bias;
     }
-    for (std::int64_t k = 0; k < kIn; ++k) {
-      const float v = x[r * kIn + k];
-      xq[k] = algo == QuantAlgo::w8a8_static
-                  ? static_cast<int>(std::clamp(std::nearbyint(v / scale + offset), -128.f, 127.f))
-                  : static_cast<int>(std::nearbyint(v / row_scale));
-    }
-    for (std::int64_t n = 0; n < kOut; ++n) {
-      std::int32_t acc = 0;
-      for (std::int64_t k = 0; k < kIn; ++k) acc += xq[k] * w[n * kIn + k];
-      double value;
-      if (algo == QuantAlgo::w8a8_static) {
-        std::int64_t bits;
-        std::memcpy(&bits, file.get(layer + ".deq_scale").data + n * 8, 8);
-        const auto low = static_cast<std::uint32_t>(bits);
-        float deq;
-        std::memcpy(&deq, &low, 4);
-        std::int32_t quant_bias;
-        std::memcpy(&quant_bias, file.get(layer + ".quant_bias").data + n * 4, 4);
-        value = double{deq} * (acc + quant_bias);
-      } else {
-        value = double{row_scale} * acc * floats(file, layer + ".weight_scale")[n];
-      }
-      y[r * kOut + n] = value + bias[n];
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const auto at = static_cast<std::size_t>(r * kOut + n);
+      const double row = quant.dynamic ? row_scale[static_cast<std::size_t>(r)] : 1.0;
+      y[at] = row * scale * static_cast<double>(acc[at] + column_offset) + bias[n];
     }
   }
   return y;
@@ -278,16 +263,6 @@ TEST(Quantize, RefusesStaticWithoutCalibration) {
   EXPECT_NO_THROW(loader::quantize_model(weights, nullptr, dir.path(), dynamic));
 }
 
-/// The model's layer, or a skip while QuantLinear is not implemented in this build.
-#define DITOPS_LAYER_OR_SKIP(result, expression)                                       \
-  std::optional<QuantLinear> result;                                                   \
-  try {                                                                                \
-    result.emplace(expression);                                                        \
-  } catch (const Error& error) {                                                       \
-    if (std::string(error.what()).find("not implemented") == std::string::npos) throw; \
-    GTEST_SKIP() << error.what();                                                      \
-  }
-
 std::vector<float> forward(const QuantLinear& layer, const std::vector<float>& x) {
   const auto rows = static_cast<std::int64_t>(x.size()) / layer.in_features();
   std::vector<float> y(static_cast<std::size_t>(rows * layer.out_features()));
@@ -302,11 +277,11 @@ TEST(Quantize, LoadedLayersMatchFp32) {
     const Quantized q(algo, 0.5f, {"*.ff"});
     const QuantModel model = QuantModel::load(q.report.description_path);
     for (const std::string& layer : kLayers) {
-      DITOPS_LAYER_OR_SKIP(linear, model.linear(layer));
-      EXPECT_EQ(linear->algo(), layer == "blocks.0.ff" ? QuantAlgo::float_linear : algo);
-      EXPECT_EQ(linear->in_features(), kIn);
-      EXPECT_EQ(linear->out_features(), kOut);
-      EXPECT_GE(cosine(forward(*linear, q.x), q.fp32.reference(layer, q.x)), 0.999) << layer;
+      const QuantLinear linear = model.linear(layer);
+      EXPECT_EQ(linear.algo(), layer == "blocks.0.ff" ? QuantAlgo::float_linear : algo);
+      EXPECT_EQ(linear.in_features(), kIn);
+      EXPECT_EQ(linear.out_features(), kOut);
+      EXPECT_GE(cosine(forward(linear, q.x), q.fp32.reference(layer, q.x)), 0.999) << layer;
     }
   }
 }
@@ -334,10 +309,10 @@ TEST(Quantize, FusedQkvEqualsTheThreeLayers) {
     const QuantModel model = QuantModel::load(report.description_path);
 
     const std::vector<float> x = activations(kRows, rng);
-    DITOPS_LAYER_OR_SKIP(
-        fused, model.fused_qkv("blocks.0.attn.to_q", "blocks.0.attn.to_k", "blocks.0.attn.to_v"));
-    ASSERT_EQ(fused->out_features(), 3 * kOut);
-    const std::vector<float> y = forward(*fused, x);
+    const QuantLinear fused =
+        model.fused_qkv("blocks.0.attn.to_q", "blocks.0.attn.to_k", "blocks.0.attn.to_v");
+    ASSERT_EQ(fused.out_features(), 3 * kOut);
+    const std::vector<float> y = forward(fused, x);
     std::int64_t part = 0;
     for (const char* name : {"blocks.0.attn.to_q", "blocks.0.attn.to_k", "blocks.0.attn.to_v"}) {
       const std::vector<float> alone = forward(model.linear(name), x);

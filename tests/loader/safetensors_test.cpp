@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/loader/files.hpp"
 #include "tests/support/temp_dir.hpp"
 
 namespace ditops::test {
@@ -21,16 +22,6 @@ namespace {
 
 using loader::SafetensorsEntry;
 using loader::SafetensorsFile;
-
-/// A file of an 8-byte little-endian `length` (the header's size unless given), `header` and
-/// `data`: for headers the writer would never produce.
-void write_raw(const std::string& path, const std::string& header, const std::string& data,
-               std::optional<std::uint64_t> length = std::nullopt) {
-  const std::uint64_t n = length.value_or(header.size());
-  std::string bytes(8, '\0');
-  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>(n >> (8 * i) & 0xff);
-  std::ofstream(path, std::ios::binary) << bytes << header << data;
-}
 
 /// Opening `path` throws an Error whose message holds `path` and every one of `needles`.
 void expect_open_fails(const std::string& path, const std::vector<std::string>& needles) {
@@ -44,11 +35,6 @@ void expect_open_fails(const std::string& path, const std::vector<std::string>& 
       EXPECT_NE(message.find(needle), std::string::npos) << "'" << message << "' lacks " << needle;
     }
   }
-}
-
-template <class T>
-std::string bytes_of(const std::vector<T>& values) {
-  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
 }
 
 TEST(Safetensors, WrittenFilesRoundTrip) {
@@ -132,51 +118,57 @@ TEST(Safetensors, MalformedHeadersAreRefused) {
   std::ofstream(path, std::ios::binary) << "abc";
   expect_open_fails(path, {"is 3 bytes", "8-byte header length"});
 
-  write_raw(path, "{}", "", 1000);
+  write_raw_safetensors(path, "{}", "", 1000);
   expect_open_fails(path, {"header length 1000 runs past the end of the file"});
-  write_raw(path, "{}", "", std::uint64_t{1} << 62);
+  write_raw_safetensors(path, "{}", "", std::uint64_t{1} << 62);
   expect_open_fails(path, {"exceeds the limit"});
 
-  write_raw(path, R"({"a": {"dtype": "F32", )", "");
+  write_raw_safetensors(path, R"({"a": {"dtype": "F32", )", "");
   expect_open_fails(path, {"header is not valid JSON"});
-  write_raw(path, "[1, 2]", "");
+  write_raw_safetensors(path, "[1, 2]", "");
   expect_open_fails(path, {"header is not a JSON object"});
 
-  write_raw(path, R"({"w": {"dtype": "F128", "shape": [2], "data_offsets": [0, 8]}})", f32x2);
+  write_raw_safetensors(path, R"({"w": {"dtype": "F128", "shape": [2], "data_offsets": [0, 8]}})",
+                        f32x2);
   expect_open_fails(path, {"tensor \"w\"", "unknown \"dtype\" \"F128\""});
-  write_raw(path, R"({"w": {"shape": [2], "data_offsets": [0, 8]}})", f32x2);
+  write_raw_safetensors(path, R"({"w": {"shape": [2], "data_offsets": [0, 8]}})", f32x2);
   expect_open_fails(path, {"tensor \"w\"", "\"dtype\" is missing"});
-  write_raw(path, R"({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", f32x2);
+  write_raw_safetensors(path, R"({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})",
+                        f32x2);
   expect_open_fails(path, {"tensor \"w\"",
                            "\"shape\" [3] of F32 needs 12 bytes but "
                            "\"data_offsets\" [0, 8] hold 8"});
-  write_raw(path, R"({"w": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})", f32x2);
+  write_raw_safetensors(path, R"({"w": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})",
+                        f32x2);
   expect_open_fails(path, {"tensor \"w\"", "\"shape\" [-2] has a bad extent"});
-  write_raw(path,
-            R"({"w": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 8]}})",
-            f32x2);
+  write_raw_safetensors(
+      path, R"({"w": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 8]}})",
+      f32x2);
   expect_open_fails(path, {"tensor \"w\"", "overflows a byte count"});
-  write_raw(path, R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})", f32x2);
+  write_raw_safetensors(path, R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
+                        f32x2);
   expect_open_fails(path, {"tensor \"w\"", "\"data_offsets\" [4, 12] run past the end of the file",
                            "holds 8 bytes"});
-  write_raw(path, R"({"w": {"dtype": "F32", "shape": [0], "data_offsets": [8, 4]}})", f32x2);
+  write_raw_safetensors(path, R"({"w": {"dtype": "F32", "shape": [0], "data_offsets": [8, 4]}})",
+                        f32x2);
   expect_open_fails(path, {"tensor \"w\"", "\"data_offsets\" [8, 4] begin after end"});
-  write_raw(path, R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0]}})", f32x2);
+  write_raw_safetensors(path, R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0]}})",
+                        f32x2);
   expect_open_fails(path, {"tensor \"w\"", "\"data_offsets\" must be [begin, end]"});
-  write_raw(path,
-            R"({"u": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},)"
-            R"( "v": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
-            f32x2);
+  write_raw_safetensors(path,
+                        R"({"u": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},)"
+                        R"( "v": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+                        f32x2);
   expect_open_fails(path, {"tensor \"v\"", "[4, 8] overlap tensor \"u\"'s [0, 8]"});
-  write_raw(path,
-            R"({"u": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},)"
-            R"( "u": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
-            f32x2);
+  write_raw_safetensors(path,
+                        R"({"u": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},)"
+                        R"( "u": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+                        f32x2);
   expect_open_fails(path, {"tensor \"u\"", "named twice"});
-  write_raw(path,
-            R"({"__metadata__": {"n": 3}, "w": {"dtype": "F32", "shape": [2], )"
-            R"("data_offsets": [0, 8]}})",
-            f32x2);
+  write_raw_safetensors(path,
+                        R"({"__metadata__": {"n": 3}, "w": {"dtype": "F32", "shape": [2], )"
+                        R"("data_offsets": [0, 8]}})",
+                        f32x2);
   expect_open_fails(path, {"\"__metadata__\" entry \"n\" is not a string"});
 
   // A file cut short: the last tensor's bytes run past its end.
