@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <ditops/quant_model.hpp>
 #include <fstream>
@@ -17,6 +18,7 @@
 #include "loader/quant_files.hpp"
 #include "loader/safetensors.hpp"
 #include "tests/loader/files.hpp"
+#include "tests/reference/linear_ref.hpp"
 #include "tests/support/temp_dir.hpp"
 
 namespace ditops::test {
@@ -86,8 +88,62 @@ struct HandModel {
     return path;
   }
 
+  /// The pair with the weights laid out as other writers may: a 1-byte tensor first and no
+  /// padding, so every wider tensor starts misaligned.
+  std::string write_unaligned(const TempDir& dir) const {
+    nlohmann::json header = {{"pad", {{"dtype", "I8"}, {"shape", {1}}, {"data_offsets", {0, 1}}}}};
+    std::string data(1, '\0');
+    for (const auto& [name, entry] : tensors) {
+      header[name] = {{"dtype", entry.dtype},
+                      {"shape", entry.shape},
+                      {"data_offsets", {data.size(), data.size() + entry.bytes.size()}}};
+      data += entry.bytes;
+    }
+    write_raw_safetensors(dir / loader::weight_file_name(algo, -1), header.dump(), data);
+    const std::string path = dir / loader::description_file_name(algo, -1);
+    std::ofstream(path) << description.dump(1);
+    return path;
+  }
+
   std::vector<std::unique_ptr<std::string>> storage;
 };
+
+const std::vector<float> kX = {0.3f, -1.2f, 2.f, -0.7f, 0.1f, 0.9f};  // [2, 3]
+const std::vector<std::int8_t> kWeight = {1, -2, 3, 4, 5, -6};        // HandModel's
+const std::vector<float> kBias = {0.5f, -0.5f};
+
+std::vector<float> run(const QuantLinear& layer) {
+  std::vector<float> y(4);
+  layer.forward(view(kX.data(), {2, 3}), view(y.data(), {2, 2}));
+  return y;
+}
+
+/// y against `expected` within fp32 rounding of the epilogue.
+void expect_near(const std::vector<float>& y, const std::vector<double>& expected) {
+  ASSERT_EQ(y.size(), expected.size());
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    EXPECT_NEAR(y[i], expected[i], 1e-5 * (std::fabs(expected[i]) + 1)) << "element " << i;
+  }
+}
+
+/// The layer math of linear.hpp on kX: row_scale · column_scale · (acc + column_offset) + bias.
+std::vector<double> expected_y(const RefQuant& quant, const std::vector<double>& column_scale,
+                               const std::vector<double>& column_offset) {
+  std::vector<std::int32_t> q;
+  std::vector<double> row_scale;
+  quantize_ref(kX, 2, 3, quant, q, row_scale);
+  const std::vector<std::int64_t> acc = int_matmul_ref(q, kWeight, 2, 2, 3);
+  std::vector<double> y(4);
+  for (std::size_t r = 0; r < 2; ++r) {
+    for (std::size_t n = 0; n < 2; ++n) {
+      const double row = quant.dynamic ? row_scale[r] : 1.0;
+      y[r * 2 + n] =
+          row * column_scale[n] * (static_cast<double>(acc[r * 2 + n]) + column_offset[n]) +
+          kBias[n];
+    }
+  }
+  return y;
+}
 
 /// QuantModel::load(path) throws an Error whose message holds every needle.
 void expect_load_fails(const std::string& path, const std::vector<std::string>& needles,
@@ -403,6 +459,114 @@ TEST(QuantModel, ModelsKeepTheirOwnStep) {
   EXPECT_EQ(b.timestep()->step(), 0);
   EXPECT_EQ(b.timestep()->mode(), TimestepMode::static_params);
   EXPECT_THROW(a.set_timestep_step(-2), Error);
+}
+
+}  // namespace
+}  // namespace ditops::test
+
+namespace ditops::test {
+namespace {
+
+TEST(QuantModelLayers, ComputeTheirAlgorithm) {
+  const double sum0 = 1 - 2 + 3, sum1 = 4 + 5 - 6;  // Σ_k W[n, k]
+  {
+    const TempDir dir("ditops_quant_model");
+    const QuantModel model = QuantModel::load(HandModel(QuantAlgo::w8a8_static).write(dir));
+    RefQuant quant;
+    quant.scale = 0.05f;
+    quant.offset = -3.f;
+    expect_near(run(model.linear("blocks.0.attn.to_q")),
+                expected_y(quant, {0.01f, 0.02f}, {3, -4}));  // deq_scale, quant_bias
+  }
+  {
+    const TempDir dir("ditops_quant_model");
+    const QuantModel model = QuantModel::load(HandModel(QuantAlgo::w8a8_dynamic).write(dir));
+    RefQuant quant;
+    quant.dynamic = true;
+    expect_near(run(model.linear("blocks.0.attn.to_q")), expected_y(quant, {0.1f, 0.2f}, {0, 0}));
+  }
+  {
+    // Steps 0 and 1 static (input_scale[t], input_offset[t] = t), every other step dynamic.
+    const TempDir dir("ditops_quant_model");
+    QuantModelOptions options;
+    options.timestep_policy.set(0, 1, TimestepMode::static_params);
+    QuantModel model = QuantModel::load(HandModel(QuantAlgo::w8a8_timestep).write(dir), options);
+    const QuantLinear layer = model.linear("blocks.0.attn.to_q");
+    RefQuant dynamic;
+    dynamic.dynamic = true;
+    for (const int step : {1, 0, 3, 5}) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      model.set_timestep_step(step);
+      if (step <= 1) {
+        RefQuant quant;
+        quant.scale = step == 0 ? 0.1f : 0.2f;
+        quant.offset = static_cast<float>(step);
+        expect_near(run(layer), expected_y(quant, {quant.scale * 0.1f, quant.scale * 0.2f},
+                                           {-quant.offset * sum0, -quant.offset * sum1}));
+      } else {
+        expect_near(run(layer), expected_y(dynamic, {0.1f, 0.2f}, {0, 0}));
+      }
+    }
+  }
+}
+
+TEST(QuantModelLayers, DeqScaleAsInt64BitsOrF32IsOneLayer) {
+  const TempDir bits_dir("ditops_quant_model"), f32_dir("ditops_quant_model");
+  HandModel as_f32(QuantAlgo::w8a8_static);
+  as_f32.add(".deq_scale", "F32", {2}, bytes_of(std::vector<float>{0.01f, 0.02f}));
+  const QuantModel bits = QuantModel::load(HandModel(QuantAlgo::w8a8_static).write(bits_dir));
+  const QuantModel f32 = QuantModel::load(as_f32.write(f32_dir));
+  EXPECT_EQ(run(bits.linear("blocks.0.attn.to_q")), run(f32.linear("blocks.0.attn.to_q")));
+}
+
+TEST(QuantModelLayers, MisalignedTensorsGiveTheSameLayer) {
+  for (const QuantAlgo algo :
+       {QuantAlgo::w8a8_static, QuantAlgo::w8a8_dynamic, QuantAlgo::w8a8_timestep}) {
+    SCOPED_TRACE(quant_algo_name(algo));
+    const TempDir aligned_dir("ditops_quant_model"), unaligned_dir("ditops_quant_model");
+    HandModel hand(algo);
+    hand.add(".div.mul_scale", "F32", {3}, bytes_of(std::vector<float>{1.5f, 0.5f, 2.f}));
+    const QuantModel aligned = QuantModel::load(hand.write(aligned_dir));
+    const QuantModel unaligned = QuantModel::load(hand.write_unaligned(unaligned_dir));
+    EXPECT_EQ(run(aligned.linear("blocks.0.attn.to_q")),
+              run(unaligned.linear("blocks.0.attn.to_q")));
+  }
+}
+
+TEST(QuantModelLayers, FloatLayersWidenF16AndKeepBf16) {
+  const std::vector<float> weight = {0.5f, -1.f, 2.f, 0.25f, 1.5f, -0.75f};  // exact in f16, bf16
+  for (const char* dtype : {"F32", "F16", "BF16"}) {
+    SCOPED_TRACE(dtype);
+    const TempDir dir("ditops_quant_model");
+    HandModel hand(QuantAlgo::w8a8_dynamic);
+    std::vector<std::uint16_t> half;
+    for (const float value : weight) {
+      half.push_back(std::string(dtype) == "F16" ? f16::from_float(value).bits
+                                                 : bf16::from_float(value).bits);
+    }
+    hand.add_tensor("proj_out.weight", dtype, {2, 3},
+                    std::string(dtype) == "F32" ? bytes_of(weight) : bytes_of(half));
+    hand.add_tensor("proj_out.bias", "F16", {2},
+                    bytes_of(std::vector<std::uint16_t>{f16::from_float(0.5f).bits,
+                                                        f16::from_float(-0.5f).bits}));
+    hand.description["proj_out.weight"] = "FLOAT";
+    const QuantModel model = QuantModel::load(hand.write(dir));
+    const QuantLinear layer = model.linear("proj_out");
+    EXPECT_EQ(layer.algo(), QuantAlgo::float_linear);
+    expect_near(run(layer), float_matmul_ref(kX, weight, kBias, 2, 2, 3));
+  }
+  // The FLOAT norm is no linear layer: refused when asked for, naming it.
+  const TempDir dir("ditops_quant_model");
+  const QuantModel model = QuantModel::load(HandModel(QuantAlgo::w8a8_dynamic).write(dir));
+  try {
+    model.linear("norm");
+    ADD_FAILURE();
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("QuantModel::linear: layer \"norm\" (FLOAT): tensor \"norm.weight\""),
+              std::string::npos)
+        << error.what();
+  }
 }
 
 }  // namespace
