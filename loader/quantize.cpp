@@ -117,7 +117,15 @@ void quantize_layer(const Layer& layer, const SafetensorsFile& weights,
   for (std::size_t n = 0; n < rows; ++n) {
     const float* row = weight.data() + n * cols;
     float max = 0.f;
-    for (std::size_t k = 0; k < cols; ++k) max = std::max(max, std::fabs(row[k]));
+    for (std::size_t k = 0; k < cols; ++k) {
+      if (!std::isfinite(row[k])) {
+        throw Error(std::string(kCall) + ": " + weights.path() + ": tensor \"" +
+                    layer.weight->name + "\" element [" + std::to_string(n) + ", " +
+                    std::to_string(k) + "] is not finite" +
+                    (options.smooth_alpha ? " (after SmoothQuant's scaling)" : ""));
+      }
+      max = std::max(max, std::fabs(row[k]));
+    }
     // An all-zero row quantizes to zeros with any scale; the layer wants scales > 0.
     weight_scale[n] = max > 0.f ? max / 127.f : 1.f;
     for (std::size_t k = 0; k < cols; ++k) {

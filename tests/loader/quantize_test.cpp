@@ -263,6 +263,26 @@ TEST(Quantize, RefusesStaticWithoutCalibration) {
   EXPECT_NO_THROW(loader::quantize_model(weights, nullptr, dir.path(), dynamic));
 }
 
+TEST(Quantize, RefusesNonFiniteWeights) {
+  const TempDir dir("ditops_quantize");
+  std::vector<float> weight(6, 0.5f);
+  weight[4] = std::nanf("");
+  loader::write_safetensors(dir / "model.safetensors",
+                            {{"l.weight", "F32", {2, 3}, FloatModel::view_bytes(weight)}});
+  loader::QuantizeOptions options;
+  options.algo = QuantAlgo::w8a8_dynamic;
+  try {
+    loader::quantize_model(SafetensorsFile::open(dir / "model.safetensors"), nullptr, dir.path(),
+                           options);
+    ADD_FAILURE();
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("tensor \"l.weight\" element [1, 1] is not finite"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_EQ(dir.names(), std::vector<std::string>{"model.safetensors"});  // nothing written
+}
+
 std::vector<float> forward(const QuantLinear& layer, const std::vector<float>& x) {
   const auto rows = static_cast<std::int64_t>(x.size()) / layer.in_features();
   std::vector<float> y(static_cast<std::size_t>(rows * layer.out_features()));
