@@ -489,7 +489,9 @@ void QuantLinear::forward(const TensorView& x, const TensorView& y) const {
 
   linear::ActivationQuant quant;
   quant.smooth = definition.smooth.empty() ? nullptr : definition.smooth.data();
-  std::vector<std::int32_t> step_offset;  // a timestep layer's static step only
+  // A timestep layer's static step: its column offsets, in a buffer of the calling thread that
+  // keeps its capacity (no allocation per call after the first).
+  thread_local std::vector<std::int32_t> step_offset;
   switch (definition.algo) {
     case QuantAlgo::float_linear:
       break;

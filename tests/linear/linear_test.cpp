@@ -19,13 +19,6 @@
 namespace ditops::test {
 namespace {
 
-// Epilogue: the int32 sum (plus column offset) converted to fp32, the two scales multiplied
-// and fused-multiply-added to the bias: three fp32 roundings of terms of the size of
-// |a · b · sum| + |bias|; 4 ulps of that covers them. bf16 outputs add their own rounding
-// (half an ulp of bf16: at most 2^-8 relative, at the bottom of a binade).
-constexpr double kEpilogueUlps = 4.0 * 0x1p-24;
-constexpr double kBf16Rounding = 0x1p-8;
-
 /// M, N, K around the tile edges of every level (rows 4, 6, 8, 12; columns 8, 16, 32; k words
 /// of 4 and rows padded to 64 bytes; k chunks of 1024 or 512 bytes past 1024), plus odd sizes.
 struct Shape {
@@ -88,30 +81,22 @@ std::vector<float> values_of(const TestTensor<T>& x) {
   return values;
 }
 
-/// Expected y = row_scale[m] · column_scale[n] · (acc + column_offset[n]) + bias[n] and its
-/// tolerance, checked against y.
+/// y against epilogue_ref (tests/reference/linear_ref.hpp).
 template <class Y>
 void expect_epilogue(const TestTensor<Y>& y, const std::vector<std::int64_t>& acc,
                      const std::vector<double>& row_scale, const std::vector<float>& column_scale,
                      const std::vector<double>& column_offset, const std::vector<float>& bias,
                      std::int64_t m, std::int64_t n, const std::string& what) {
   ASSERT_EQ(y.damaged_canaries(), 0) << what;
+  const EpilogueRef ref = epilogue_ref(acc, row_scale, column_scale, column_offset, bias, m, n,
+                                       std::is_same_v<Y, bf16>);
   int reported = 0;
-  for (std::int64_t r = 0; r < m; ++r) {
-    for (std::int64_t j = 0; j < n; ++j) {
-      const std::size_t at = static_cast<std::size_t>(r * n + j);
-      const double product =
-          row_scale[static_cast<std::size_t>(r)] * column_scale[static_cast<std::size_t>(j)] *
-          (static_cast<double>(acc[at]) + column_offset[static_cast<std::size_t>(j)]);
-      const double shift = bias.empty() ? 0.0 : bias[static_cast<std::size_t>(j)];
-      const double expected = product + shift;
-      double tolerance = kEpilogueUlps * (std::fabs(product) + std::fabs(shift)) + 1e-30;
-      if constexpr (std::is_same_v<Y, bf16>) tolerance += kBf16Rounding * std::fabs(expected);
-      const double got = y.value(static_cast<std::int64_t>(at));
-      if (!(std::fabs(got - expected) <= tolerance) && reported++ < 5) {
-        ADD_FAILURE() << what << " y[" << r << ", " << j << "] = " << got << ", expected "
-                      << expected << " +- " << tolerance;
-      }
+  for (std::int64_t i = 0; i < m * n; ++i) {
+    const double got = y.value(i), expected = ref.expected[static_cast<std::size_t>(i)];
+    const double tolerance = ref.tolerance[static_cast<std::size_t>(i)];
+    if (!(std::fabs(got - expected) <= tolerance) && reported++ < 5) {
+      ADD_FAILURE() << what << " y[" << i / n << ", " << i % n << "] = " << got << ", expected "
+                    << expected << " +- " << tolerance;
     }
   }
 }
@@ -344,7 +329,8 @@ void check_float() {
       for (std::int64_t i = 0; i < y.size(); ++i) {
         const double want = expected[static_cast<std::size_t>(i)];
         double tolerance = 1e-5 * (std::sqrt(static_cast<double>(shape.k)) + std::fabs(want));
-        if constexpr (std::is_same_v<Y, bf16>) tolerance += kBf16Rounding * std::fabs(want);
+        if constexpr (std::is_same_v<Y, bf16>)
+          tolerance += 0x1p-8 * std::fabs(want);  // bf16 output
         ASSERT_NEAR(y.value(i), want, tolerance)
             << "m" << shape.m << " n" << shape.n << " k" << shape.k << " at " << i;
       }

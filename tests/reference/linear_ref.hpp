@@ -68,6 +68,40 @@ inline std::vector<std::int64_t> int_matmul_ref(const std::vector<std::int32_t>&
   return acc;
 }
 
+/// The layer's output in fp64 and the bound its fp32 epilogue keeps: y = row_scale[m] ·
+/// column_scale[n] · (acc + column_offset[n]) + bias[n]. The layer converts the int32 sum to
+/// fp32, multiplies the two scales and fused-multiply-adds the bias: three fp32 roundings of
+/// terms of the size of |row_scale · column_scale · sum| + |bias|, which 4 ulps of it cover.
+/// A bf16 output adds its own rounding: at most 2^-8 of the value (the bottom of a binade).
+struct EpilogueRef {
+  std::vector<double> expected, tolerance;
+};
+inline EpilogueRef epilogue_ref(const std::vector<std::int64_t>& acc,
+                                const std::vector<double>& row_scale,
+                                const std::vector<float>& column_scale,
+                                const std::vector<double>& column_offset,
+                                const std::vector<float>& bias, std::int64_t m, std::int64_t n,
+                                bool bf16_output) {
+  constexpr double kEpilogueUlps = 4.0 * 0x1p-24;
+  constexpr double kBf16Rounding = 0x1p-8;
+  EpilogueRef ref;
+  for (std::int64_t r = 0; r < m; ++r) {
+    for (std::int64_t j = 0; j < n; ++j) {
+      const auto at = static_cast<std::size_t>(r * n + j);
+      const auto column = static_cast<std::size_t>(j);
+      const double product = row_scale[static_cast<std::size_t>(r)] * column_scale[column] *
+                             (static_cast<double>(acc[at]) + column_offset[column]);
+      const double shift = bias.empty() ? 0.0 : bias[column];
+      const double expected = product + shift;
+      double tolerance = kEpilogueUlps * (std::fabs(product) + std::fabs(shift)) + 1e-30;
+      if (bf16_output) tolerance += kBf16Rounding * std::fabs(expected);
+      ref.expected.push_back(expected);
+      ref.tolerance.push_back(tolerance);
+    }
+  }
+  return ref;
+}
+
 /// x · wᵀ + bias in fp64.
 inline std::vector<double> float_matmul_ref(const std::vector<float>& x,
                                             const std::vector<float>& w,
