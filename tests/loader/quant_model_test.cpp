@@ -118,31 +118,24 @@ std::vector<float> run(const QuantLinear& layer) {
   return y;
 }
 
-/// y against `expected` within fp32 rounding of the epilogue.
-void expect_near(const std::vector<float>& y, const std::vector<double>& expected) {
-  ASSERT_EQ(y.size(), expected.size());
+/// y against the layer's output and the fp32 epilogue's bound.
+void expect_near(const std::vector<float>& y, const EpilogueRef& ref) {
+  ASSERT_EQ(y.size(), ref.expected.size());
   for (std::size_t i = 0; i < y.size(); ++i) {
-    EXPECT_NEAR(y[i], expected[i], 1e-5 * (std::fabs(expected[i]) + 1)) << "element " << i;
+    EXPECT_NEAR(y[i], ref.expected[i], ref.tolerance[i]) << "element " << i;
   }
 }
 
-/// The layer math of linear.hpp on kX: row_scale · column_scale · (acc + column_offset) + bias.
-std::vector<double> expected_y(const RefQuant& quant, const std::vector<double>& column_scale,
-                               const std::vector<double>& column_offset) {
+/// The layer math of linear.hpp on kX. A static W8A8 layer's deq_scale already holds the
+/// input scale: its row scale is 1.
+EpilogueRef expected_y(const RefQuant& quant, const std::vector<float>& column_scale,
+                       const std::vector<double>& column_offset, bool deq_scale = false) {
   std::vector<std::int32_t> q;
   std::vector<double> row_scale;
   quantize_ref(kX, 2, 3, quant, q, row_scale);
-  const std::vector<std::int64_t> acc = int_matmul_ref(q, kWeight, 2, 2, 3);
-  std::vector<double> y(4);
-  for (std::size_t r = 0; r < 2; ++r) {
-    for (std::size_t n = 0; n < 2; ++n) {
-      const double row = quant.dynamic ? row_scale[r] : 1.0;
-      y[r * 2 + n] =
-          row * column_scale[n] * (static_cast<double>(acc[r * 2 + n]) + column_offset[n]) +
-          kBias[n];
-    }
-  }
-  return y;
+  if (deq_scale) row_scale.assign(row_scale.size(), 1.0);
+  return epilogue_ref(int_matmul_ref(q, kWeight, 2, 2, 3), row_scale, column_scale, column_offset,
+                      kBias, 2, 2, /*bf16_output=*/false);
 }
 
 /// QuantModel::load(path) throws an Error whose message holds every needle.
@@ -476,7 +469,7 @@ TEST(QuantModelLayers, ComputeTheirAlgorithm) {
     quant.scale = 0.05f;
     quant.offset = -3.f;
     expect_near(run(model.linear("blocks.0.attn.to_q")),
-                expected_y(quant, {0.01f, 0.02f}, {3, -4}));  // deq_scale, quant_bias
+                expected_y(quant, {0.01f, 0.02f}, {3, -4}, /*deq_scale=*/true));
   }
   {
     const TempDir dir("ditops_quant_model");
@@ -501,8 +494,8 @@ TEST(QuantModelLayers, ComputeTheirAlgorithm) {
         RefQuant quant;
         quant.scale = step == 0 ? 0.1f : 0.2f;
         quant.offset = static_cast<float>(step);
-        expect_near(run(layer), expected_y(quant, {quant.scale * 0.1f, quant.scale * 0.2f},
-                                           {-quant.offset * sum0, -quant.offset * sum1}));
+        expect_near(run(layer),
+                    expected_y(quant, {0.1f, 0.2f}, {-quant.offset * sum0, -quant.offset * sum1}));
       } else {
         expect_near(run(layer), expected_y(dynamic, {0.1f, 0.2f}, {0, 0}));
       }
@@ -553,7 +546,9 @@ TEST(QuantModelLayers, FloatLayersWidenF16AndKeepBf16) {
     const QuantModel model = QuantModel::load(hand.write(dir));
     const QuantLinear layer = model.linear("proj_out");
     EXPECT_EQ(layer.algo(), QuantAlgo::float_linear);
-    expect_near(run(layer), float_matmul_ref(kX, weight, kBias, 2, 2, 3));
+    const std::vector<double> expected = float_matmul_ref(kX, weight, kBias, 2, 2, 3);
+    const std::vector<float> y = run(layer);
+    for (std::size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], expected[i], 1e-5) << i;
   }
   // The FLOAT norm is no linear layer: refused when asked for, naming it.
   const TempDir dir("ditops_quant_model");

@@ -126,31 +126,27 @@ std::vector<double> emulate(const SafetensorsFile& file, const std::string& laye
   quantize_ref(x, rows, kIn, quant, q, row_scale);
   const std::vector<std::int64_t> acc = int_matmul_ref(q, weight, rows, kOut, kIn);
 
-  const std::vector<float> bias = floats(file, layer + ".bias");
-  std::vector<double> y(acc.size());
+  std::vector<float> column_scale(kOut);
+  std::vector<double> column_offset(kOut, 0.0);
   for (std::int64_t n = 0; n < kOut; ++n) {
-    double scale;  // per output column
-    std::int64_t column_offset = 0;
+    const auto at = static_cast<std::size_t>(n);
     if (quant.dynamic) {
-      scale = floats(file, layer + ".weight_scale")[static_cast<std::size_t>(n)];
+      column_scale[at] = floats(file, layer + ".weight_scale")[at];
     } else {
-      std::int64_t bits;  // msmodelslim's deq_scale: fp32 bits in an int64
+      // deq_scale = input_scale · weight_scale as fp32 bits in an int64, so the row scale is 1.
+      std::int64_t bits;
       std::memcpy(&bits, file.get(layer + ".deq_scale").data + n * 8, sizeof bits);
       const auto low = static_cast<std::uint32_t>(bits);
-      float deq;
-      std::memcpy(&deq, &low, sizeof deq);
+      std::memcpy(&column_scale[at], &low, sizeof(float));
       std::int32_t quant_bias;
       std::memcpy(&quant_bias, file.get(layer + ".quant_bias").data + n * 4, sizeof quant_bias);
-      scale = deq;
-      column_offset = quant_bias;
-    }
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const auto at = static_cast<std::size_t>(r * kOut + n);
-      const double row = quant.dynamic ? row_scale[static_cast<std::size_t>(r)] : 1.0;
-      y[at] = row * scale * static_cast<double>(acc[at] + column_offset) + bias[n];
+      column_offset[at] = quant_bias;
+      row_scale.assign(row_scale.size(), 1.0);
     }
   }
-  return y;
+  return epilogue_ref(acc, row_scale, column_scale, column_offset, floats(file, layer + ".bias"),
+                      rows, kOut, /*bf16_output=*/false)
+      .expected;
 }
 
 struct Quantized {
