@@ -42,7 +42,8 @@ struct LayerKey {
 
 std::optional<LayerKey> find_layer(const QuantModel::Files& files, std::string_view name) {
   const std::string base(name);
-  // The key forms msmodelslim writes, in the order MindIE-SD looks them up.
+  // The key forms a layer may be described under; the first present wins (a description holds
+  // one of them per layer).
   const std::pair<std::string, std::string> forms[] = {
       {base + ".linear" + std::string(loader::kWeight), base + ".linear"},
       {base + std::string(loader::kWeight), base},
@@ -194,7 +195,9 @@ class LayerTensors {
            (scalar_ok && count == 1 && shape.empty());
   }
 
-  /// One value per feature, as [count] or [count, 1], widened to an f32 copy.
+  /// The tensor widened to an f32 copy of `shape`: a vector [count] (the tensor may be [count],
+  /// [count, 1], or [] for one value) or a FLOAT layer's weight (its own shape). Every value is
+  /// checked as `values` says.
   TensorView f32_copy(const SafetensorsTensor& tensor, std::vector<std::int64_t> shape,
                       Values values, bool int64_fp32_bits = false) {
     if (int64_fp32_bits) {
