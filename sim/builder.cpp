@@ -104,10 +104,11 @@ void ProgramBuilder::set_cross(int core, int unit, Pipe pipe, int flag, int mode
   program_.add(instr);
 }
 
-void ProgramBuilder::wait_cross(int core, int unit, Pipe pipe, int flag, StageTag stage,
-                                int block) {
-  Instr instr = make_instr(core, unit, pipe, stage, block,
-                           label(program_.cross_flag_names[static_cast<std::size_t>(flag)]));
+void ProgramBuilder::wait_cross(int core, int unit, Pipe pipe, int flag, StageTag stage, int block,
+                                std::uint32_t text) {
+  Instr instr = make_instr(
+      core, unit, pipe, stage, block,
+      text != 0 ? text : label(program_.cross_flag_names[static_cast<std::size_t>(flag)]));
   instr.op = Op::wait_cross;
   instr.flag = static_cast<std::uint8_t>(flag);
   program_.add(instr);

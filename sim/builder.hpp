@@ -67,7 +67,10 @@ class ProgramBuilder {
   void wait_event(int core, int unit, Pipe from, Pipe on, int id, StageTag stage, int block,
                   std::uint32_t text);
   void set_cross(int core, int unit, Pipe pipe, int flag, int mode, StageTag stage, int block);
-  void wait_cross(int core, int unit, Pipe pipe, int flag, StageTag stage, int block);
+  /// `text` labels the wait in the reports (0: the flag's name), so a kernel can report one
+  /// hand-off of a flag apart from the others.
+  void wait_cross(int core, int unit, Pipe pipe, int flag, StageTag stage, int block,
+                  std::uint32_t text = 0);
 
   // ---- rings ----------------------------------------------------------------------------------
   Ring make_ring(int unit, Pipe producer, Pipe consumer, Pipe releaser, int ready_id, int free_id,

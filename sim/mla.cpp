@@ -56,6 +56,17 @@ class MlaBuilder : private ProgramBuilder {
     program_.cross_flag_names[kFlagUpdateReady] = "UPDATE_READY";
     program_.cross_flag_names[kFlagCombine] = "COMBINE_BARRIER";
     sm_rows_ = config.opts.sm_head_group ? kSmRowsLarge : kSmRows;
+    // The interleaved cube order (QK of the next group between the PVs of this one) needs the
+    // next group's K tiles in L1 while this group's PVs still run; q and chunk + 1 tiles fill L1,
+    // so a K slot would only come free after an older PV and every QK would wait on it. The
+    // kernel therefore frees each K tile after its QK and re-reads the block's nope part (V) for
+    // the PV. The re-read hits L2 when the blocks read chip-wide between a block's QK and its PV
+    // (every core's K ring) fit in L2, which holds for any decode shape here (~10 MiB at
+    // chunk 4 on 24 cores); else it goes to HBM.
+    reread_v_ = config.opts.cube_reorder && config.chunk > 1;
+    const double blocks_in_flight = static_cast<double>(config.cores) * (config.chunk + 1);
+    v_reread_level_ =
+        blocks_in_flight * k_tile_bytes() <= hw.l2_bytes ? MemLevel::l2 : MemLevel::hbm;
   }
 
   Program build() {
@@ -74,16 +85,22 @@ class MlaBuilder : private ProgramBuilder {
 
  private:
   struct CoreRings {
-    Ring k_tiles, p_tiles, q_tile, l0, l0c;     // AIC
-    Ring sm_in[2], p_out[2], up_in[2], acc[2];  // per AIV
+    Ring k_tiles, v_tiles, p_tiles, q_tile, l0, l0c;  // AIC; v_tiles only with reread_v_
+    Ring sm_in[2], p_out[2], up_in[2], acc[2];        // per AIV
   };
 
   // ---- rings -----------------------------------------------------------------------------------
   void init_core(int core) {
     CoreRings& rings = cores_[static_cast<std::size_t>(core)];
-    // AIC event ids per pipe pair (8 ids): MTE2<->MTE1 K tiles 0..chunk, P tiles 5-6, q 7.
-    rings.k_tiles =
-        make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, 0, 0, config_.chunk + 1, "K tile (L1)");
+    // AIC event ids per pipe pair (8 ids): MTE2<->MTE1 K tiles 0..chunk (with reread_v_: K tiles
+    // 0-1, V tiles 2-3), P tiles 5-6, q 7.
+    if (reread_v_) {
+      rings.k_tiles = make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, 0, 0, 2, "K tile (L1)");
+      rings.v_tiles = make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, 2, 2, 2, "V tile (L1)");
+    } else {
+      rings.k_tiles =
+          make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, 0, 0, config_.chunk + 1, "K tile (L1)");
+    }
     rings.p_tiles = make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, 5, 5, 2, "P tile (L1)");
     rings.q_tile = make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, 7, 7, 1, "q (L1)");
     rings.l0 = make_ring(0, Pipe::mte1, Pipe::m, Pipe::m, 0, 0, 2, "L0A/L0B");
@@ -116,13 +133,18 @@ class MlaBuilder : private ProgramBuilder {
     return std::min(config_.block_size, config_.kv - start);
   }
 
+  // One paged KV block in L1: int8 nope (also V) and bf16 rope.
+  double k_tile_bytes() const {
+    return static_cast<double>(config_.block_size) * kNopeDim +
+           static_cast<double>(config_.block_size) * kRopeDim * kRopeBytes;
+  }
+
   void emit_qk(const MlaTask& task, const sched::StageInstance& item) {
     const int core = task.core;
     CoreRings& rings = cores_[static_cast<std::size_t>(core)];
     const int block = item.block;
     const int tokens = block_tokens(task, block);
-    const double tile_bytes = static_cast<double>(config_.block_size) * kNopeDim +
-                              static_cast<double>(config_.block_size) * kRopeDim * kRopeBytes;
+    const double tile_bytes = k_tile_bytes();
     const double load_bytes =
         static_cast<double>(tokens) * (kNopeDim + static_cast<double>(kRopeDim) * kRopeBytes);
     const int slot = acquire(core, rings.k_tiles, StageTag::qk, block);
@@ -143,18 +165,23 @@ class MlaBuilder : private ProgramBuilder {
       set_cross(core, 0, Pipe::fix, split ? kFlagQkRopeReady : kFlagQkReady, 2, StageTag::qk,
                 block);
     }
+    if (reread_v_) release(core, rings.k_tiles, slot, StageTag::qk, block, Buffer::l1, tile_bytes);
     if (block == task.num_blocks - 1) {
       release(core, rings.q_tile, 0, StageTag::qk, block, Buffer::l1, q_bytes(task));
     }
   }
 
-  void emit_pv(const MlaTask& task, const sched::StageInstance& item) {
+  // `drain`: the task's QKs are all issued, so the cube has nothing else to run while this PV
+  // waits for its SM. Those waits are the pipeline's drain bubble and are reported apart
+  // ("SOFTMAX_READY (drain)").
+  void emit_pv(const MlaTask& task, const sched::StageInstance& item, bool drain) {
     const int core = task.core;
     CoreRings& rings = cores_[static_cast<std::size_t>(core)];
     const int block = item.block;
     const int tokens = block_tokens(task, block);
     if (flag_at_group_start(item)) {
-      wait_cross(core, 0, Pipe::mte2, kFlagSoftmaxReady, StageTag::pv, block);
+      wait_cross(core, 0, Pipe::mte2, kFlagSoftmaxReady, StageTag::pv, block,
+                 drain ? label("SOFTMAX_READY (drain)") : 0);
     }
     const double p_tile = static_cast<double>(task.rows) * config_.block_size;
     const int slot = acquire(core, rings.p_tiles, StageTag::pv, block);
@@ -162,14 +189,25 @@ class MlaBuilder : private ProgramBuilder {
             static_cast<double>(task.rows) * tokens, MemLevel::l2, !config_.opts.int8_layout,
             Buffer::l1, p_tile);
     ready(core, rings.p_tiles, slot, StageTag::pv, block);
+    const double v_tile = static_cast<double>(config_.block_size) * kNopeDim;
+    int v_slot = 0;
+    if (reread_v_) {
+      v_slot = acquire(core, rings.v_tiles, StageTag::pv, block);
+      gm_read(core, 0, StageTag::pv, block, label("PV re-read V"),
+              static_cast<double>(tokens) * kNopeDim, v_reread_level_, false, Buffer::l1, v_tile);
+      ready(core, rings.v_tiles, v_slot, StageTag::pv, block);
+      await(core, rings.v_tiles, v_slot, StageTag::pv, block);
+    }
     await(core, rings.p_tiles, slot, StageTag::pv, block);
     emit_matmul(core, Matmul{task.rows, kNopeDim, tokens, 1, 1, true, StageTag::pv, block, "PV"});
     release(core, rings.p_tiles, slot, StageTag::pv, block, Buffer::l1, p_tile);
-    // V is the K tile's nope part: the tile stays in L1 from QK until here.
-    const double tile_bytes = static_cast<double>(config_.block_size) * kNopeDim +
-                              static_cast<double>(config_.block_size) * kRopeDim * kRopeBytes;
-    release(core, rings.k_tiles, static_cast<int>(block_slot_[block] % rings.k_tiles.slots),
-            StageTag::pv, block, Buffer::l1, tile_bytes);
+    if (reread_v_) {
+      release(core, rings.v_tiles, v_slot, StageTag::pv, block, Buffer::l1, v_tile);
+    } else {
+      // V is the K tile's nope part: the tile stays in L1 from QK until here.
+      release(core, rings.k_tiles, static_cast<int>(block_slot_[block] % rings.k_tiles.slots),
+              StageTag::pv, block, Buffer::l1, k_tile_bytes());
+    }
     if (flag_at_group_end(item, task.num_blocks)) {
       set_cross(core, 0, Pipe::fix, kFlagUpdateReady, 2, StageTag::pv, block);
     }
@@ -329,12 +367,14 @@ class MlaBuilder : private ProgramBuilder {
     gm_read(core, 0, StageTag::setup, -1, label("load q (HBM->L1)"), q_bytes(task), MemLevel::hbm,
             false, Buffer::l1, q_bytes(task));
     ready(core, rings.q_tile, 0, StageTag::setup, -1);
+    int qks_left = task.num_blocks;
     for (const sched::StageInstance& item : schedule.cube) {
       if (item.stage == sched::Stage::qk) {
         block_slot_[static_cast<std::size_t>(item.block)] = rings.k_tiles.uses;
         emit_qk(task, item);
+        --qks_left;
       } else {
-        emit_pv(task, item);
+        emit_pv(task, item, qks_left == 0);
       }
     }
     for (int aiv = 0; aiv < 2; ++aiv) {
@@ -419,6 +459,8 @@ class MlaBuilder : private ProgramBuilder {
   std::vector<CoreRings> cores_;
   std::vector<long long> block_slot_;  // K ring use index of each block of the current task
   int sm_rows_ = kSmRows;
+  bool reread_v_ = false;  // cube_reorder: K tiles freed after QK, V re-read for the PV
+  MemLevel v_reread_level_ = MemLevel::l2;
 };
 
 }  // namespace

@@ -2,6 +2,8 @@
 // Everything ditops offers: #include <ditops/ditops.hpp>.
 
 #include <ditops/attention.hpp>
+#include <ditops/guidance.hpp>
+#include <ditops/instance.hpp>
 #include <ditops/linear.hpp>
 #include <ditops/mla.hpp>
 #include <ditops/norm.hpp>

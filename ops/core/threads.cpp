@@ -104,14 +104,30 @@ int physical_cores() noexcept {
   return cores > 0 ? cores : std::max(1, omp_get_num_procs());
 }
 
-int thread_count() noexcept { return current_thread_count().load(std::memory_order_relaxed); }
+namespace {
+thread_local const Placement* thread_placement = nullptr;
+}  // namespace
 
-void bind_worker(int worker) noexcept {
-  // libgomp keeps its worker threads alive between regions, so a worker binds once; the
-  // thread-local remembers the core it is bound to.
+const Placement* current_placement() noexcept { return thread_placement; }
+void set_current_placement(const Placement* placement) noexcept { thread_placement = placement; }
+
+int thread_count() noexcept {
+  if (thread_placement) return static_cast<int>(thread_placement->cores.size());
+  return current_thread_count().load(std::memory_order_relaxed);
+}
+
+bool bind_current_thread(int core) noexcept {
+  return binding_enabled() && Topology::get().bind(core);
+}
+
+void bind_worker(int worker, const Placement* placement) noexcept {
+  // libgomp keeps its worker threads alive between regions, so a worker binds once per core;
+  // the thread-local remembers the core it is bound to.
   thread_local int bound_core = -1;
   if (worker == 0 || !binding_enabled()) return;
-  const int core = worker % physical_cores();
+  const int core =
+      placement ? placement->cores[static_cast<std::size_t>(worker) % placement->cores.size()]
+                : worker % physical_cores();
   if (bound_core == core) return;
   if (Topology::get().bind(core)) bound_core = core;
 }

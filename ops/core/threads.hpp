@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 namespace ditops::core {
 
@@ -20,11 +21,27 @@ std::optional<int> threads_from_env(const char* value);
 
 /// Physical cores of the machine (hwloc), at least 1.
 int physical_cores() noexcept;
-/// The thread count operators use now (set_num_threads / DITOPS_NUM_THREADS / physical cores).
+
+/// Where the calls of one thread run their teams: an Instance's cores (set on the instance's own
+/// thread for as long as it lives). Without one (null), calls use thread_count() threads on
+/// the whole machine.
+struct Placement {
+  std::vector<int> cores;  ///< physical core indices, hwloc's order
+};
+/// The calling thread's placement, or null.
+const Placement* current_placement() noexcept;
+void set_current_placement(const Placement* placement) noexcept;
+
+/// The thread count operators use now: the calling thread's placement's cores, else
+/// set_num_threads / DITOPS_NUM_THREADS / physical cores.
 int thread_count() noexcept;
-/// Binds the calling worker thread to physical core `worker % cores`, once per thread.
-/// The caller's own thread (team member 0) is never bound: it belongs to the application.
-void bind_worker(int worker) noexcept;
+/// Binds the calling worker thread to physical core `worker % cores` (of `placement` where
+/// given, else of the machine), once per thread and core. Team member 0 is never bound: it is
+/// the application's thread, or an Instance's, which bound itself.
+void bind_worker(int worker, const Placement* placement) noexcept;
+/// Binds the calling thread to physical core `core` (unless DITOPS_BIND=none or OpenMP's own
+/// placement is in force); false if that failed.
+bool bind_current_thread(int core) noexcept;
 
 /// Runs body(begin, end, thread) over [0, count) split into one contiguous range per thread
 /// (oneDNN's balance211: sizes differ by at most one). `threads` is capped by count.
@@ -35,11 +52,12 @@ void parallel_ranges(std::int64_t count, int threads, const Body& body) {
     if (count > 0) body(std::int64_t{0}, count, 0);
     return;
   }
+  const Placement* placement = current_placement();
 #pragma omp parallel num_threads(threads)
   {
     const int thread = omp_get_thread_num();
     const int team = omp_get_num_threads();
-    bind_worker(thread);
+    bind_worker(thread, placement);
     const std::int64_t base = count / team;
     const std::int64_t extra = count % team;
     const std::int64_t begin = thread * base + std::min<std::int64_t>(thread, extra);
@@ -59,10 +77,11 @@ void parallel_tasks(std::int64_t count, int threads, const Body& body) {
     return;
   }
   std::atomic<std::int64_t> next{0};
+  const Placement* placement = current_placement();
 #pragma omp parallel num_threads(threads)
   {
     const int thread = omp_get_thread_num();
-    bind_worker(thread);
+    bind_worker(thread, placement);
     for (std::int64_t task = next.fetch_add(1, std::memory_order_relaxed); task < count;
          task = next.fetch_add(1, std::memory_order_relaxed)) {
       body(task, thread);

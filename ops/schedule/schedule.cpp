@@ -75,10 +75,20 @@ Schedule make_schedule(int num_blocks, int chunk, const ScheduleOptions& options
     schedule.vector.push_back(mirrored);
   }
   if (options.interleave_cube && chunk > 1 && num_groups > 1) {
-    // QK(next group, i) goes right before PV(group, i). The vector side keeps the group order
-    // above, so its UPs of one group stay adjacent and can share one pass over O.
+    // QK(next group, i) goes right before PV(group, i). The vector side mirrors this at group
+    // granularity: the SMs of the next group run before the UPs of this group (the UPs of one
+    // group stay adjacent and share one pass over O). With the plain vector order the SMs of the
+    // next group waited behind this group's UP pass, so the next group's PVs, now issued right
+    // after this group's, waited for that whole pass and the interleaving lost time.
     cube.clear();
     append_group(cube, Stage::qk, 0, num_blocks, chunk);
+    auto& vector = schedule.vector;
+    vector.clear();
+    append_group(vector, Stage::sm, 0, num_blocks, chunk);
+    for (int group = 0; group < num_groups; ++group) {
+      append_group(vector, Stage::sm, group + 1, num_blocks, chunk);
+      append_group(vector, Stage::up, group, num_blocks, chunk);
+    }
     for (int group = 0; group < num_groups; ++group) {
       const int first = group * chunk;
       const int last = std::min(num_blocks, first + chunk);

@@ -12,7 +12,7 @@
 //   chunk=2  QK0 QK1 | PV0 PV1 | QK2 QK3 | PV2 PV3  (groups of 2)
 //   chunk=4  QK0..QK3 | PV0..PV3 | QK4..QK7 | ...   (groups of 4)
 // The vector side mirrors the cube side with QK -> SM and PV -> UP (with interleave_cube it
-// keeps the plain group order).
+// runs the SMs one group ahead of the UPs: SM0..3 SM4..7 UP0..3 SM8..11 UP4..7 ...).
 
 #include <cstdint>
 #include <string>
@@ -39,7 +39,8 @@ struct StageInstance {
 struct ScheduleOptions {
   // Cube-bubble reduction (sim/README.md): from the second group on, the QKs of the next group
   // are interleaved with the PVs of the current one (QK4 PV0 QK5 PV1 ...), so the cube has QK
-  // work while it waits for SM. Only meaningful for chunk >= 2.
+  // work while it waits for SM, and the vector side runs the next group's SMs before this
+  // group's UPs. Only meaningful for chunk >= 2.
   bool interleave_cube = false;
 };
 

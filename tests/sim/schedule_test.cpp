@@ -62,12 +62,16 @@ TEST(Schedule, FewerBlocksAreTheLongerOrderFiltered) {
   }
 }
 
-TEST(Schedule, InterleavedCubeKeepsVectorGroups) {
+// Model change: the vector side used to keep the plain group order (SM0-3 UP0-3 SM4-7 UP4-7),
+// which made the next group's PVs wait for this group's whole UP pass.
+TEST(Schedule, InterleavedCubeRunsTheVectorSmsOneGroupAhead) {
   ScheduleOptions options;
   options.interleave_cube = true;
   const Schedule s = make_schedule(8, 4, options);
   EXPECT_EQ(to_string(s.cube), "QK0 QK1 QK2 QK3 QK4 PV0 QK5 PV1 QK6 PV2 QK7 PV3 PV4 PV5 PV6 PV7");
-  EXPECT_EQ(to_string(s.vector), "SM0 SM1 SM2 SM3 UP0 UP1 UP2 UP3 SM4 SM5 SM6 SM7 UP4 UP5 UP6 UP7");
+  EXPECT_EQ(to_string(s.vector), "SM0 SM1 SM2 SM3 SM4 SM5 SM6 SM7 UP0 UP1 UP2 UP3 UP4 UP5 UP6 UP7");
+  EXPECT_EQ(to_string(make_schedule(9, 2, options).vector),
+            "SM0 SM1 SM2 SM3 UP0 UP1 SM4 SM5 UP2 UP3 SM6 SM7 UP4 UP5 SM8 UP6 UP7 UP8");
   // Chunk 1 is already interleaved: the switch changes nothing.
   EXPECT_EQ(to_string(make_schedule(4, 1, options).cube), to_string(make_schedule(4, 1).cube));
 }
