@@ -8,6 +8,7 @@
 
 #include <fuzzer/FuzzedDataProvider.h>
 #include <sanitizer/common_interface_defs.h>
+#include <unistd.h>
 
 #include <cfloat>
 #include <cmath>
@@ -128,6 +129,15 @@ void check_close(const TestTensor<T>& got, const std::vector<double>& ref, Toler
               ", the reference " + std::to_string(want));
     }
   }
+}
+
+/// A path for this process's scratch file `stem` (the harnesses that read files write each input
+/// to one), on a RAM file system where there is one: inputs are written thousands of times.
+inline std::string scratch_path(const std::string& stem) {
+  const char* dir = std::getenv("TMPDIR");
+  const std::string root =
+      access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (dir && *dir ? dir : "/tmp");
+  return root + "/" + stem + "." + std::to_string(::getpid());
 }
 
 /// 1 or 2 threads.

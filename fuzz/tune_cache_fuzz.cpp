@@ -22,12 +22,7 @@ namespace {
 /// Two cache paths used in turn (the cache reads a file again when the variable changes), on a
 /// RAM file system where there is one: a miss stores its tuning result with an fsync.
 std::string cache_path(int which) {
-  static const std::string base = [] {
-    const char* dir = std::getenv("TMPDIR");
-    const std::string root =
-        access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (dir && *dir ? dir : "/tmp");
-    return root + "/ditops-tune-fuzz." + std::to_string(::getpid());
-  }();
+  static const std::string base = scratch_path("ditops-tune-fuzz");
   return base + (which ? ".b.json" : ".a.json");
 }
 

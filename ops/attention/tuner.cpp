@@ -189,36 +189,6 @@ class FileLock {
   std::string problem_;
 };
 
-/// Writes `text` to a new file beside `path` and renames it over `path`: readers, and a process
-/// killed mid-write, see the old file or the new one, never a part. Returns what failed, or "".
-std::string replace_file(const std::string& path, const std::string& text, unsigned mode) {
-  static std::atomic<unsigned> counter{0};
-  std::string temporary;
-  int fd = -1;
-  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {  // a stale name from a killed run
-    temporary = path + ".tmp." + std::to_string(static_cast<long>(::getpid())) + "." +
-                std::to_string(counter.fetch_add(1));
-    fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
-    if (fd < 0 && errno != EEXIST) break;
-  }
-  if (fd < 0) return "cannot create " + temporary + ": " + std::strerror(errno);
-  std::string failure;
-  if (mode != 0 && ::fchmod(fd, mode) != 0) failure = std::string("chmod: ") + std::strerror(errno);
-  for (std::size_t done = 0; failure.empty() && done < text.size();) {
-    const ssize_t wrote = ::write(fd, text.data() + done, text.size() - done);
-    if (wrote < 0 && errno == EINTR) continue;
-    if (wrote < 0) failure = std::string("write: ") + std::strerror(errno);
-    if (wrote > 0) done += static_cast<std::size_t>(wrote);
-  }
-  if (failure.empty() && ::fsync(fd) != 0) failure = std::string("fsync: ") + std::strerror(errno);
-  if (::close(fd) != 0 && failure.empty()) failure = std::string("close: ") + std::strerror(errno);
-  if (failure.empty() && std::rename(temporary.c_str(), path.c_str()) != 0) {
-    failure = std::string("rename: ") + std::strerror(errno);
-  }
-  if (!failure.empty()) ::unlink(temporary.c_str());
-  return failure;
-}
-
 /// LRU: most recently used at the front of `order_`.
 class TuneCache {
  public:
@@ -306,7 +276,7 @@ class TuneCache {
     for (const auto& [key, config] : order_) {
       document["entries"].push_back({{"key", key}, {"config", config.describe()}});
     }
-    const std::string failure = replace_file(path, document.dump(1) + '\n', current.mode);
+    const std::string failure = core::replace_file(path, {document.dump(1) + '\n'}, current.mode);
     if (!failure.empty()) warn_unwritable(path, failure);
   }
 

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/temp_dir.hpp"
 #include "tests/support/tolerance.hpp"
 
 namespace ditops::test {
@@ -174,40 +175,6 @@ TEST(AttentionTuner, CachePersistsAsJsonAndIgnoresCorruptFiles) {
     std::filesystem::remove(file + ".lock");
   }
 }
-
-/// A fresh directory under the temp directory, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "ditops_tune.XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code error;
-    std::filesystem::permissions(path_, std::filesystem::perms::owner_all,
-                                 std::filesystem::perm_options::add, error);
-    for (const auto& entry : std::filesystem::recursive_directory_iterator(path_, error)) {
-      std::filesystem::permissions(entry.path(), std::filesystem::perms::owner_all,
-                                   std::filesystem::perm_options::add, error);
-    }
-    std::filesystem::remove_all(path_, error);
-  }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-  /// Names in the directory, sorted.
-  std::vector<std::string> names(const std::string& sub = "") const {
-    std::vector<std::string> list;
-    for (const auto& entry : std::filesystem::directory_iterator(path_ + "/" + sub)) {
-      list.push_back(entry.path().filename().string());
-    }
-    std::sort(list.begin(), list.end());
-    return list;
-  }
-
- private:
-  std::string path_;
-};
 
 std::string file_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
