@@ -361,6 +361,10 @@ QuantModel QuantModel::load(const std::string& description_path, QuantModelOptio
     if (key == global_key) continue;
     const auto algo =
         value.is_string() ? loader::quant_algo_from_name(value.get<std::string>()) : std::nullopt;
+    // Exports carry metadata beside the layer entries (a version, the KV-cache or attention
+    // quantization of LLM exports); module names are dotted paths, so a dotless key whose
+    // value is no algorithm is metadata, while a dotted one is a layer entry gone wrong.
+    if (!algo && key.find('.') == std::string::npos) continue;
     if (!algo) {
       fail_description(description_path, "key \"" + key + "\" has unknown algorithm " +
                                              value.dump() +

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -211,6 +212,16 @@ TEST(QuantModel, DescriptionProblemsNameTheFileAndKey) {
   path = hand.write(dir);
   expect_load_fails(path, {path, "key \"blocks.1.ff.weight\" has unknown algorithm 3"});
   hand.description.erase("blocks.1.ff.weight");
+
+  // Dotless keys whose value is no algorithm are an export's metadata, not layers.
+  hand.description["version"] = "1.0.0";
+  hand.description["kv_cache_type"] = "C8";
+  path = hand.write(dir);
+  const std::vector<std::string> names = QuantModel::load(path).layer_names();
+  EXPECT_EQ(std::count(names.begin(), names.end(), "version"), 0);
+  EXPECT_EQ(std::count(names.begin(), names.end(), "kv_cache_type"), 0);
+  hand.description.erase("version");
+  hand.description.erase("kv_cache_type");
 
   hand.description.erase("model_quant_type");
   path = hand.write(dir);
