@@ -7,6 +7,7 @@
 #include <ditops/linear.hpp>
 #include <ditops/mla.hpp>
 #include <ditops/norm.hpp>
+#include <ditops/quant_model.hpp>
 #include <ditops/rope.hpp>
 #include <ditops/runtime.hpp>
 #include <ditops/sparse.hpp>
