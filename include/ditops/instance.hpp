@@ -22,7 +22,8 @@ class Instance {
 
   /// Runs `work` on this instance's own thread (bound to its first core) and waits for it; the
   /// ditops calls inside use the instance's cores. An exception `work` throws is rethrown here.
-  /// Calls from several threads on one instance run one after the other.
+  /// Calls from several threads on one instance run one after the other; a call from inside
+  /// this instance's own work runs `work` there, inline.
   void run(const std::function<void()>& work) const;
 
   /// The physical cores (hwloc's logical core indices) of this instance.

@@ -26,10 +26,21 @@ struct Instance::State {
       stopping = true;
     }
     wake.notify_all();
-    thread.join();
+    // The last copy of an Instance dropped inside its own work: the thread cannot join itself.
+    if (thread.get_id() == std::this_thread::get_id()) {
+      thread.detach();
+    } else {
+      thread.join();
+    }
   }
 
   void run(const std::function<void()>& work) {
+    // run() from inside this instance's own work runs inline: handing it to the thread that is
+    // busy running the caller would wait forever.
+    if (std::this_thread::get_id() == thread.get_id()) {
+      work();
+      return;
+    }
     const std::lock_guard<std::mutex> one_at_a_time(run_mutex);
     std::unique_lock<std::mutex> lock(mutex);
     job = &work;

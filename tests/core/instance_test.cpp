@@ -55,6 +55,9 @@ TEST(Instance, CallsInsideRunUseTheInstancesCores) {
   int after = 0;
   instances[0].run([&] { after = 1; });  // still serving after a failure
   EXPECT_EQ(after, 1);
+  int nested = 0;
+  instances[0].run([&] { instances[0].run([&] { nested = num_threads(); }); });  // inline
+  EXPECT_EQ(nested, static_cast<int>(instances[0].cores().size()));
 }
 
 /// A small attention and a linear layer: the work of one "model step".
