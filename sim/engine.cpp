@@ -52,8 +52,13 @@ struct Transfer {
 struct Resource {
   double capacity = 0;
   double last_update = 0;
-  std::uint32_t version = 0;  // bumped whenever rates change; older completion events are stale
+  std::uint32_t version = 0;  // bumped whenever rates change
   std::vector<int> active;    // global pipes
+  // The earliest completion under the current rates. Only the latest one counts (every start
+  // or end of a transfer replaces it), so it is kept here instead of in the event heap, where
+  // the replaced ones would stay as stale entries: most of the heap in a transfer-heavy run.
+  bool completion_pending = false;
+  Event completion{};
 };
 
 class Engine {
@@ -95,9 +100,8 @@ class Engine {
     // when it starts and when it ends); more than this many is a loop that makes no progress.
     const std::uint64_t max_events = kEventsPerInstruction * (program_.instrs.size() + 8);
     std::uint64_t processed = 0;
-    while (!events_.empty()) {
-      const Event event = events_.top();
-      events_.pop();
+    Event event{};
+    while (pop_next_event(event)) {
       if (++processed > max_events) {
         throw SimError("the simulation makes no progress: more than " + std::to_string(max_events) +
                        " events for " + std::to_string(program_.instrs.size()) +
@@ -143,6 +147,27 @@ class Engine {
         return program_.describe(event.b);
     }
     return "an unknown event";
+  }
+
+  /// The earliest event by (time, creation order): the heap's top or a resource's completion.
+  bool pop_next_event(Event& event) {
+    const Event* next = events_.empty() ? nullptr : &events_.top();
+    int next_resource = -1;
+    for (int index = 0; index < 2; ++index) {
+      const Resource& resource = resources_[index];
+      if (resource.completion_pending && (next == nullptr || *next > resource.completion)) {
+        next = &resource.completion;
+        next_resource = index;
+      }
+    }
+    if (next == nullptr) return false;
+    event = *next;
+    if (next_resource >= 0) {
+      resources_[next_resource].completion_pending = false;
+    } else {
+      events_.pop();
+    }
+    return true;
   }
 
   // ---- validation -------------------------------------------------------------------------------
@@ -526,14 +551,31 @@ class Engine {
   void share(int resource_index) {
     Resource& resource = resources_[resource_index];
     ++resource.version;
+    resource.completion_pending = false;
     const std::size_t count = resource.active.size();
     if (count == 0) return;
+    // Resetting the rates is fused into the first round and filling the open ones into the search
+    // for the earliest completion: two passes over the active transfers instead of four (this
+    // runs at every transfer start and end), with the same operations in the same order, so the
+    // rates are bit-identical to the plain rounds.
     double left = resource.capacity;
     std::size_t open = count;
-    for (const int pipe : resource.active) transfers_[static_cast<std::size_t>(pipe)].rate = 0;
-    while (open > 0) {
-      const double equal = left / static_cast<double>(open);
-      std::size_t capped = 0;
+    double equal = left / static_cast<double>(open);
+    std::size_t capped = 0;
+    for (const int pipe : resource.active) {
+      Transfer& transfer = transfers_[static_cast<std::size_t>(pipe)];
+      transfer.rate = 0;
+      if (transfer.cap <= equal) {
+        transfer.rate = transfer.cap;
+        left -= transfer.cap;
+        ++capped;
+      }
+    }
+    while (capped > 0) {
+      open -= capped;
+      if (open == 0) break;
+      equal = left / static_cast<double>(open);
+      capped = 0;
       for (const int pipe : resource.active) {
         Transfer& transfer = transfers_[static_cast<std::size_t>(pipe)];
         if (transfer.rate == 0 && transfer.cap <= equal) {
@@ -542,22 +584,18 @@ class Engine {
           ++capped;
         }
       }
-      if (capped == 0) {
-        for (const int pipe : resource.active) {
-          Transfer& transfer = transfers_[static_cast<std::size_t>(pipe)];
-          if (transfer.rate == 0) transfer.rate = equal;
-        }
-        break;
-      }
-      open -= capped;
     }
+    const bool fill_open = capped == 0;  // the last round capped nothing: the rest share `equal`
     double earliest = std::numeric_limits<double>::infinity();
     for (const int pipe : resource.active) {
-      const Transfer& transfer = transfers_[static_cast<std::size_t>(pipe)];
+      Transfer& transfer = transfers_[static_cast<std::size_t>(pipe)];
+      if (fill_open && transfer.rate == 0) transfer.rate = equal;
       earliest = std::min(earliest, transfer.remaining / transfer.rate);
     }
-    schedule(now_ + earliest, EventKind::transfer_done, static_cast<std::uint32_t>(resource_index),
-             resource.version);
+    // Numbered from the same sequence as the heap's events, so ties resolve as before.
+    resource.completion = Event{now_ + earliest, seq_++, EventKind::transfer_done,
+                                static_cast<std::uint32_t>(resource_index), resource.version};
+    resource.completion_pending = true;
   }
 
   // ---- end of run
