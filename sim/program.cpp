@@ -129,7 +129,7 @@ Program::Program(int cores) : num_cores(cores) {
   label_index_.emplace("", 0);
   costs.emplace_back();
   cost_index_.emplace(InstrCost{}, 0);
-  last_cost_of_label_.push_back(0);
+  recent_costs_of_label_.push_back({});
 }
 
 namespace {
@@ -161,16 +161,21 @@ bool Program::CostEqual::operator()(const InstrCost& a, const InstrCost& b) cons
 }
 
 std::uint32_t Program::intern_cost(const InstrCost& cost, std::uint32_t label) {
-  if (label >= last_cost_of_label_.size()) {
-    last_cost_of_label_.resize(std::max<std::size_t>(labels.size(), label + 1), 0);
+  if (label >= recent_costs_of_label_.size()) {
+    recent_costs_of_label_.resize(std::max<std::size_t>(labels.size(), label + 1),
+                                  std::array<std::uint32_t, kRecentCosts>{});
   }
-  std::uint32_t& last = last_cost_of_label_[label];
-  if (CostEqual{}(costs[last], cost)) return last;
+  auto& recent = recent_costs_of_label_[label];
+  for (const std::uint32_t index : recent) {
+    if (CostEqual{}(costs[index], cost)) return index;
+  }
   const auto [found, added] =
       cost_index_.try_emplace(cost, static_cast<std::uint32_t>(costs.size()));
   if (added) costs.push_back(cost);
-  last = found->second;
-  return last;
+  // The newest first; the oldest drops out.
+  std::copy_backward(recent.begin(), recent.end() - 1, recent.end());
+  recent.front() = found->second;
+  return found->second;
 }
 
 std::uint32_t Program::add(const Instr& instr) {

@@ -7,6 +7,7 @@
 // SET_FLAG/WAIT_FLAG between two pipes of one unit) and cross-core flags (CrossCoreSetFlag /
 // CrossCoreWaitFlag between units, modes 0/1/2).
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
@@ -132,8 +133,9 @@ struct Program {
   std::uint32_t intern_cost(const InstrCost& cost, std::uint32_t label);
 
   std::unordered_map<std::string, std::uint32_t> label_index_;
-  // Costs by content, and per label the cost its last instruction used: instructions of one
-  // label nearly always repeat it, which spares the hash lookup.
+  // Costs by content, and per label the last few costs its instructions used: instructions of
+  // one label nearly always repeat one of them (label 0, the intra-core sets, alternates between
+  // the buffers it frees), which spares the hash lookup.
   struct CostHash {
     std::size_t operator()(const InstrCost& cost) const noexcept;
   };
@@ -141,7 +143,8 @@ struct Program {
     bool operator()(const InstrCost& a, const InstrCost& b) const noexcept;
   };
   std::unordered_map<InstrCost, std::uint32_t, CostHash, CostEqual> cost_index_;
-  std::vector<std::uint32_t> last_cost_of_label_;
+  static constexpr std::size_t kRecentCosts = 4;
+  std::vector<std::array<std::uint32_t, kRecentCosts>> recent_costs_of_label_;
 };
 
 }  // namespace ditops::sim
