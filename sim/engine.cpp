@@ -44,6 +44,7 @@ struct PipeState {
 
 struct Transfer {
   int resource = -1;  // 0 = L2, 1 = HBM while active
+  double bytes = 0;   // the instruction's, kept here: every completion check reads it
   double remaining = 0;
   double rate = 0;
   double cap = 0;
@@ -501,6 +502,7 @@ class Engine {
     advance(resource);
     Transfer& transfer = transfers_[static_cast<std::size_t>(pipe)];
     transfer.resource = resource_index;
+    transfer.bytes = cost.bytes;
     transfer.remaining = cost.bytes;
     transfer.cap = cost.port_rate;
     transfer.rate = 0;
@@ -520,7 +522,7 @@ class Engine {
       // Relative slack for the rounding of remaining -= rate * elapsed; and a remainder whose
       // time is below the clock's resolution at now_ (now_ + t == now_) is done too, or its
       // completion event would come back at now_ forever.
-      if (transfer.remaining <= 1e-9 * cost_of(head(pipe)).bytes + 1e-9 ||
+      if (transfer.remaining <= 1e-9 * transfer.bytes + 1e-9 ||
           now_ + transfer.remaining / transfer.rate <= now_) {
         finished_.push_back(pipe);
       }
