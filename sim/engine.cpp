@@ -44,6 +44,7 @@ struct PipeState {
 
 struct Transfer {
   int resource = -1;  // 0 = L2, 1 = HBM while active
+  double bytes = 0;   // the instruction's, kept here: every completion check reads it
   double remaining = 0;
   double rate = 0;
   double cap = 0;
@@ -52,8 +53,13 @@ struct Transfer {
 struct Resource {
   double capacity = 0;
   double last_update = 0;
-  std::uint32_t version = 0;  // bumped whenever rates change; older completion events are stale
+  std::uint32_t version = 0;  // bumped whenever rates change
   std::vector<int> active;    // global pipes
+  // The earliest completion under the current rates. Only the latest one counts (every start
+  // or end of a transfer replaces it), so it is kept here instead of in the event heap, where
+  // the replaced ones would stay as stale entries: most of the heap in a transfer-heavy run.
+  bool completion_pending = false;
+  Event completion{};
 };
 
 class Engine {
@@ -95,9 +101,8 @@ class Engine {
     // when it starts and when it ends); more than this many is a loop that makes no progress.
     const std::uint64_t max_events = kEventsPerInstruction * (program_.instrs.size() + 8);
     std::uint64_t processed = 0;
-    while (!events_.empty()) {
-      const Event event = events_.top();
-      events_.pop();
+    Event event{};
+    while (pop_next_event(event)) {
       if (++processed > max_events) {
         throw SimError("the simulation makes no progress: more than " + std::to_string(max_events) +
                        " events for " + std::to_string(program_.instrs.size()) +
@@ -145,10 +150,31 @@ class Engine {
     return "an unknown event";
   }
 
+  /// The earliest event by (time, creation order): the heap's top or a resource's completion.
+  bool pop_next_event(Event& event) {
+    const Event* next = events_.empty() ? nullptr : &events_.top();
+    int next_resource = -1;
+    for (int index = 0; index < 2; ++index) {
+      const Resource& resource = resources_[index];
+      if (resource.completion_pending && (next == nullptr || *next > resource.completion)) {
+        next = &resource.completion;
+        next_resource = index;
+      }
+    }
+    if (next == nullptr) return false;
+    event = *next;
+    if (next_resource >= 0) {
+      resources_[next_resource].completion_pending = false;
+    } else {
+      events_.pop();
+    }
+    return true;
+  }
+
   // ---- validation -------------------------------------------------------------------------------
   void validate_program() const {
     for (std::uint32_t index = 0; index < program_.instrs.size(); ++index) {
-      const Instr& instr = program_.instrs[index];
+      const PackedInstr& instr = program_.instrs[index];
       const auto fail = [&](const std::string& what) {
         throw SimError("malformed program: " + program_.describe(index) + ": " + what);
       };
@@ -170,10 +196,11 @@ class Engine {
         }
       }
       if ((instr.op == Op::gm_read || instr.op == Op::gm_write) &&
-          (instr.bytes < 0 || (instr.bytes > 0 && !(instr.port_rate > 0)))) {
+          (cost_of(instr).bytes < 0 ||
+           (cost_of(instr).bytes > 0 && !(cost_of(instr).port_rate > 0)))) {
         fail("a transfer needs bytes >= 0 and a positive port rate");
       }
-      if (instr.cycles < 0) fail("negative cycles");
+      if (cost_of(instr).cycles < 0) fail("negative cycles");
       const auto check_buffer = [&](Buffer buffer) {
         if (buffer == Buffer::none) return;
         const bool cube_buffer = buffer != Buffer::ub;
@@ -189,7 +216,9 @@ class Engine {
 
   // ---- pipes
   // -------------------------------------------------------------------------------------
-  const Instr& head(int pipe) const {
+  const InstrCost& cost_of(const PackedInstr& instr) const { return program_.cost(instr); }
+
+  const PackedInstr& head(int pipe) const {
     return program_.instrs[program_.queues[static_cast<std::size_t>(pipe)][pipes_[pipe].pos]];
   }
   std::uint32_t head_index(int pipe) const {
@@ -201,7 +230,7 @@ class Engine {
     const auto& queue = program_.queues[static_cast<std::size_t>(pipe)];
     while (state.pos < queue.size()) {
       const std::uint32_t index = queue[state.pos];
-      const Instr& instr = program_.instrs[index];
+      const PackedInstr& instr = program_.instrs[index];
       switch (instr.op) {
         case Op::wait_event:
         case Op::wait_cross: {
@@ -259,20 +288,21 @@ class Engine {
         case Op::compute:
           apply_alloc(index, instr);
           state.issue_time = time;
-          schedule(time + instr.cycles, EventKind::pipe_done, static_cast<std::uint32_t>(pipe), 0);
+          schedule(time + cost_of(instr).cycles, EventKind::pipe_done,
+                   static_cast<std::uint32_t>(pipe), 0);
           return;
         case Op::gm_read:
         case Op::gm_write:
           apply_alloc(index, instr);
           state.issue_time = time;
-          schedule(time + instr.cycles, EventKind::transfer_head_done,
+          schedule(time + cost_of(instr).cycles, EventKind::transfer_head_done,
                    static_cast<std::uint32_t>(pipe), 0);
           return;
       }
     }
   }
 
-  void retire_instant(int pipe, std::uint32_t index, const Instr& instr, double time) {
+  void retire_instant(int pipe, std::uint32_t index, const PackedInstr& instr, double time) {
     apply_free(instr);
     PipeState& state = pipes_[static_cast<std::size_t>(pipe)];
     state.last_end = std::max(state.last_end, time);
@@ -284,15 +314,16 @@ class Engine {
   void finish(int pipe, double time) {
     PipeState& state = pipes_[static_cast<std::size_t>(pipe)];
     const std::uint32_t index = head_index(pipe);
-    const Instr& instr = program_.instrs[index];
+    const PackedInstr& instr = program_.instrs[index];
     PipeStats& stats = result_.pipes[static_cast<std::size_t>(pipe)];
     const double duration = time - state.issue_time;
     stats.busy += duration;
     double retire = time;
     if (instr.op == Op::gm_read || instr.op == Op::gm_write) {
-      stats.contention += std::max(0.0, duration - instr.ideal_cycles);
-      (instr.level == MemLevel::hbm ? result_.hbm_bytes : result_.l2_bytes) += instr.bytes;
-      retire = time + instr.latency;
+      const InstrCost& cost = cost_of(instr);
+      stats.contention += std::max(0.0, duration - cost.ideal_cycles);
+      (instr.level == MemLevel::hbm ? result_.hbm_bytes : result_.l2_bytes) += cost.bytes;
+      retire = time + cost.latency;
     }
     state.retire = std::max(state.retire, retire);
     if (options_.record_instructions) {
@@ -319,31 +350,35 @@ class Engine {
 
   // ---- buffers
   // -----------------------------------------------------------------------------------
-  std::size_t occupancy_index(const Instr& instr, Buffer buffer) const {
+  std::size_t occupancy_index(const PackedInstr& instr, Buffer buffer) const {
     return (static_cast<std::size_t>(instr.core) * kUnitsPerCore + instr.unit) * kNumBuffers +
            static_cast<std::size_t>(buffer);
   }
 
-  void apply_alloc(std::uint32_t index, const Instr& instr) {
-    if (instr.alloc_buffer == Buffer::none || instr.alloc_bytes == 0) return;
+  void apply_alloc(std::uint32_t index, const PackedInstr& instr) {
+    if (instr.alloc_buffer == Buffer::none) return;
+    const std::uint32_t bytes = cost_of(instr).alloc_bytes;
+    if (bytes == 0) return;
     const std::size_t slot = occupancy_index(instr, instr.alloc_buffer);
     const double capacity = capacity_[static_cast<int>(instr.alloc_buffer)];
     const double in_use = occupancy_[slot];
-    if (in_use + instr.alloc_bytes > capacity) {
+    if (in_use + bytes > capacity) {
       throw SimError(std::string(buffer_name(instr.alloc_buffer)) + " overflow on core " +
                      std::to_string(instr.core) + " " + unit_name(instr.unit) + ": " +
-                     program_.describe(index) + " needs " + std::to_string(instr.alloc_bytes) +
-                     " B while " + std::to_string(static_cast<long long>(in_use)) + " of " +
+                     program_.describe(index) + " needs " + std::to_string(bytes) + " B while " +
+                     std::to_string(static_cast<long long>(in_use)) + " of " +
                      std::to_string(static_cast<long long>(capacity)) + " B are in use");
     }
-    occupancy_[slot] = in_use + instr.alloc_bytes;
+    occupancy_[slot] = in_use + bytes;
     result_.buffer_peak[slot] = std::max(result_.buffer_peak[slot], occupancy_[slot]);
   }
 
-  void apply_free(const Instr& instr) {
-    if (instr.free_buffer == Buffer::none || instr.free_bytes == 0) return;
+  void apply_free(const PackedInstr& instr) {
+    if (instr.free_buffer == Buffer::none) return;
+    const std::uint32_t bytes = cost_of(instr).free_bytes;
+    if (bytes == 0) return;
     double& in_use = occupancy_[occupancy_index(instr, instr.free_buffer)];
-    in_use = std::max(0.0, in_use - instr.free_bytes);
+    in_use = std::max(0.0, in_use - bytes);
   }
 
   // ---- events and flags ------------------------------------------------------------------------
@@ -362,7 +397,7 @@ class Engine {
   std::size_t flag_counter(int core, int unit, int id) const {
     return (static_cast<std::size_t>(core) * kUnitsPerCore + unit) * flag_ids_ + id;
   }
-  std::size_t wait_counter(const Instr& instr) const {
+  std::size_t wait_counter(const PackedInstr& instr) const {
     return instr.op == Op::wait_event
                ? event_counter(instr.core, instr.unit, instr.peer_pipe, instr.pipe, instr.flag)
                : flag_counter(instr.core, instr.unit, instr.flag);
@@ -394,7 +429,7 @@ class Engine {
     }
   }
 
-  void set_cross(std::uint32_t index, const Instr& instr, double time) {
+  void set_cross(std::uint32_t index, const PackedInstr& instr, double time) {
     const int core = instr.core;
     const int flag = instr.flag;
     if (instr.mode == 2) {
@@ -456,8 +491,9 @@ class Engine {
 
   // ---- shared bandwidth ------------------------------------------------------------------------
   void start_flow(int pipe) {
-    const Instr& instr = head(pipe);
-    if (instr.bytes <= 0) {
+    const PackedInstr& instr = head(pipe);
+    const InstrCost& cost = cost_of(instr);
+    if (cost.bytes <= 0) {
       finish(pipe, now_);
       return;
     }
@@ -466,8 +502,9 @@ class Engine {
     advance(resource);
     Transfer& transfer = transfers_[static_cast<std::size_t>(pipe)];
     transfer.resource = resource_index;
-    transfer.remaining = instr.bytes;
-    transfer.cap = instr.port_rate;
+    transfer.bytes = cost.bytes;
+    transfer.remaining = cost.bytes;
+    transfer.cap = cost.port_rate;
     transfer.rate = 0;
     resource.active.push_back(pipe);
     share(resource_index);
@@ -485,7 +522,7 @@ class Engine {
       // Relative slack for the rounding of remaining -= rate * elapsed; and a remainder whose
       // time is below the clock's resolution at now_ (now_ + t == now_) is done too, or its
       // completion event would come back at now_ forever.
-      if (transfer.remaining <= 1e-9 * head(pipe).bytes + 1e-9 ||
+      if (transfer.remaining <= 1e-9 * transfer.bytes + 1e-9 ||
           now_ + transfer.remaining / transfer.rate <= now_) {
         finished_.push_back(pipe);
       }
@@ -516,14 +553,31 @@ class Engine {
   void share(int resource_index) {
     Resource& resource = resources_[resource_index];
     ++resource.version;
+    resource.completion_pending = false;
     const std::size_t count = resource.active.size();
     if (count == 0) return;
+    // Resetting the rates is fused into the first round and filling the open ones into the search
+    // for the earliest completion: two passes over the active transfers instead of four (this
+    // runs at every transfer start and end), with the same operations in the same order, so the
+    // rates are bit-identical to the plain rounds.
     double left = resource.capacity;
     std::size_t open = count;
-    for (const int pipe : resource.active) transfers_[static_cast<std::size_t>(pipe)].rate = 0;
-    while (open > 0) {
-      const double equal = left / static_cast<double>(open);
-      std::size_t capped = 0;
+    double equal = left / static_cast<double>(open);
+    std::size_t capped = 0;
+    for (const int pipe : resource.active) {
+      Transfer& transfer = transfers_[static_cast<std::size_t>(pipe)];
+      transfer.rate = 0;
+      if (transfer.cap <= equal) {
+        transfer.rate = transfer.cap;
+        left -= transfer.cap;
+        ++capped;
+      }
+    }
+    while (capped > 0) {
+      open -= capped;
+      if (open == 0) break;
+      equal = left / static_cast<double>(open);
+      capped = 0;
       for (const int pipe : resource.active) {
         Transfer& transfer = transfers_[static_cast<std::size_t>(pipe)];
         if (transfer.rate == 0 && transfer.cap <= equal) {
@@ -532,27 +586,23 @@ class Engine {
           ++capped;
         }
       }
-      if (capped == 0) {
-        for (const int pipe : resource.active) {
-          Transfer& transfer = transfers_[static_cast<std::size_t>(pipe)];
-          if (transfer.rate == 0) transfer.rate = equal;
-        }
-        break;
-      }
-      open -= capped;
     }
+    const bool fill_open = capped == 0;  // the last round capped nothing: the rest share `equal`
     double earliest = std::numeric_limits<double>::infinity();
     for (const int pipe : resource.active) {
-      const Transfer& transfer = transfers_[static_cast<std::size_t>(pipe)];
+      Transfer& transfer = transfers_[static_cast<std::size_t>(pipe)];
+      if (fill_open && transfer.rate == 0) transfer.rate = equal;
       earliest = std::min(earliest, transfer.remaining / transfer.rate);
     }
-    schedule(now_ + earliest, EventKind::transfer_done, static_cast<std::uint32_t>(resource_index),
-             resource.version);
+    // Numbered from the same sequence as the heap's events, so ties resolve as before.
+    resource.completion = Event{now_ + earliest, seq_++, EventKind::transfer_done,
+                                static_cast<std::uint32_t>(resource_index), resource.version};
+    resource.completion_pending = true;
   }
 
   // ---- end of run
   // --------------------------------------------------------------------------------
-  std::string wait_target(const Instr& instr) const {
+  std::string wait_target(const PackedInstr& instr) const {
     if (instr.op == Op::wait_event) {
       return std::string("event ") + pipe_name(instr.peer_pipe) + "->" + pipe_name(instr.pipe) +
              " id " + std::to_string(instr.flag);
@@ -576,7 +626,7 @@ class Engine {
     }
     if (first < 0) return;
     const std::uint32_t index = head_index(first);
-    const Instr& instr = program_.instrs[index];
+    const PackedInstr& instr = program_.instrs[index];
     throw SimError("deadlock: core " + std::to_string(instr.core) + " " + unit_name(instr.unit) +
                    " pipe " + pipe_name(instr.pipe) + " waits forever on " + wait_target(instr) +
                    " at " + program_.describe(index) + " (" + std::to_string(stuck) +

@@ -154,7 +154,9 @@ class FaBuilder : private ProgramBuilder {
     program_.cross_flag_names[kFlagUpdateReady] = "UPDATE_READY";
   }
 
-  Program build() {
+  /// `expected_instructions`: storage reserved up front (the estimate; 0 reserves nothing).
+  Program build(std::uint64_t expected_instructions) {
+    program_.reserve(static_cast<std::size_t>(expected_instructions));
     cores_.resize(static_cast<std::size_t>(config_.cores));
     for (int core = 0; core < config_.cores; ++core) init_core(core);
     sched::ScheduleOptions options;
@@ -575,19 +577,11 @@ FaPlan plan_fa(const FaConfig& config, const HwParams& hw) {
   return plan;
 }
 
-Program build_fa_program(const FaConfig& config, const HwParams& hw, FaPlan* plan_out) {
-  const FaPlan plan = plan_fa(config, hw);
-  FaBuilder builder(config, hw, plan);
-  Program program = builder.build();
-  if (plan_out != nullptr) *plan_out = std::move(plan);
-  return program;
-}
+namespace {
 
-std::uint64_t estimate_fa_instructions(const FaConfig& config, const HwParams& hw) {
-  // From the masks alone: the tasks (batch x heads x query tiles) are counted, not built.
-  const FaPlan plan = plan_shape(config, hw);
-  // Two one-task builds (a full query tile over 4 and 12 full KV tiles) give the instructions
-  // per tile and per task.
+/// Instructions of the program for `plan`, counted without building it: two one-task builds (a
+/// full query tile over 4 and 12 full KV tiles) give the instructions per tile and per task.
+std::uint64_t estimate_from_plan(const FaConfig& config, const HwParams& hw, const FaPlan& plan) {
   FaConfig probe = config;
   probe.batch = 1;
   probe.heads = 1;
@@ -597,7 +591,8 @@ std::uint64_t estimate_fa_instructions(const FaConfig& config, const HwParams& h
   probe.rainfusion = false;
   const auto probe_size = [&](int tiles) {
     probe.kv_seq = tiles * plan.kv_tile_tokens;
-    return static_cast<double>(build_fa_program(probe, hw).instrs.size());
+    const FaPlan probe_plan = plan_fa(probe, hw);
+    return static_cast<double>(FaBuilder(probe, hw, probe_plan).build(0).instrs.size());
   };
   const double few = probe_size(4), many = probe_size(12);
   const double per_tile = (many - few) / 8, per_task = few - 4 * per_tile;
@@ -612,6 +607,23 @@ std::uint64_t estimate_fa_instructions(const FaConfig& config, const HwParams& h
   tiles *= config.batch;
   const double tasks = static_cast<double>(config.batch) * config.heads * plan.q_tiles;
   return static_cast<std::uint64_t>(per_task * tasks + per_tile * tiles);
+}
+
+}  // namespace
+
+Program build_fa_program(const FaConfig& config, const HwParams& hw, FaPlan* plan_out) {
+  const FaPlan plan = plan_fa(config, hw);
+  FaBuilder builder(config, hw, plan);
+  // A little above the estimate: one growth step of a vector this size would copy all of it.
+  const std::uint64_t estimate = estimate_from_plan(config, hw, plan);
+  Program program = builder.build(estimate + estimate / 32);
+  if (plan_out != nullptr) *plan_out = std::move(plan);
+  return program;
+}
+
+std::uint64_t estimate_fa_instructions(const FaConfig& config, const HwParams& hw) {
+  // From the masks alone: the tasks (batch x heads x query tiles) are counted, not built.
+  return estimate_from_plan(config, hw, plan_shape(config, hw));
 }
 
 std::string describe(const FaConfig& config) {

@@ -7,6 +7,7 @@
 // SET_FLAG/WAIT_FLAG between two pipes of one unit) and cross-core flags (CrossCoreSetFlag /
 // CrossCoreWaitFlag between units, modes 0/1/2).
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
@@ -42,6 +43,8 @@ enum class StageTag : std::uint8_t { setup, qk, sm, pv, up, combine, sync };
 inline constexpr int kNumStageTags = 7;
 const char* stage_tag_name(StageTag tag) noexcept;
 
+/// One instruction as a builder writes it; Program::add stores it packed (PackedInstr +
+/// InstrCost).
 struct Instr {
   Op op = Op::compute;
   Pipe pipe = Pipe::mte2;
@@ -65,6 +68,38 @@ struct Instr {
   double ideal_cycles = 0;  // head + bytes / port rate: the pipe time without contention
 };
 
+/// The numbers of an instruction (Instr's fields of the same names). A program has millions of
+/// instructions but few distinct costs (one per tile shape and stage), so each distinct cost is
+/// stored once in Program::costs and instructions refer to it by index.
+struct InstrCost {
+  double cycles = 0;
+  double latency = 0;
+  double bytes = 0;
+  double port_rate = 0;
+  double ideal_cycles = 0;
+  std::uint32_t alloc_bytes = 0;
+  std::uint32_t free_bytes = 0;
+};
+
+/// An instruction as a program stores it: Instr without its numbers, which are in
+/// Program::costs[cost]. 24 bytes instead of 72: the Wan-sized programs hold tens of millions.
+struct PackedInstr {
+  Op op = Op::compute;
+  Pipe pipe = Pipe::mte2;
+  std::uint8_t unit = 0;
+  std::uint8_t flag = 0;
+  std::uint8_t mode = 2;
+  Pipe peer_pipe = Pipe::mte2;
+  MemLevel level = MemLevel::l2;
+  StageTag stage = StageTag::setup;
+  Buffer alloc_buffer = Buffer::none;
+  Buffer free_buffer = Buffer::none;
+  std::uint16_t core = 0;  // Program::add checks it is below num_cores (at most 4096)
+  std::int32_t block = -1;
+  std::uint32_t label = 0;
+  std::uint32_t cost = 0;  // index into Program::costs
+};
+
 /// Global pipe index = core * kPipesPerCore + local index.
 int local_pipe_index(int unit, Pipe pipe);  // throws SimError for a pipe the unit does not have
 Pipe pipe_of_local(int local_index) noexcept;
@@ -77,7 +112,8 @@ std::string local_pipe_name(int local_index);
 
 struct Program {
   int num_cores = 0;
-  std::vector<Instr> instrs;
+  std::vector<PackedInstr> instrs;
+  std::vector<InstrCost> costs;                    // the distinct costs; costs[0] is all zeros
   std::vector<std::vector<std::uint32_t>> queues;  // per global pipe: instruction indices
   std::vector<std::string> labels;                 // instruction labels ("QK3 mmad nope")
   std::vector<std::string> cross_flag_names;       // per cross-core flag id, for reports
@@ -85,12 +121,30 @@ struct Program {
   explicit Program(int cores = 0);
   /// Appends `instr` to its pipe's queue; returns its index.
   std::uint32_t add(const Instr& instr);
+  /// Room for about `instructions` instructions, so a large program is not copied while it
+  /// grows (each copy touches every page again).
+  void reserve(std::size_t instructions);
+  const InstrCost& cost(const PackedInstr& instr) const { return costs[instr.cost]; }
   /// The index of `label` in `labels`, adding it once.
   std::uint32_t intern_label(const std::string& label);
   std::string describe(std::uint32_t index) const;  // "core 3 AIC.M instruction #12 'QK mmad'"
 
  private:
+  std::uint32_t intern_cost(const InstrCost& cost, std::uint32_t label);
+
   std::unordered_map<std::string, std::uint32_t> label_index_;
+  // Costs by content, and per label the last few costs its instructions used: instructions of
+  // one label nearly always repeat one of them (label 0, the intra-core sets, alternates between
+  // the buffers it frees), which spares the hash lookup.
+  struct CostHash {
+    std::size_t operator()(const InstrCost& cost) const noexcept;
+  };
+  struct CostEqual {
+    bool operator()(const InstrCost& a, const InstrCost& b) const noexcept;
+  };
+  std::unordered_map<InstrCost, std::uint32_t, CostHash, CostEqual> cost_index_;
+  static constexpr std::size_t kRecentCosts = 4;
+  std::vector<std::array<std::uint32_t, kRecentCosts>> recent_costs_of_label_;
 };
 
 }  // namespace ditops::sim

@@ -325,7 +325,7 @@ void write_chrome_trace(std::ostream& out, const Program& program, const SimResu
     return;
   }
   for (std::uint32_t index = 0; index < program.instrs.size(); ++index) {
-    const Instr& instr = program.instrs[index];
+    const PackedInstr& instr = program.instrs[index];
     if (!shown[static_cast<std::size_t>(instr.core)]) continue;
     const InstrRecord& record = result.records[index];
     const int tid = local_pipe_index(instr.unit, instr.pipe);
@@ -343,8 +343,8 @@ void write_chrome_trace(std::ostream& out, const Program& program, const SimResu
         break;
       case Op::gm_read:
       case Op::gm_write:
-        args["bytes"] = instr.bytes;
-        args["ideal_us"] = instr.ideal_cycles / per_us;
+        args["bytes"] = program.cost(instr).bytes;
+        args["ideal_us"] = program.cost(instr).ideal_cycles / per_us;
         args["data_landed_us"] = record.end / per_us;
         break;
       case Op::wait_event:
@@ -373,8 +373,8 @@ void write_chrome_trace(std::ostream& out, const Program& program, const SimResu
   std::uint64_t flow_id = 0;
   for (const auto& [set, wait] : result.cross_flows) {
     if (set == kNoInstr) continue;
-    const Instr& from = program.instrs[set];
-    const Instr& to = program.instrs[wait];
+    const PackedInstr& from = program.instrs[set];
+    const PackedInstr& to = program.instrs[wait];
     const InstrRecord& set_record = result.records[set];
     const InstrRecord& wait_record = result.records[wait];
     const double wait_end =
@@ -529,7 +529,7 @@ void write_svg(std::ostream& out, const Program& program, const SimResult& resul
   // Instructions and bubbles.
   const bool have_records = result.records.size() == program.instrs.size();
   for (std::uint32_t index = 0; have_records && index < program.instrs.size(); ++index) {
-    const Instr& instr = program.instrs[index];
+    const PackedInstr& instr = program.instrs[index];
     const int row = row_of_core[static_cast<std::size_t>(instr.core)];
     if (row < 0) continue;
     const InstrRecord& record = result.records[index];

@@ -52,9 +52,9 @@ class UsageError : public std::runtime_error {
 };
 
 /// Programs are refused above this many instructions unless --max-instructions raises it: the
-/// simulator holds ~110 bytes per instruction (a batch 4096, kv 1M, 1024-head run would need
-/// 10 TB).
-constexpr int kDefaultMaxInstructions = 10'000'000;
+/// simulator holds ~30 bytes per instruction (~1 GiB here; a --trace or --svg adds ~40 bytes of
+/// timing record each), and a batch 4096, kv 1M, 1024-head run would need 3 TB.
+constexpr int kDefaultMaxInstructions = 30'000'000;
 
 // ---- the commands and their flags
 // ----------------------------------------------------------------
@@ -77,8 +77,8 @@ const FlagSpec kHwFlag{"--hw", "FILE.json", "",
 const FlagSpec kSetFlag{"--set", "NAME=VALUE[,...]", "",
                         "override hardware parameters (after --hw); names: ditops-sim hw"};
 const FlagSpec kJsonFlag{"--json", nullptr, "", "print JSON instead of a table"};
-const FlagSpec kMaxInstructionsFlag{"--max-instructions", "N", "10000000",
-                                    "refuse a program estimated larger (~110 bytes each)"};
+const FlagSpec kMaxInstructionsFlag{"--max-instructions", "N", "30000000",
+                                    "refuse a program estimated larger (~30 bytes each)"};
 const FlagSpec kOptFlag{"--opt", "NAME[,NAME...]", "none",
                         "optimization switches, or all / none (sim/README.md lists them)"};
 const FlagSpec kTraceFlag{"--trace", "FILE.json", "",
@@ -337,7 +337,7 @@ void check_program_size(const Options& options, std::uint64_t estimate,
   if (estimate > static_cast<std::uint64_t>(limit)) {
     throw UsageError(description + " needs about " + std::to_string(estimate) +
                      " instructions, more than the limit of " + std::to_string(limit) +
-                     " (~110 bytes each); raise it with --max-instructions N");
+                     " (~30 bytes each); raise it with --max-instructions N");
   }
 }
 

@@ -343,7 +343,7 @@ TEST_F(Cli, SweepCpuLeavesOutInfiniteTimes) {
 // ~1e11 instructions (the old CLI grew past 2.7 GB building it).
 TEST_F(Cli, ProgramsAboveTheInstructionLimitExit2BeforeTheyAreBuilt) {
   expect_usage_error("mla --batch 4096 --kv 1048576 --heads 1024",
-                     "instructions, more than the limit of 10000000");
+                     "instructions, more than the limit of 30000000");
   expect_usage_error("sweep --batch 1,4096 --kv 1048576", "raise it with --max-instructions N");
   expect_usage_error("mla --batch 2 --kv 512 --max-instructions 1000",
                      "batch 2, kv 512, heads 128, q-len 1, block 128, cores 24, chunk 2, opts "

@@ -47,14 +47,14 @@ inline void expect_invariants(const Program& program, const SimResult& result, c
   for (std::size_t pipe = 0; pipe < program.queues.size(); ++pipe) {
     double retired = 0;
     for (const std::uint32_t index : program.queues[pipe]) {
-      const Instr& instr = program.instrs[index];
+      const PackedInstr& instr = program.instrs[index];
       const InstrRecord& record = result.records[index];
       if (instr.op == Op::set_event || instr.op == Op::set_cross) {
         EXPECT_GE(record.end, retired - kEps) << program.describe(index);
       }
       if (instr.op == Op::wait_event || instr.op == Op::wait_cross) {
         ASSERT_NE(record.source, kNoInstr) << program.describe(index);
-        const Instr& set = program.instrs[record.source];
+        const PackedInstr& set = program.instrs[record.source];
         const double latency = instr.op == Op::wait_event ? hw.intra_core_event_latency_cycles
                                                           : hw.cross_core_flag_latency_cycles;
         EXPECT_EQ(set.op == Op::set_event, instr.op == Op::wait_event);

@@ -98,7 +98,7 @@ TEST_P(SlotTiming, ProducerWaitsForConsumer) {
   // (first write start, last read end) per (label, block)
   std::map<std::pair<std::string, int>, std::pair<double, double>> spans;
   for (std::uint32_t i = 0; i < program.instrs.size(); ++i) {
-    const Instr& instr = program.instrs[i];
+    const PackedInstr& instr = program.instrs[i];
     if (instr.op != Op::gm_read && instr.op != Op::gm_write) continue;
     auto [it, inserted] = spans.try_emplace({program.labels[instr.label], instr.block},
                                             result.records[i].start, result.records[i].end);
@@ -246,7 +246,7 @@ TEST(MlaBuilder, ChunksUseTheScheduleOrder) {
     std::string order;
     std::string last;
     for (const std::uint32_t index : program.queues[local_pipe_index(0, Pipe::m)]) {
-      const Instr& instr = program.instrs[index];
+      const PackedInstr& instr = program.instrs[index];
       if (instr.op != Op::compute || instr.block < 0) continue;
       const std::string stage = instr.stage == StageTag::qk ? "QK" : "PV";
       const std::string item = stage + std::to_string(instr.block);
