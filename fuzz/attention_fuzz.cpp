@@ -265,7 +265,8 @@ void varlen(Input& in) {
     cu[static_cast<std::size_t>(in.size(0, static_cast<std::int64_t>(cu.size()) - 1))] +=
         static_cast<std::int32_t>(in.pick({-1, 1, -1000, 1 << 30}));
     if (in.rarely(4)) cu.clear();
-    if (in.rarely(4)) cu_q.push_back(cu_q.back());
+    // One offset too many (after a clear, cu_q has no last offset to repeat).
+    if (in.rarely(4)) cu_q.push_back(cu_q.empty() ? 0 : cu_q.back());
   }
   const auto out_before = out.snapshot();
   const bool ok = accepted([&] {
