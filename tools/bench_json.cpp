@@ -110,7 +110,8 @@ std::vector<BenchEntry> read_bench_json(const std::string& path, const std::stri
   nlohmann::json document;
   try {
     document = nlohmann::json::parse(null_non_finite_numbers(file.text));
-  } catch (const nlohmann::json::parse_error& error) {
+  } catch (const nlohmann::json::exception& error) {
+    // Not only parse_error: a number beyond double's range (1e400) is an out_of_range.
     throw BenchJsonError("'" + path + "' is not Google Benchmark JSON: " + error.what());
   }
   if (!document.is_object()) {
