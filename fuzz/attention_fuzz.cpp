@@ -40,6 +40,16 @@ AttentionBackend resolve_automatic(Input& in, AttentionBackend requested) {
   return backend;
 }
 
+/// The sparse backend refuses calls without a boolean mask (and varlen ones), and a refused
+/// forced backend falls back to the tuner, which times its candidates: such a pick stays sparse
+/// in 1 of 8 calls (the refusal and its fallback are still covered), else it becomes flash.
+void keep_sparse_refusals_rare(Input& in, AttentionBackend& requested, AttentionBackend& runs,
+                               bool boolean_mask) {
+  if (requested == AttentionBackend::sparse && !boolean_mask && !in.rarely(8)) {
+    requested = runs = AttentionBackend::flash;
+  }
+}
+
 std::optional<float> pick_scale(Input& in) {
   if (!in.rarely(4)) return std::nullopt;
   return in.pick({0.f, 1.f}) == 0.f ? in.edge_float(0.3f) : in.pick({65536.f, 65537.f, 1e-30f});
@@ -114,12 +124,13 @@ void dense(Input& in) {
   options.head_first = head_first;
   options.scale = pick_scale(in);
   options.backend = pick_backend(in);
-  const AttentionBackend runs = resolve_automatic(in, options.backend);
+  AttentionBackend runs = resolve_automatic(in, options.backend);
   options.int8_chunk = in.rarely(32) ? static_cast<int>(in.size(-1, 8)) : in.pick({1, 2, 4});
   if (in.flag()) options.lse = lse.view();
 
   // Mask: none, boolean or additive; rank 2 [Sq, Sk] or rank 4 with any dimension broadcast.
   const int mask_kind = static_cast<int>(in.size(0, 2));
+  keep_sparse_refusals_rare(in, options.backend, runs, mask_kind == 1);
   std::vector<std::int64_t> mask_shape = {sq, sk};
   if (in.flag()) {
     mask_shape = {in.flag() ? b : 1, in.flag() ? n : 1, in.flag() ? sq : 1, sk};
@@ -268,7 +279,8 @@ void varlen(Input& in) {
   options.causal = in.flag();
   options.scale = pick_scale(in);
   options.backend = pick_backend(in);
-  const AttentionBackend runs = resolve_automatic(in, options.backend);
+  AttentionBackend runs = resolve_automatic(in, options.backend);
+  keep_sparse_refusals_rare(in, options.backend, runs, false);  // varlen calls it refuses
   if (in.flag()) options.lse = lse.view();
   bool broken = false;
   if (in.rarely(6)) {  // offsets that do not describe the tensors
