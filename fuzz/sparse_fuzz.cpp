@@ -183,9 +183,8 @@ void sparse(Input& in) {
       std::vector<std::int64_t> shape = {in.flag() ? n : 1, blocks, blocks};
       if (rank4) shape.insert(shape.begin(), in.flag() ? b : 1);
       TestTensor<std::uint8_t> block_mask(shape), token_mask({s, s});
-      std::bernoulli_distribution keep(0.6);
-      for (std::int64_t i = 0; i < block_mask.size(); ++i) block_mask.at(i) = keep(rng);
-      for (std::int64_t i = 0; i < token_mask.size(); ++i) token_mask.at(i) = keep(rng);
+      for (std::int64_t i = 0; i < block_mask.size(); ++i) block_mask.at(i) = chance(rng, 0.6f);
+      for (std::int64_t i = 0; i < token_mask.size(); ++i) token_mask.at(i) = chance(rng, 0.6f);
       options.causal = in.flag();
       const bool masked = in.flag();
       if (masked) options.attn_mask = test::as_bool(token_mask.view());

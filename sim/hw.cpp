@@ -162,7 +162,8 @@ HwParams hw_from_json(const std::string& text) {
   nlohmann::json root;
   try {
     root = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& error) {
+  } catch (const nlohmann::json::exception& error) {
+    // Not only parse_error: a number beyond double's range (1e400) is an out_of_range.
     throw SimError(std::string("hardware JSON is malformed: ") + error.what());
   }
   if (!root.is_object()) throw SimError("hardware JSON must be an object");

@@ -107,10 +107,16 @@ std::vector<BenchEntry> read_bench_json(const std::string& path, const std::stri
   if (file.status != core::FileStatus::ok) {
     throw BenchJsonError("cannot read '" + path + "': it " + file.problem);
   }
+  return parse_bench_json(file.text, path, tool, warnings);
+}
+
+std::vector<BenchEntry> parse_bench_json(const std::string& text, const std::string& path,
+                                         const std::string& tool, std::ostream& warnings) {
   nlohmann::json document;
   try {
-    document = nlohmann::json::parse(null_non_finite_numbers(file.text));
-  } catch (const nlohmann::json::parse_error& error) {
+    document = nlohmann::json::parse(null_non_finite_numbers(text));
+  } catch (const nlohmann::json::exception& error) {
+    // Not only parse_error: a number beyond double's range (1e400) is an out_of_range.
     throw BenchJsonError("'" + path + "' is not Google Benchmark JSON: " + error.what());
   }
   if (!document.is_object()) {

@@ -57,4 +57,9 @@ class BenchEntry {
 std::vector<BenchEntry> read_bench_json(const std::string& path, const std::string& tool,
                                         std::ostream& warnings);
 
+/// read_bench_json on a file's contents already in memory (`path` only names the file in
+/// messages). Throws BenchJsonError where `text` is not JSON or not such an object.
+std::vector<BenchEntry> parse_bench_json(const std::string& text, const std::string& path,
+                                         const std::string& tool, std::ostream& warnings);
+
 }  // namespace ditops::tools

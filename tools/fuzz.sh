@@ -3,27 +3,31 @@
 # each harness in turn from its seed corpus plus what earlier runs found (build/fuzz/runs), and
 # prints per harness the executions, the time and the rate. A crash stops with the harness's
 # report and the input under build/fuzz/runs/NAME/artifacts/ (replay it: BINARY FILE).
-# Usage: tools/fuzz.sh [--runs N] [--time SECONDS] [HARNESS...]
+# Usage: tools/fuzz.sh [--runs N] [--time SECONDS] [--no-build] [HARNESS...]
 #   --runs N       inputs per harness (default 1000000)
 #   --time S       stop each harness after S seconds instead (libFuzzer -max_total_time)
+#   --no-build     run the harnesses as last built (a build of the tree may be under way)
 #   HARNESS        names from fuzz/CMakeLists.txt (default: all)
 # On a machine shared with other work: nice -n 19 tools/fuzz.sh ...
 set -euo pipefail
 cd "$(dirname "$0")/.."
-runs=1000000 seconds="" harnesses=()
+runs=1000000 seconds="" build=1 harnesses=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) runs=$2; shift 2 ;;
     --time) seconds=$2; shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    --no-build) build=0; shift ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     -*) echo "tools/fuzz.sh: unknown option $1" >&2; exit 2 ;;
     *) harnesses+=("$1"); shift ;;
   esac
 done
-source tools/setup.sh
-ditops_ensure_packages fuzz
-cmake --preset fuzz >/dev/null
-cmake --build --preset fuzz
+if [ "$build" = 1 ]; then
+  source tools/setup.sh
+  ditops_ensure_packages fuzz
+  cmake --preset fuzz >/dev/null
+  cmake --build --preset fuzz
+fi
 if [ ${#harnesses[@]} -eq 0 ]; then
   harnesses=($(sed -n 's/^ditops_add_fuzzer(\([a-z_]*\) .*/\1/p' fuzz/CMakeLists.txt))
 fi

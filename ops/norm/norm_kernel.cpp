@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <limits>
 #include <type_traits>
 
 #include "ops/core/arch.hpp"
@@ -124,9 +126,10 @@ void scale_row(const S* src, T* out, const float* weight, float inv_rms, std::si
 
 /// Whether a row's fp32 sum of squares cannot give its scale: it overflowed (|x| beyond ~1e19),
 /// underflowed where eps does not dominate (|x| below ~1e-20; the output would be inf or NaN),
-/// or is NaN.
-inline bool sum_out_of_range(float sum, float eps) {
-  return !(sum <= 0x1p126f) || (sum < 0x1p-100f && eps < 0x1p-80f);
+/// is NaN, or its mean plus eps overflows (eps near FLT_MAX: the output would be 0).
+inline bool sum_out_of_range(float sum, float eps, std::size_t dim) {
+  return !(sum <= 0x1p126f) || (sum < 0x1p-100f && eps < 0x1p-80f) ||
+         !(sum / static_cast<float>(dim) + eps <= std::numeric_limits<float>::max());
 }
 
 /// Such a row again in double, where every float's square fits, scaled in double too (1 / rms
@@ -206,7 +209,7 @@ void normalize_rows(const NormProblem& p, core::RowWalker<4>& walker, bool more_
     if (p.residual) next_residual = static_cast<const T*>(p.residual) + walker.offset(kResidual);
   }
   for (int r = 0; r < Rows; ++r) {
-    if (sum_out_of_range(sums[r], p.eps)) {
+    if (sum_out_of_range(sums[r], p.eps, dim)) {
       if (p.residual) {
         normalize_row_in_double(static_cast<const float*>(h_of(r)), rows[r].out, p.weight, p.eps,
                                 dim);

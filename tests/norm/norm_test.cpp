@@ -219,6 +219,25 @@ TEST(NormRange, RowsNearTheEndsOfFp32AreNormalizedExactly) {
   check_extreme_rows<bf16>();
 }
 
+// eps near FLT_MAX beside a mean square of 2^110 (below the 2^126 that sends a row to the fp64
+// path): their fp32 sum overflowed, so the output was 0 instead of x / sqrt(2^110 + eps).
+TEST(NormRange, EpsNearFltMaxBesideALargeMeanSquare) {
+  for (const bool fused : {false, true}) {
+    TestTensor<float> x({2, 4}), residual({2, 4}), out({2, 4}), sum({2, 4});
+    for (std::int64_t i = 0; i < x.size(); ++i) x.at(i) = (i % 3 ? 1.f : -1.f) * 0x1p55f;
+    const float eps = std::numeric_limits<float>::max();
+    const NormReference ref = norm_reference(x, fused ? &residual : nullptr, {}, eps);
+    if (fused) {
+      add_rms_norm(x.view(), residual.view(), {}, eps, out.view(), sum.view());
+    } else {
+      rms_norm(x.view(), {}, eps, out.view());
+    }
+    expect_close(
+        out, ref.out, rowwise_tolerance<float>(),
+        std::string("eps FLT_MAX") + (fused ? " fused" : "") + " isa " + active_isa_name());
+  }
+}
+
 // ---- bad input -----------------------------------------------------------------------------
 
 TEST(NormBadInput, EveryInvalidArgumentThrowsBeforeWriting) {

@@ -117,6 +117,12 @@ TEST_F(Cli, MalformedHardwareJsonExits2) {
   nlohmann::json negative = base;
   negative["params"]["hbm_bandwidth_bytes_per_cycle"]["value"] = -5;
   expect_usage_error("mla --hw " + write_tmp("negative.json", negative.dump()), "hbm_bandwidth");
+  // A number beyond double's range: the JSON library's out_of_range, which escaped as exit 1.
+  nlohmann::json huge = base;
+  huge["params"]["clock_ghz"]["value"] = 123456.5;
+  std::string huge_text = huge.dump();
+  huge_text.replace(huge_text.find("123456.5"), 8, "1e400");
+  expect_usage_error("mla --hw " + write_tmp("huge.json", huge_text), "--hw");
 }
 
 // Values that passed the old checks and made the engine run forever (a transfer's remainder below

@@ -87,6 +87,11 @@ TEST(BenchJson, MalformedFilesAreRejectedNamingTheFile) {
   const std::string truncated = read_error("truncated.json", R"({"benchmarks": [{"name": "a")");
   EXPECT_NE(truncated.find("truncated.json' is not Google Benchmark JSON"), std::string::npos)
       << truncated;
+  // A number beyond double's range is an error of the file too, not a JSON library exception.
+  const std::string overflow =
+      read_error("overflow.json", R"({"benchmarks": [{"name": "a", "real_time": 1e400}]})");
+  EXPECT_NE(overflow.find("overflow.json' is not Google Benchmark JSON"), std::string::npos)
+      << overflow;
   EXPECT_NE(read_error("array.json", "[1, 2]").find("not an object"), std::string::npos);
   EXPECT_NE(read_error("list.json", R"({"benchmarks": 3})").find("'benchmarks' is not an array"),
             std::string::npos);
