@@ -410,4 +410,17 @@ void run_cfg(const DitBlock& block, int blocks, CfgMode mode, float guidance_sca
   });
 }
 
+CfgInput random_cfg_input(const DitBlockConfig& config, std::uint32_t seed,
+                          std::int64_t unconditional_text) {
+  CfgInput input;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  input.x.resize(static_cast<std::size_t>(2 * config.sequence() * config.hidden));
+  for (float& v : input.x) v = normal(rng);
+  input.conditioning.resize(static_cast<std::size_t>(2 * config.hidden));
+  for (float& v : input.conditioning) v = normal(rng);
+  input.text_lengths = {config.text_tokens, unconditional_text};
+  return input;
+}
+
 }  // namespace dit

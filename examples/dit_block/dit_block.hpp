@@ -118,6 +118,16 @@ class DitBlock {
   std::vector<float> rope_cos_, rope_sin_;
 };
 
+/// The inputs of one CFG call, N(0, 1) values from `seed`: x [2, S, hidden] (the conditional
+/// sequence first) and conditioning [2, hidden]; the conditional prompt uses every text token,
+/// the unconditional one `unconditional_text` of them (so the batch needs its padding mask).
+struct CfgInput {
+  std::vector<float> x, conditioning;
+  std::vector<std::int64_t> text_lengths;
+};
+CfgInput random_cfg_input(const DitBlockConfig& config, std::uint32_t seed,
+                          std::int64_t unconditional_text);
+
 enum class CfgMode { fused, two_pass };
 
 /// Classifier-free guidance around the block: the conditional and unconditional sequences

@@ -115,26 +115,13 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-/// The two prompts' inputs: the conditional one uses every text token, the unconditional
-/// (negative, usually empty) one a quarter of them, so the batch needs its padding mask.
-struct CfgInput {
-  std::vector<float> x, conditioning;
-  std::vector<std::int64_t> text_lengths;
-};
-
-CfgInput random_input(const dit::DitBlockConfig& config, std::uint32_t seed) {
-  CfgInput input;
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal;
-  input.x.resize(static_cast<std::size_t>(2 * config.sequence() * config.hidden));
-  for (float& v : input.x) v = normal(rng);
-  input.conditioning.resize(static_cast<std::size_t>(2 * config.hidden));
-  for (float& v : input.conditioning) v = normal(rng);
-  input.text_lengths = {config.text_tokens, std::max<std::int64_t>(1, config.text_tokens / 4)};
-  return input;
-}
-
 constexpr float kGuidanceScale = 3.5f;
+
+/// The two prompts' inputs: the unconditional (negative, usually empty) prompt uses a quarter
+/// of the text tokens, so the batch needs its padding mask.
+dit::CfgInput random_cfg_input(const dit::DitBlockConfig& config, std::uint32_t seed) {
+  return dit::random_cfg_input(config, seed, std::max<std::int64_t>(1, config.text_tokens / 4));
+}
 
 struct Measurement {
   double seconds_per_block = 0;  ///< one CFG block: both prompts through the block, combined
@@ -143,7 +130,7 @@ struct Measurement {
 
 /// `warmup` untimed blocks (plans, first-touch page faults), then `steps` timed ones.
 Measurement measure(const dit::DitBlock& block, dit::CfgMode mode, const Options& o) {
-  CfgInput input = random_input(block.config(), o.config.seed + 1);
+  dit::CfgInput input = random_cfg_input(block.config(), o.config.seed + 1);
   std::vector<float> guided(input.x.size() / 2);
   dit::DitWorkspace workspace;
   if (o.warmup > 0) {
@@ -164,10 +151,11 @@ Measurement measure(const dit::DitBlock& block, dit::CfgMode mode, const Options
 /// a DitBlock shares its packed layers).
 double instance_throughput(const dit::DitBlock& block, int count, const Options& o) {
   const std::vector<ditops::Instance> instances = ditops::Instance::partition(count);
-  std::vector<CfgInput> inputs;
+  std::vector<dit::CfgInput> inputs;
   std::vector<dit::DitWorkspace> workspaces(static_cast<std::size_t>(count));
   for (int i = 0; i < count; ++i) {
-    inputs.push_back(random_input(block.config(), o.config.seed + 10 + static_cast<unsigned>(i)));
+    inputs.push_back(
+        random_cfg_input(block.config(), o.config.seed + 10 + static_cast<unsigned>(i)));
   }
   const auto run_all = [&](int steps) {
     std::vector<std::thread> drivers;
@@ -176,7 +164,7 @@ double instance_throughput(const dit::DitBlock& block, int count, const Options&
       drivers.emplace_back([&, i] {
         try {
           const auto at = static_cast<std::size_t>(i);
-          CfgInput& in = inputs[at];
+          dit::CfgInput& in = inputs[at];
           std::vector<float> guided(in.x.size() / 2);
           instances[at].run([&] {
             dit::run_cfg(block, steps, dit::CfgMode::fused, kGuidanceScale, in.x, in.conditioning,

@@ -28,6 +28,7 @@
 #include "tests/reference/linear_ref.hpp"
 #include "tests/reference/norm_ref.hpp"
 #include "tests/reference/rope_ref.hpp"
+#include "tests/support/scoped_threads.hpp"
 
 namespace ditops::test {
 namespace {
@@ -47,22 +48,9 @@ dit::DitBlockConfig small_config(dit::LinearKind linear, dit::AttentionKind atte
   return config;
 }
 
-struct Input {
-  std::vector<float> x, conditioning;
-  std::vector<std::int64_t> text_lengths;
-};
-
 /// Two sequences, the second with 3 of its 8 text tokens valid (the padding mask matters).
-Input random_input(const dit::DitBlockConfig& config, std::uint32_t seed) {
-  Input in;
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal;
-  in.x.resize(static_cast<std::size_t>(2 * config.sequence() * config.hidden));
-  for (float& v : in.x) v = normal(rng);
-  in.conditioning.resize(static_cast<std::size_t>(2 * config.hidden));
-  for (float& v : in.conditioning) v = normal(rng);
-  in.text_lengths = {config.text_tokens, 3};
-  return in;
+dit::CfgInput random_input(const dit::DitBlockConfig& config, std::uint32_t seed) {
+  return dit::random_cfg_input(config, seed, 3);
 }
 
 /// `values` rounded to fp32 in a TestTensor of `shape`, as the operator references read them.
@@ -94,7 +82,8 @@ double gelu_tanh(double x) {
 }
 
 /// The block of dit_block.cpp, operator by operator, from the references.
-Values reference_block(const dit::DitBlock& block, const dit::DitBlockWeights& w, const Input& in) {
+Values reference_block(const dit::DitBlock& block, const dit::DitBlockWeights& w,
+                       const dit::CfgInput& in) {
   const dit::DitBlockConfig& c = block.config();
   const bool w8a8 = c.linear == dit::LinearKind::w8a8;
   const std::int64_t batch = 2, seq = c.sequence(), hidden = c.hidden, rows = batch * seq;
@@ -197,7 +186,7 @@ struct Agreement {
 
 /// The block's update (output - input) against the reference's, over the rows `compare` keeps.
 template <class Keep>
-Agreement agreement(const std::vector<float>& got, const Values& want, const Input& in,
+Agreement agreement(const std::vector<float>& got, const Values& want, const dit::CfgInput& in,
                     std::int64_t hidden, const Keep& compare) {
   double top = 0, dot = 0, got2 = 0, want2 = 0, worst = 0;
   for (std::size_t i = 0; i < got.size(); ++i) {
@@ -224,15 +213,6 @@ std::string describe(const BlockCase& c) {
          " threads, isa " + cpu_info().isa;
 }
 
-class ThreadsGuard {
- public:
-  explicit ThreadsGuard(int threads) : saved_(num_threads()) { set_num_threads(threads); }
-  ~ThreadsGuard() { set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
-
 // Bounds, on the update relative to its largest magnitude:
 // - FLOAT linears + flash (and RainFusion, dense at one frame): every operator computes in fp32
 //   from the same fp32 inputs as the reference, so the error is one operator's rounding (sums
@@ -256,11 +236,11 @@ class DitBlockReference : public ::testing::TestWithParam<BlockCase> {};
 
 TEST_P(DitBlockReference, MatchesTheOperatorReferences) {
   const BlockCase bc = GetParam();
-  const ThreadsGuard threads(bc.threads);
+  const ScopedThreads threads(bc.threads);
   const dit::DitBlockConfig config = small_config(bc.linear, bc.attention);
   const dit::DitBlockWeights weights = dit::make_synthetic_weights(config);
   const dit::DitBlock block(config, weights);
-  const Input in = random_input(config, 11);
+  const dit::CfgInput in = random_input(config, 11);
   std::vector<float> got = in.x;
   block.forward(got, in.conditioning, in.text_lengths);
   const Values want = reference_block(block, weights, in);
@@ -305,10 +285,10 @@ class DitBlockCfg : public ::testing::TestWithParam<BlockCase> {};
 
 TEST_P(DitBlockCfg, FusedEqualsTwoPassesAndTheCombineItsFormula) {
   const BlockCase bc = GetParam();
-  const ThreadsGuard threads(bc.threads);
+  const ScopedThreads threads(bc.threads);
   const dit::DitBlockConfig config = small_config(bc.linear, bc.attention);
   const dit::DitBlock block(config, dit::make_synthetic_weights(config));
-  const Input in = random_input(config, 12);
+  const dit::CfgInput in = random_input(config, 12);
   const std::size_t tokens = in.x.size() / 2;
   constexpr float kScale = 3.5f;
   std::vector<float> fused = in.x, two_pass = in.x;
@@ -355,7 +335,7 @@ TEST(DitBlockInstances, ConcurrentEqualsOneAtATimeOnDisjointCores) {
   }
   const dit::DitBlockConfig config = small_config(dit::LinearKind::w8a8, dit::AttentionKind::flash);
   const dit::DitBlock block(config, dit::make_synthetic_weights(config));
-  std::vector<Input> inputs = {random_input(config, 21), random_input(config, 22)};
+  std::vector<dit::CfgInput> inputs = {random_input(config, 21), random_input(config, 22)};
   const auto run_on = [&](std::size_t i, std::vector<float>& x) {
     instances[i].run([&] {
       for (int step = 0; step < 3; ++step) {
@@ -384,7 +364,7 @@ TEST(DitBlockConfig, InconsistentShapesAreErrors) {
   EXPECT_THROW(dit::make_synthetic_weights(config), Error);
   config.frames = 1;
   const dit::DitBlock block(config, dit::make_synthetic_weights(config));
-  Input in = random_input(config, 13);
+  dit::CfgInput in = random_input(config, 13);
   in.text_lengths = {config.text_tokens + 1, 0};
   EXPECT_THROW(block.forward(in.x, in.conditioning, in.text_lengths), Error);
   in.text_lengths = {1};

@@ -14,6 +14,7 @@
 
 #include "tests/reference/linear_ref.hpp"
 #include "tests/support/expect_rejected.hpp"
+#include "tests/support/scoped_threads.hpp"
 #include "tests/support/test_tensor.hpp"
 
 namespace ditops::test {
@@ -101,15 +102,6 @@ void expect_epilogue(const TestTensor<Y>& y, const std::vector<std::int64_t>& ac
   }
 }
 
-class ThreadCount {
- public:
-  explicit ThreadCount(int threads) : before_(num_threads()) { set_num_threads(threads); }
-  ~ThreadCount() { set_num_threads(before_); }
-
- private:
-  int before_;
-};
-
 // ---- exact integer sums -------------------------------------------------------------------------
 
 // Integer x in [-128, 127] through a static layer with scale 1, offset 0, deq_scale 1 and
@@ -119,7 +111,7 @@ class ThreadCount {
 TEST(QuantLinear, Int8SumsAreExactIntegers) {
   std::mt19937 rng(7);
   for (int threads : {1, 2}) {
-    const ThreadCount thread_count(threads);
+    const ScopedThreads thread_count(threads);
     for (const Shape& shape : kShapes) {
       for (bool minus_128 : {false, true}) {
         Int8Layer layer = random_layer(shape.n, shape.k, rng, false, false);
@@ -155,7 +147,7 @@ template <class X, class Y>
 void check_algo(QuantAlgo algo, bool smooth) {
   std::mt19937 rng(11);
   for (int threads : {1, 2}) {
-    const ThreadCount thread_count(threads);
+    const ScopedThreads thread_count(threads);
     for (const Shape& shape : kShapes) {
       Int8Layer layer = random_layer(shape.n, shape.k, rng, shape.n % 2 == 1, smooth);
       layer.input_scale = {0.02f};
@@ -306,7 +298,7 @@ template <class W, class X, class Y>
 void check_float() {
   std::mt19937 rng(13);
   for (int threads : {1, 2}) {
-    const ThreadCount thread_count(threads);
+    const ScopedThreads thread_count(threads);
     for (const Shape& shape : kShapes) {
       TestTensor<W> weight({shape.n, shape.k}, 2);
       weight.fill_normal(rng);
