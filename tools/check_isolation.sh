@@ -14,13 +14,14 @@
 #   2. outside documents: the file names SPEC.md, API.md, DESIGN.md (case-sensitive, as a whole
 #      word: docs/api.md and MYSPEC.md do not match) and ascend-910b.md (any case). A tracked
 #      file with one of these names fails too.
-#   3. machine paths: a path component /work (followed by '/' or the end of the word:
-#      /workspace does not match) anywhere, even inside a relative path (build/x/work/ reads as
-#      the development machine's path, so the project names such directories otherwise); and an
-#      absolute path that starts a token (at the start of a line, or after a character other
-#      than a letter, digit, '_', '.', '-' or '~') and begins with /home/, /root/, or /tmp/
-#      followed by a name. Relative paths (../home/), URLs (https://host/home/) and a bare /tmp
-#      (a TMPDIR fallback) are allowed; write mktemp -t NAME.XXXXXX, not /tmp/NAME.XXXXXX.
+#   3. machine paths: a path component named "work" (a slash, the word, then a slash or the
+#      end of the word; a longer name such as "workspace" does not match) anywhere, even inside
+#      a relative path (a build subdirectory of that name reads as the development machine's
+#      path, so the project names such directories otherwise); and an absolute path that starts
+#      a token (at the start of a line, or after a character other than a letter, digit, '_',
+#      '.', '-' or '~') and begins with the home, root or tmp directory followed by a name.
+#      Relative paths, URLs and a bare tmp directory (a TMPDIR fallback) are allowed; write
+#      mktemp -t NAME.XXXXXX rather than a fixed name under the tmp directory.
 #   4. issue references: "issue 12", "issue #12", "issues 3" ("issue" as a word, any case), a
 #      number in parentheses "(#12)", and "PR #12", "pull request #12", "fixes #12",
 #      "closes #12", "resolves #12" (any case). #include, #pragma, Markdown headings, hex colours
