@@ -10,7 +10,8 @@
 #                    and the CPU MLA chunk ratios at kv 2048, batch 1/4/16, beside the simulator's;
 #                    with PyTorch and ONNX Runtime installed (tools/bench-peers.sh), attention
 #                    beside them at S=2048 (about a minute more). The DiT block example
-#                    (examples/dit_block) at a small shape and at FLUX's (one CFG block).
+#                    (examples/dit_block) at a small shape (CFG fused and two passes, two
+#                    instances, each attention and linear kind) and at FLUX's (one CFG block).
 #   --full           the long grids as well (about 5 more minutes): RMSNorm and RoPE on every
 #                    shape and dtype at 1 and 2 threads, int8 attention at chunk 1/2/4 on three
 #                    FLUX shapes, and the CPU chunk ratios over the simulator sweep's whole grid.
@@ -94,7 +95,7 @@ case "$mode" in
     cpu_grid=(--batch "1,4,16" --kv 2048)
     chunk_filter='mla_grid/b:(1|4|16)/kv:2048/h:128/chunk:[124]/threads:2/'
     linear_filter='BM_linear/shape:[01]/kind:[0-4]/threads:2/'
-    dit_small=(--hidden 768 --heads 12 --image 1024 --text 128 --steps 2 --instances 2)
+    dit_small=(--hidden 768 --heads 12 --image 1024 --text 128 --frames 4 --steps 2 --instances 2 --compare)
     dit_flux=(--cfg fused --warmup 0 --steps 1)
     ;;
   full)
@@ -105,7 +106,7 @@ case "$mode" in
     cpu_grid=()
     chunk_filter='mla_grid/b:[0-9]+/kv:[0-9]+/h:128/chunk:[124]/threads:2/'
     linear_filter='BM_linear/'
-    dit_small=(--hidden 768 --heads 12 --image 1024 --text 128 --steps 3 --instances 2)
+    dit_small=(--hidden 768 --heads 12 --image 1024 --text 128 --frames 4 --steps 3 --instances 2 --compare)
     dit_flux=(--cfg both --warmup 1 --steps 1 --instances 2)
     ;;
   tiny)
@@ -167,8 +168,9 @@ section_sparse() {
 }
 
 # The DiT block example (examples/dit_block): W8A8 linears and flash fp32 attention on 2
-# threads, a small shape with CFG fused beside two passes and beside two instances of one core
-# each, then FLUX's (hidden 3072, 24 heads, 4608 image + 512 text tokens; 20 s or more per
+# threads, a small shape (a 4-frame latent, so RainFusion has frames to skip) with CFG fused
+# beside two passes, one instance of one core beside two, and every attention and linear kind
+# (--compare), then FLUX's (hidden 3072, 24 heads, 4608 image + 512 text tokens; 20 s or more per
 # CFG block on 2 AVX2 cores, so the quick demo times one fused block without a warm-up, and --full
 # adds the warm-up, two passes and two instances: about 3 minutes). dit.json holds the runs'
 # reports, dit.md their text.

@@ -4,17 +4,24 @@
 //   dit_block [--hidden 3072] [--heads 24] [--image 4608] [--text 512] [--mlp-ratio 4]
 //             [--frames 1] [--attention flash|int8|rainfusion] [--linear w8a8|fp32]
 //             [--cfg fused|two-pass|both] [--instances 1|2] [--steps N] [--threads N]
-//             [--warmup N] [--seed N] [--json]
+//             [--warmup N] [--seed N] [--compare] [--json]
 //
 // --json prints the report as JSON on stdout and the text report on stderr. --warmup: untimed
-// CFG blocks before each measurement (plans, first-touch page faults; default 1).
+// CFG blocks before each measurement (plans, first-touch page faults; default 1). --compare
+// also times the block with each other attention and linear kind at the same shape (fused CFG)
+// and prints them in one table. Memory is the process's resident set (Linux /proc/self/statm):
+// after the weights are packed, while one instance runs, and while two do.
+
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <ditops/instance.hpp>
 #include <ditops/runtime.hpp>
 #include <exception>
+#include <fstream>
 #include <random>
 #include <string>
 #include <thread>
@@ -31,6 +38,7 @@ struct Options {
   int steps = 1;
   int warmup = 1;
   int threads = 0;
+  bool compare = false;
   bool json = false;
 };
 
@@ -39,7 +47,7 @@ struct Options {
                "dit_block: %s\nusage: dit_block [--hidden N] [--heads N] [--image N] [--text N]"
                " [--mlp-ratio N] [--frames N] [--attention flash|int8|rainfusion]"
                " [--linear w8a8|fp32] [--cfg fused|two-pass|both] [--instances 1|2]"
-               " [--steps N] [--warmup N] [--threads N] [--seed N] [--json]\n",
+               " [--steps N] [--warmup N] [--threads N] [--seed N] [--compare] [--json]\n",
                problem.c_str());
   std::exit(2);
 }
@@ -57,8 +65,8 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "--json") {
-      o.json = true;
+    if (flag == "--json" || flag == "--compare") {
+      (flag == "--json" ? o.json : o.compare) = true;
       continue;
     }
     if (i + 1 >= argc) usage(flag + " needs a value (or is unknown)");
@@ -78,8 +86,6 @@ Options parse(int argc, char** argv) {
       o.config.frames = parse_int(flag, value, 1);
     } else if (flag == "--steps") {
       o.steps = static_cast<int>(parse_int(flag, value, 1));
-    } else if (flag == "--warmup") {
-      o.warmup = static_cast<int>(parse_int(flag, value, 0));
     } else if (flag == "--warmup") {
       o.warmup = static_cast<int>(parse_int(flag, value, 0));
     } else if (flag == "--threads") {
@@ -123,9 +129,20 @@ dit::CfgInput random_cfg_input(const dit::DitBlockConfig& config, std::uint32_t 
   return dit::random_cfg_input(config, seed, std::max<std::int64_t>(1, config.text_tokens / 4));
 }
 
+/// The process's resident memory in bytes (0 where /proc/self/statm cannot be read).
+std::int64_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  std::int64_t pages = 0, resident_pages = 0;
+  if (!(statm >> pages >> resident_pages)) return 0;
+  return resident_pages * static_cast<std::int64_t>(sysconf(_SC_PAGESIZE));
+}
+
+double megabytes(std::int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
 struct Measurement {
   double seconds_per_block = 0;  ///< one CFG block: both prompts through the block, combined
   dit::OpTimes times;            ///< summed over the timed steps
+  std::int64_t resident = 0;     ///< after the warm-up: weights plus this run's activations
 };
 
 /// `warmup` untimed blocks (plans, first-touch page faults), then `steps` timed ones.
@@ -138,6 +155,7 @@ Measurement measure(const dit::DitBlock& block, dit::CfgMode mode, const Options
                  input.text_lengths, guided, nullptr, &workspace);
   }
   Measurement m;
+  m.resident = resident_bytes();
   const auto start = std::chrono::steady_clock::now();
   dit::run_cfg(block, o.steps, mode, kGuidanceScale, input.x, input.conditioning,
                input.text_lengths, guided, &m.times, &workspace);
@@ -146,11 +164,23 @@ Measurement measure(const dit::DitBlock& block, dit::CfgMode mode, const Options
   return m;
 }
 
-/// Blocks per second with the machine split into `count` instances, each running `steps` CFG
-/// blocks on its own input from its own run(), concurrently. The weights are shared (a copy of
-/// a DitBlock shares its packed layers).
-double instance_throughput(const dit::DitBlock& block, int count, const Options& o) {
-  const std::vector<ditops::Instance> instances = ditops::Instance::partition(count);
+struct Throughput {
+  double blocks_per_second = 0;
+  std::int64_t resident = 0;  ///< after the warm-up: the weights once, every instance's activations
+};
+
+/// --instances N: the machine split into N instances; one of them running alone, then all.
+struct InstanceRuns {
+  int cores_each = 0;
+  Throughput one, all;
+};
+
+/// Blocks per second of the first `count` of `instances` (a partition of the machine), each
+/// running `steps` CFG blocks on its own input from its own run(), concurrently. The weights are
+/// shared (a copy of a DitBlock shares its packed layers).
+Throughput instance_throughput(const dit::DitBlock& block,
+                               const std::vector<ditops::Instance>& instances, int count,
+                               const Options& o) {
   std::vector<dit::CfgInput> inputs;
   std::vector<dit::DitWorkspace> workspaces(static_cast<std::size_t>(count));
   for (int i = 0; i < count; ++i) {
@@ -181,16 +211,55 @@ double instance_throughput(const dit::DitBlock& block, int count, const Options&
     }
   };
   if (o.warmup > 0) run_all(o.warmup);  // as in measure()
+  Throughput result;
+  result.resident = resident_bytes();
   const auto start = std::chrono::steady_clock::now();
   run_all(o.steps);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return count * o.steps / seconds;
+  result.blocks_per_second = count * o.steps / seconds;
+  return result;
 }
 
-void print_text(std::FILE* file, const Options& o, const Measurement* fused,
-                const Measurement* two_pass, const Measurement& shown,
-                double instances_throughput) {
+/// One fused CFG block of another attention and linear kind at the same shape (--compare).
+struct Variant {
+  dit::AttentionKind attention;
+  dit::LinearKind linear;
+  double seconds_per_block;
+};
+
+dit::DitBlock make_block(const dit::DitBlockConfig& config) {
+  // The fp32 copies of the weights are only needed to build the layers.
+  const dit::DitBlockWeights weights = dit::make_synthetic_weights(config);
+  return dit::DitBlock(config, weights);
+}
+
+std::vector<Variant> compare_variants(const Options& o) {
+  std::vector<Variant> variants;
+  for (dit::AttentionKind attention :
+       {dit::AttentionKind::flash, dit::AttentionKind::int8, dit::AttentionKind::rainfusion}) {
+    for (dit::LinearKind linear : {dit::LinearKind::w8a8, dit::LinearKind::fp32}) {
+      Options variant = o;
+      variant.config.attention = attention;
+      variant.config.linear = linear;
+      const double seconds =
+          measure(make_block(variant.config), dit::CfgMode::fused, variant).seconds_per_block;
+      variants.push_back({attention, linear, seconds});
+    }
+  }
+  return variants;
+}
+
+struct Report {
+  const Measurement* fused = nullptr;     ///< null unless --cfg fused or both
+  const Measurement* two_pass = nullptr;  ///< null unless --cfg two-pass or both
+  const Measurement* shown = nullptr;     ///< whose operator shares are printed
+  std::int64_t resident_weights = 0;      ///< resident set after packing the weights
+  InstanceRuns instances;                 ///< --instances 2 only
+  std::vector<Variant> variants;          ///< --compare only
+};
+
+void print_text(std::FILE* file, const Options& o, const Report& r) {
   const dit::DitBlockConfig& c = o.config;
   std::fprintf(file,
                "DiT block (single-stream): hidden %lld, %lld heads x %lld, image %lld + text %lld"
@@ -200,31 +269,54 @@ void print_text(std::FILE* file, const Options& o, const Measurement* fused,
                static_cast<long long>(c.text_tokens), static_cast<long long>(c.mlp_ratio),
                dit::linear_kind_name(c.linear), dit::attention_kind_name(c.attention),
                ditops::num_threads(), ditops::cpu_info().isa.c_str());
-  if (fused)
-    std::fprintf(file, "CFG fused (batch 2):     %.4f s per block\n", fused->seconds_per_block);
-  if (two_pass) {
-    std::fprintf(file, "CFG two passes (batch 1): %.4f s per block\n", two_pass->seconds_per_block);
+  if (r.fused) {
+    std::fprintf(file, "CFG fused (batch 2):     %.4f s per block\n", r.fused->seconds_per_block);
   }
-  if (fused && two_pass) {
+  if (r.two_pass) {
+    std::fprintf(file, "CFG two passes (batch 1): %.4f s per block\n",
+                 r.two_pass->seconds_per_block);
+  }
+  if (r.fused && r.two_pass) {
     std::fprintf(file, "two-pass / fused: %.3f\n",
-                 two_pass->seconds_per_block / fused->seconds_per_block);
+                 r.two_pass->seconds_per_block / r.fused->seconds_per_block);
   }
+  const Measurement& shown = *r.shown;
   const double total = shown.times.total();
-  std::fprintf(file, "operator shares (%s):\n", fused == &shown ? "fused" : "two passes");
+  std::fprintf(file, "operator shares (%s):\n", r.fused == r.shown ? "fused" : "two passes");
   for (const auto& [name, seconds] : shown.times.entries()) {
     std::fprintf(file, "  %-14s %8.4f s/block %6.1f%%\n", name.c_str(), seconds / o.steps,
                  100.0 * seconds / total);
   }
   std::fprintf(file, "  (outside the timers: %.4f s/block)\n",
                shown.seconds_per_block - total / o.steps);
+  std::fprintf(file, "resident memory: %.1f MB with the weights packed, %.1f MB running\n",
+               megabytes(r.resident_weights), megabytes(shown.resident));
   if (o.instances > 1) {
-    std::fprintf(file, "throughput: 1 instance %.4f blocks/s, %d instances %.4f blocks/s\n",
-                 1.0 / shown.seconds_per_block, o.instances, instances_throughput);
+    const InstanceRuns& i = r.instances;
+    std::fprintf(file,
+                 "instances of %d core(s): 1 alone %.4f blocks/s, %d at once %.4f blocks/s"
+                 " (%.3fx); resident %.1f MB with 1, %.1f MB with %d (%.3fx)\n",
+                 i.cores_each, i.one.blocks_per_second, o.instances, i.all.blocks_per_second,
+                 i.all.blocks_per_second / i.one.blocks_per_second, megabytes(i.one.resident),
+                 megabytes(i.all.resident), o.instances,
+                 static_cast<double>(i.all.resident) / static_cast<double>(i.one.resident));
+  }
+  if (!r.variants.empty()) {
+    std::fprintf(file,
+                 "\nseconds per fused CFG block by attention and linears (x: time / this "
+                 "block's fused time):\n\n| attention | w8a8 linears | fp32 linears |\n"
+                 "|---|---:|---:|\n");
+    for (std::size_t i = 0; i + 1 < r.variants.size(); i += 2) {
+      const Variant &w8a8 = r.variants[i], &fp32 = r.variants[i + 1];
+      std::fprintf(file, "| %s | %.4f s (%.2fx) | %.4f s (%.2fx) |\n",
+                   dit::attention_kind_name(w8a8.attention), w8a8.seconds_per_block,
+                   w8a8.seconds_per_block / shown.seconds_per_block, fp32.seconds_per_block,
+                   fp32.seconds_per_block / shown.seconds_per_block);
+    }
   }
 }
 
-void print_json(const Options& o, const Measurement* fused, const Measurement* two_pass,
-                const Measurement& shown, double instances_throughput) {
+void print_json(const Options& o, const Report& r) {
   const dit::DitBlockConfig& c = o.config;
   std::printf(
       "{\n  \"block\": \"single-stream\", \"hidden\": %lld, \"heads\": %lld,"
@@ -236,25 +328,43 @@ void print_json(const Options& o, const Measurement* fused, const Measurement* t
       static_cast<long long>(c.text_tokens), static_cast<long long>(c.mlp_ratio),
       dit::linear_kind_name(c.linear), dit::attention_kind_name(c.attention), ditops::num_threads(),
       ditops::cpu_info().isa.c_str(), o.steps);
-  if (fused) std::printf("  \"fused_seconds_per_block\": %.6f,\n", fused->seconds_per_block);
-  if (two_pass) {
-    std::printf("  \"two_pass_seconds_per_block\": %.6f,\n", two_pass->seconds_per_block);
+  if (r.fused) std::printf("  \"fused_seconds_per_block\": %.6f,\n", r.fused->seconds_per_block);
+  if (r.two_pass) {
+    std::printf("  \"two_pass_seconds_per_block\": %.6f,\n", r.two_pass->seconds_per_block);
   }
-  if (fused && two_pass) {
+  if (r.fused && r.two_pass) {
     std::printf("  \"two_pass_over_fused\": %.4f,\n",
-                two_pass->seconds_per_block / fused->seconds_per_block);
+                r.two_pass->seconds_per_block / r.fused->seconds_per_block);
   }
+  const Measurement& shown = *r.shown;
+  std::printf("  \"resident_bytes_weights\": %lld, \"resident_bytes_running\": %lld,\n",
+              static_cast<long long>(r.resident_weights), static_cast<long long>(shown.resident));
   if (o.instances > 1) {
+    const InstanceRuns& i = r.instances;
     std::printf(
-        "  \"instances\": %d, \"blocks_per_second_1_instance\": %.6f,"
-        " \"blocks_per_second_instances\": %.6f,\n",
-        o.instances, 1.0 / shown.seconds_per_block, instances_throughput);
+        "  \"instances\": %d, \"cores_per_instance\": %d,"
+        " \"blocks_per_second_1_instance\": %.6f, \"blocks_per_second_instances\": %.6f,\n"
+        "  \"resident_bytes_1_instance\": %lld, \"resident_bytes_instances\": %lld,\n",
+        o.instances, i.cores_each, i.one.blocks_per_second, i.all.blocks_per_second,
+        static_cast<long long>(i.one.resident), static_cast<long long>(i.all.resident));
+  }
+  if (!r.variants.empty()) {
+    std::printf("  \"variants\": [");
+    const char* separator = "";
+    for (const Variant& v : r.variants) {
+      std::printf(
+          "%s\n    {\"attention\": \"%s\", \"linear\": \"%s\", \"seconds_per_block\": %.6f}",
+          separator, dit::attention_kind_name(v.attention), dit::linear_kind_name(v.linear),
+          v.seconds_per_block);
+      separator = ",";
+    }
+    std::printf("\n  ],\n");
   }
   const double total = shown.times.total();
   std::printf(
       "  \"operators_of\": \"%s\", \"untimed_seconds_per_block\": %.6f,\n"
       "  \"operators\": [",
-      fused == &shown ? "fused" : "two-pass", shown.seconds_per_block - total / o.steps);
+      r.fused == r.shown ? "fused" : "two-pass", shown.seconds_per_block - total / o.steps);
   const char* separator = "";
   for (const auto& [name, seconds] : shown.times.entries()) {
     std::printf("%s\n    {\"name\": \"%s\", \"seconds_per_block\": %.6f, \"share\": %.4f}",
@@ -270,21 +380,28 @@ int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   try {
     ditops::set_num_threads(o.threads);
-    const dit::DitBlock block = [&] {
-      // The fp32 copies of the weights are only needed to build the layers.
-      const dit::DitBlockWeights weights = dit::make_synthetic_weights(o.config);
-      return dit::DitBlock(o.config, weights);
-    }();
+    const dit::DitBlock block = make_block(o.config);
+    Report report;
+    report.resident_weights = resident_bytes();
     Measurement fused, two_pass;
-    const bool run_fused = o.cfg != "two-pass", run_two_pass = o.cfg != "fused";
-    if (run_fused) fused = measure(block, dit::CfgMode::fused, o);
-    if (run_two_pass) two_pass = measure(block, dit::CfgMode::two_pass, o);
-    const Measurement& shown = run_fused ? fused : two_pass;
-    const double throughput = o.instances > 1 ? instance_throughput(block, o.instances, o) : 0.0;
-    const Measurement* fused_or_null = run_fused ? &fused : nullptr;
-    const Measurement* two_pass_or_null = run_two_pass ? &two_pass : nullptr;
-    print_text(o.json ? stderr : stdout, o, fused_or_null, two_pass_or_null, shown, throughput);
-    if (o.json) print_json(o, fused_or_null, two_pass_or_null, shown, throughput);
+    if (o.cfg != "two-pass") {
+      fused = measure(block, dit::CfgMode::fused, o);
+      report.fused = &fused;
+    }
+    if (o.cfg != "fused") {
+      two_pass = measure(block, dit::CfgMode::two_pass, o);
+      report.two_pass = &two_pass;
+    }
+    report.shown = report.fused ? report.fused : report.two_pass;
+    if (o.instances > 1) {
+      const std::vector<ditops::Instance> instances = ditops::Instance::partition(o.instances);
+      report.instances.cores_each = static_cast<int>(instances[0].cores().size());
+      report.instances.one = instance_throughput(block, instances, 1, o);
+      report.instances.all = instance_throughput(block, instances, o.instances, o);
+    }
+    if (o.compare) report.variants = compare_variants(o);
+    print_text(o.json ? stderr : stdout, o, report);
+    if (o.json) print_json(o, report);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dit_block: %s\n", e.what());
     return 1;
