@@ -3,7 +3,7 @@
 
 ditops_packages=(g++ cmake make pkg-config libomp-dev libxsimd-dev libhwloc-dev libeigen3-dev
                  libgtest-dev libbenchmark-dev nlohmann-json3-dev)
-# The fuzz preset: clang, its libFuzzer runtime (libclang_rt.fuzzer, in libclang-rt-14-dev on
+# The asan-ubsan preset: clang, its libFuzzer runtime (libclang_rt.fuzzer, in libclang-rt-14-dev on
 # bookworm, which libclang-rt-dev pulls in) and clang's OpenMP runtime (libomp-dev, above).
 ditops_fuzz_packages=(clang libclang-rt-dev)
 # The demo's benchmark peer for the int8 linear layers (oneDNN's int8 matmul).
