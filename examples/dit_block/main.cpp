@@ -80,8 +80,6 @@ Options parse(int argc, char** argv) {
       o.steps = static_cast<int>(parse_int(flag, value, 1));
     } else if (flag == "--warmup") {
       o.warmup = static_cast<int>(parse_int(flag, value, 0));
-    } else if (flag == "--warmup") {
-      o.warmup = static_cast<int>(parse_int(flag, value, 0));
     } else if (flag == "--threads") {
       o.threads = static_cast<int>(parse_int(flag, value, 0));
     } else if (flag == "--seed") {
