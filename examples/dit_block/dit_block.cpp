@@ -290,15 +290,8 @@ void DitBlock::forward(std::span<float> x, std::span<const float> conditioning,
     const std::int64_t out_columns = (streams_[0].*layer).out_features();
     timed(times, name, [&] {
       for (const StreamLayers& stream : streams_) {
-        for (std::int64_t b = 0; b < batch; ++b) {
-          TensorView x_rows = stream_rows(in, in_columns, stream);
-          TensorView y_rows = stream_rows(out, out_columns, stream);
-          for (TensorView* rows_view : {&x_rows, &y_rows}) {
-            rows_view->data = static_cast<float*>(rows_view->data) + b * rows_view->strides[0];
-            rows_view->shape[0] = 1;
-          }
-          (stream.*layer).forward(x_rows, y_rows);
-        }
+        (stream.*layer)
+            .forward(stream_rows(in, in_columns, stream), stream_rows(out, out_columns, stream));
       }
     });
   };
