@@ -216,12 +216,10 @@ DitBlock::DitBlock(const DitBlockConfig& config, const DitBlockWeights& weights)
                         "-stream block needs " + std::to_string(stream_tokens.size()) +
                         " streams of weights, not " + std::to_string(weights.streams.size()));
   }
+  const auto linear = [&](const LinearWeights& layer) { return make_linear(layer, config.linear); };
   std::int64_t first_token = 0;
   for (std::size_t s = 0; s < stream_tokens.size(); ++s) {
     const StreamWeights& w = weights.streams[s];
-    const auto linear = [&](const LinearWeights& layer) {
-      return make_linear(layer, config.linear);
-    };
     StreamLayers stream{
         .modulation = linear(w.modulation),
         .qkv = ditops::QuantLinear::concat_outputs({linear(w.q), linear(w.k), linear(w.v)}),
