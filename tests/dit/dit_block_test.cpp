@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <ditops/guidance.hpp>
@@ -23,6 +24,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "tests/reference/attention_ref.hpp"
@@ -120,6 +122,7 @@ Values per_stream(const dit::DitBlockConfig& c, std::int64_t batch, const Values
   }
   return out;
 }
+
 /// The block of dit_block.cpp, operator by operator, from the references.
 Values reference_block(const dit::DitBlock& block, const dit::DitBlockWeights& w,
                        const dit::CfgInput& in) {
