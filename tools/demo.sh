@@ -167,13 +167,13 @@ section_sparse() {
   "$build/tools/bench-summary" "$out/sparse.json" | tee "$out/sparse.md"
 }
 
-# The DiT block example (examples/dit_block): W8A8 linears and flash fp32 attention on 2
-# threads, a small shape (a 4-frame latent, so RainFusion has frames to skip) with CFG fused
-# beside two passes, one instance of one core beside two, and every attention and linear kind
-# (--compare), then FLUX's (hidden 3072, 24 heads, 4608 image + 512 text tokens; 20 s or more per
-# CFG block on 2 AVX2 cores, so the quick demo times one fused block without a warm-up, and --full
-# adds the warm-up, two passes and two instances: about 3 minutes). dit.json holds the runs'
-# reports, dit.md their text.
+# The DiT block example (examples/dit_block): the double-stream block (the CLI's default), W8A8
+# linears and flash fp32 attention on 2 threads, a small shape (a 4-frame latent, so RainFusion
+# has frames to skip) with CFG fused beside two passes, one instance of one core beside two, and
+# every attention and linear kind (--compare), then FLUX's (hidden 3072, 24 heads, 4608 image +
+# 512 text tokens; 20 s or more per CFG block on 2 AVX2 cores, so the quick demo times one fused
+# block without a warm-up, and --full adds the warm-up, two passes and two instances: about 3
+# minutes). dit.json holds the runs' reports, dit.md their text.
 section_dit() {
   local tool=$build/examples/dit_block/dit_block
   "$tool" "${dit_small[@]}" --threads 2 --json >"$out/dit_small.json" 2>"$out/dit.txt"

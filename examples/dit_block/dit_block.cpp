@@ -28,7 +28,8 @@ void timed(OpTimes* times, const char* name, const Work& work) {
 }
 
 /// Uniform on [-a, a] with a = sqrt(3 / in): the variance of the usual 1/sqrt(in) init, drawn
-/// several times faster than a normal (the FLUX shape has 170M weights to draw at start).
+/// several times faster than a normal (the FLUX shape has 170M weights per stream to draw at
+/// start).
 LinearWeights random_linear(std::int64_t out, std::int64_t in, std::mt19937& rng, bool quantize) {
   LinearWeights layer;
   layer.out = out;
@@ -126,6 +127,10 @@ const char* linear_kind_name(LinearKind kind) noexcept {
   return kind == LinearKind::w8a8 ? "w8a8" : "fp32";
 }
 
+const char* stream_kind_name(StreamKind kind) noexcept {
+  return kind == StreamKind::double_stream ? "double" : "single";
+}
+
 std::int64_t DitBlockConfig::width() const noexcept {
   if (image_width > 0) return image_width;
   const std::int64_t per_frame = frames > 0 ? image_tokens / frames : image_tokens;
@@ -147,6 +152,8 @@ void DitBlockConfig::validate() const {
   require(head_dim % 2 == 0, "head_dim must be even (RoPE rotates pairs)");
   require(mlp_ratio > 0, "mlp_ratio must be > 0");
   require(image_tokens > 0 && text_tokens >= 0, "image_tokens must be > 0, text_tokens >= 0");
+  require(stream == StreamKind::single_stream || text_tokens > 0,
+          "a double-stream block needs text tokens (text_tokens > 0)");
   require(frames > 0 && image_tokens % frames == 0, "frames must divide image_tokens");
   require((image_tokens / frames) % width() == 0,
           "image_width must divide the image tokens of a frame");
@@ -179,39 +186,63 @@ DitBlockWeights make_synthetic_weights(const DitBlockConfig& config) {
   const bool quantize = config.linear == LinearKind::w8a8;
   const std::int64_t hidden = config.hidden, mlp = config.mlp_hidden();
   DitBlockWeights weights;
-  weights.modulation = random_linear(6 * hidden, hidden, rng, quantize);
-  weights.q = random_linear(hidden, hidden, rng, quantize);
-  weights.k = random_linear(hidden, hidden, rng, quantize);
-  weights.v = random_linear(hidden, hidden, rng, quantize);
-  weights.out = random_linear(hidden, hidden, rng, quantize);
-  weights.mlp_up = random_linear(mlp, hidden, rng, quantize);
-  weights.mlp_down = random_linear(hidden, mlp, rng, quantize);
-  std::uniform_real_distribution<float> norm_weight(0.5f, 1.5f);
-  for (auto* norm : {&weights.q_norm, &weights.k_norm}) {
-    norm->resize(static_cast<std::size_t>(config.head_dim));
-    for (float& w : *norm) w = norm_weight(rng);
+  weights.streams.resize(static_cast<std::size_t>(config.streams()));
+  for (StreamWeights& stream : weights.streams) {
+    stream.modulation = random_linear(6 * hidden, hidden, rng, quantize);
+    stream.q = random_linear(hidden, hidden, rng, quantize);
+    stream.k = random_linear(hidden, hidden, rng, quantize);
+    stream.v = random_linear(hidden, hidden, rng, quantize);
+    stream.out = random_linear(hidden, hidden, rng, quantize);
+    stream.mlp_up = random_linear(mlp, hidden, rng, quantize);
+    stream.mlp_down = random_linear(hidden, mlp, rng, quantize);
+    std::uniform_real_distribution<float> norm_weight(0.5f, 1.5f);
+    for (auto* norm : {&stream.q_norm, &stream.k_norm}) {
+      norm->resize(static_cast<std::size_t>(config.head_dim));
+      for (float& w : *norm) w = norm_weight(rng);
+    }
   }
   return weights;
 }
 
 DitBlock::DitBlock(const DitBlockConfig& config, const DitBlockWeights& weights)
-    : config_((config.validate(), config)),
-      modulation_(make_linear(weights.modulation, config.linear)),
-      qkv_(ditops::QuantLinear::concat_outputs({make_linear(weights.q, config.linear),
-                                                make_linear(weights.k, config.linear),
-                                                make_linear(weights.v, config.linear)})),
-      out_(make_linear(weights.out, config.linear)),
-      mlp_up_(make_linear(weights.mlp_up, config.linear)),
-      mlp_down_(make_linear(weights.mlp_down, config.linear)),
-      q_norm_(weights.q_norm),
-      k_norm_(weights.k_norm) {
-  if (q_norm_.size() != static_cast<std::size_t>(config.head_dim) ||
-      k_norm_.size() != static_cast<std::size_t>(config.head_dim)) {
-    throw ditops::Error("DitBlock: q_norm and k_norm need head_dim values");
+    : config_((config.validate(), config)) {
+  // The tokens of every sequence each stream covers: all of them, or the text then the image.
+  const std::vector<std::int64_t> stream_tokens =
+      config.stream == StreamKind::double_stream
+          ? std::vector<std::int64_t>{config.text_tokens, config.image_tokens}
+          : std::vector<std::int64_t>{config.sequence()};
+  if (weights.streams.size() != stream_tokens.size()) {
+    throw ditops::Error("DitBlock: a " + std::string(stream_kind_name(config.stream)) +
+                        "-stream block needs " + std::to_string(stream_tokens.size()) +
+                        " streams of weights, not " + std::to_string(weights.streams.size()));
   }
-  if (modulation_.out_features() != 6 * config.hidden || qkv_.in_features() != config.hidden ||
-      mlp_up_.out_features() != config.mlp_hidden() || mlp_down_.out_features() != config.hidden) {
-    throw ditops::Error("DitBlock: the weights do not have the config's shapes");
+  const auto linear = [&](const LinearWeights& layer) { return make_linear(layer, config.linear); };
+  std::int64_t first_token = 0;
+  for (std::size_t s = 0; s < stream_tokens.size(); ++s) {
+    const StreamWeights& w = weights.streams[s];
+    StreamLayers stream{
+        .modulation = linear(w.modulation),
+        .qkv = ditops::QuantLinear::concat_outputs({linear(w.q), linear(w.k), linear(w.v)}),
+        .out = linear(w.out),
+        .mlp_up = linear(w.mlp_up),
+        .mlp_down = linear(w.mlp_down),
+        .q_norm = w.q_norm,
+        .k_norm = w.k_norm,
+        .first_token = first_token,
+        .tokens = stream_tokens[s],
+    };
+    if (stream.q_norm.size() != static_cast<std::size_t>(config.head_dim) ||
+        stream.k_norm.size() != static_cast<std::size_t>(config.head_dim)) {
+      throw ditops::Error("DitBlock: q_norm and k_norm need head_dim values");
+    }
+    if (stream.modulation.out_features() != 6 * config.hidden ||
+        stream.qkv.in_features() != config.hidden ||
+        stream.mlp_up.out_features() != config.mlp_hidden() ||
+        stream.mlp_down.out_features() != config.hidden) {
+      throw ditops::Error("DitBlock: the weights do not have the config's shapes");
+    }
+    first_token += stream.tokens;
+    streams_.push_back(std::move(stream));
   }
   rope_tables(config_, rope_cos_, rope_sin_);
 }
@@ -243,18 +274,46 @@ void DitBlock::forward(std::span<float> x, std::span<const float> conditioning,
     v.resize(static_cast<std::size_t>(size));
     return v;
   };
+  // The rows of `stream` in a [batch, S, columns] buffer: [batch, tokens, columns], strided
+  // across sequences when the sequence holds two streams.
+  const auto stream_rows = [&](std::vector<float>& values, std::int64_t columns,
+                               const StreamLayers& stream) {
+    return ditops::view(values.data() + stream.first_token * columns,
+                        {batch, stream.tokens, columns}, {seq * columns, columns, 1});
+  };
+  // A linear layer with per-stream weights: each stream's layer on its own rows.
+  const auto stream_linear = [&](const char* name, ditops::QuantLinear StreamLayers::*layer,
+                                 std::vector<float>& in, std::vector<float>& out) {
+    const std::int64_t in_columns = (streams_[0].*layer).in_features();
+    const std::int64_t out_columns = (streams_[0].*layer).out_features();
+    timed(times, name, [&] {
+      for (const StreamLayers& stream : streams_) {
+        (stream.*layer)
+            .forward(stream_rows(in, in_columns, stream), stream_rows(out, out_columns, stream));
+      }
+    });
+  };
+
   std::vector<float>& activated = ws.activated;
   activated.assign(conditioning.begin(), conditioning.end());
-  std::vector<float>& modulation = buffer(ws.modulation, batch * 6 * hidden);
-  // AdaLN: six [hidden] vectors per sequence from silu(conditioning).
+  const auto streams = static_cast<std::int64_t>(streams_.size());
+  std::vector<float>& modulation = buffer(ws.modulation, streams * batch * 6 * hidden);
+  // AdaLN: six [hidden] vectors per stream and sequence from silu(conditioning).
   timed(times, "modulation", [&] {
     for (float& v : activated) v = v / (1.f + std::exp(-v));
-    modulation_.forward(ditops::view(activated.data(), {batch, hidden}),
-                        ditops::view(modulation.data(), {batch, 6 * hidden}));
+    float* stream_modulation = modulation.data();
+    for (const StreamLayers& stream : streams_) {
+      stream.modulation.forward(ditops::view(activated.data(), {batch, hidden}),
+                                ditops::view(stream_modulation, {batch, 6 * hidden}));
+      stream_modulation += batch * 6 * hidden;
+    }
   });
-  // Vector `which` (0..5: shift, scale, gate of attention, then of the MLP) of sequence b.
-  const auto mod = [&](std::int64_t b, int which) {
-    return modulation.data() + (b * 6 + which) * hidden;
+  // Vector `which` (0..5: shift, scale, gate of attention, then of the MLP) for row r of x,
+  // from its sequence's conditioning through the weights of its token's stream.
+  const auto mod = [&](std::int64_t r, int which) {
+    const bool image_stream = c.stream == StreamKind::double_stream && r % seq >= c.text_tokens;
+    const std::int64_t stream = image_stream ? 1 : 0;
+    return modulation.data() + ((stream * batch + r / seq) * 6 + which) * hidden;
   };
   // normed = normed * (1 + scale) + shift, per sequence: the AdaLN modulation around RMSNorm.
   std::vector<float>& normed = buffer(ws.normed, rows * hidden);
@@ -262,8 +321,8 @@ void DitBlock::forward(std::span<float> x, std::span<const float> conditioning,
     timed(times, "modulate", [&] {
 #pragma omp parallel for num_threads(threads) schedule(static)
       for (std::int64_t r = 0; r < rows; ++r) {
-        const float* shift = mod(r / seq, shift_index);
-        const float* scale = mod(r / seq, shift_index + 1);
+        const float* shift = mod(r, shift_index);
+        const float* scale = mod(r, shift_index + 1);
         float* row = normed.data() + r * hidden;
         for (std::int64_t i = 0; i < hidden; ++i) row[i] = row[i] * (1.f + scale[i]) + shift[i];
       }
@@ -276,19 +335,24 @@ void DitBlock::forward(std::span<float> x, std::span<const float> conditioning,
   timed(times, "rms_norm", [&] { ditops::rms_norm(x_view, {}, c.eps, normed_view); });
   modulate(0);
   std::vector<float>& qkv = buffer(ws.qkv, rows * 3 * hidden);
-  timed(times, "qkv", [&] {
-    qkv_.forward(normed_view, ditops::view(qkv.data(), {rows, 3 * hidden}));
-  });
-  // q, k, v: [batch, S, heads, head_dim] views into the fused output's columns.
-  const auto part = [&](int index) {
-    return ditops::view(qkv.data() + index * hidden, {batch, seq, heads, dim},
-                        {seq * 3 * hidden, 3 * hidden, dim, 1});
+  stream_linear("qkv", &StreamLayers::qkv, normed, qkv);
+  // q, k or v of tokens [first_token, first_token + tokens) of every sequence:
+  // [batch, tokens, heads, head_dim] views into the fused output's columns.
+  const auto part = [&](int index, std::int64_t first_token, std::int64_t tokens) {
+    return ditops::view(qkv.data() + first_token * 3 * hidden + index * hidden,
+                        {batch, tokens, heads, dim}, {seq * 3 * hidden, 3 * hidden, dim, 1});
   };
-  const TensorView q = part(0), k = part(1), v = part(2);
   timed(times, "qk_norm", [&] {
-    ditops::rms_norm(q, ditops::view(q_norm_.data(), {dim}), c.eps, q);
-    ditops::rms_norm(k, ditops::view(k_norm_.data(), {dim}), c.eps, k);
+    for (const StreamLayers& stream : streams_) {
+      const TensorView q = part(0, stream.first_token, stream.tokens);
+      const TensorView k = part(1, stream.first_token, stream.tokens);
+      ditops::rms_norm(q, ditops::view(stream.q_norm.data(), {dim}), c.eps, q);
+      ditops::rms_norm(k, ditops::view(stream.k_norm.data(), {dim}), c.eps, k);
+    }
   });
+  // From here to the out-projection every token is alike: RoPE and attention over the whole
+  // (joint) sequence.
+  const TensorView q = part(0, 0, seq), k = part(1, 0, seq), v = part(2, 0, seq);
   timed(times, "rope", [&] {
     const TensorView cos = ditops::view(rope_cos_.data(), {seq, dim});
     const TensorView sin = ditops::view(rope_sin_.data(), {seq, dim});
@@ -334,15 +398,12 @@ void DitBlock::forward(std::span<float> x, std::span<const float> conditioning,
                               options);
   });
   std::vector<float>& projected = buffer(ws.projected, rows * hidden);
-  timed(times, "out_proj", [&] {
-    out_.forward(ditops::view(attended.data(), {rows, hidden}),
-                 ditops::view(projected.data(), {rows, hidden}));
-  });
+  stream_linear("out_proj", &StreamLayers::out, attended, projected);
   // projected *= the attention half's gate, for the residual add below.
   timed(times, "gate", [&] {
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (std::int64_t r = 0; r < rows; ++r) {
-      const float* g = mod(r / seq, 2);
+      const float* g = mod(r, 2);
       float* row = projected.data() + r * hidden;
       for (std::int64_t i = 0; i < hidden; ++i) row[i] *= g[i];
     }
@@ -357,22 +418,17 @@ void DitBlock::forward(std::span<float> x, std::span<const float> conditioning,
   // ---- MLP half ----
   modulate(3);
   std::vector<float>& up = buffer(ws.up, rows * mlp);
-  timed(times, "mlp_up", [&] {
-    mlp_up_.forward(normed_view, ditops::view(up.data(), {rows, mlp}));
-  });
+  stream_linear("mlp_up", &StreamLayers::mlp_up, normed, up);
   timed(times, "gelu", [&] {
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (std::int64_t i = 0; i < rows * mlp; ++i) up[i] = gelu_tanh(up[i]);
   });
-  timed(times, "mlp_down", [&] {
-    mlp_down_.forward(ditops::view(up.data(), {rows, mlp}),
-                      ditops::view(projected.data(), {rows, hidden}));
-  });
+  stream_linear("mlp_down", &StreamLayers::mlp_down, up, projected);
   // x += gate * MLP, in one pass (no norm follows inside the block).
   timed(times, "gated_residual", [&] {
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (std::int64_t r = 0; r < rows; ++r) {
-      const float* g = mod(r / seq, 5);
+      const float* g = mod(r, 5);
       const float* row = projected.data() + r * hidden;
       float* out = x.data() + r * hidden;
       for (std::int64_t i = 0; i < hidden; ++i) out[i] += g[i] * row[i];

@@ -1,10 +1,13 @@
 #pragma once
-// One diffusion-transformer block assembled from ditops' public API, single-stream as in
-// FLUX's later blocks (text and image tokens in one sequence, one set of weights; a
-// double-stream block runs the same operators with separate text and image weights), with
-// AdaLN modulation, fused QKV, per-head q/k RMSNorm, 2-D RoPE, attention, a gated residual and
-// a GELU MLP after it (in sequence, as in DiT and SD3 blocks; FLUX's single-stream blocks run
-// the MLP beside attention from one fused input projection). Everything heavy is a ditops call;
+// One diffusion-transformer block assembled from ditops' public API, in FLUX's two shapes:
+// double-stream (MMDiT, FLUX's first 19 blocks: text and image tokens keep separate weights,
+// each stream its own AdaLN modulation, fused QKV, q/k norms, out-projection and MLP, and
+// attention runs jointly over the concatenated [text, image] sequence) and single-stream
+// (FLUX's later blocks: one set of weights for every token). Both run AdaLN modulation, fused
+// QKV, per-head q/k RMSNorm, 2-D RoPE, attention, a gated residual and a GELU MLP after it (in
+// sequence, as in DiT and SD3 blocks; FLUX's single-stream blocks run the MLP beside attention
+// from one fused input projection). The operators are written once: a stream is a set of
+// weights and the tokens of each sequence it covers. Everything heavy is a ditops call;
 // element-wise glue is plain loops.
 
 #include <cstdint>
@@ -19,10 +22,12 @@ namespace dit {
 
 enum class AttentionKind { flash, int8, rainfusion };
 enum class LinearKind { w8a8, fp32 };
+enum class StreamKind { single_stream, double_stream };
 
-/// "flash", "int8", "rainfusion" / "w8a8", "fp32" (the CLI's spelling).
+/// "flash", "int8", "rainfusion" / "w8a8", "fp32" / "single", "double" (the CLI's spelling).
 const char* attention_kind_name(AttentionKind kind) noexcept;
 const char* linear_kind_name(LinearKind kind) noexcept;
+const char* stream_kind_name(StreamKind kind) noexcept;
 
 struct DitBlockConfig {
   std::int64_t hidden = 3072;
@@ -39,11 +44,14 @@ struct DitBlockConfig {
   std::int64_t text_tokens = 512;  ///< the padded text length every sequence has
   AttentionKind attention = AttentionKind::flash;
   LinearKind linear = LinearKind::w8a8;
+  /// double_stream: text and image tokens through separate weights (needs text_tokens > 0).
+  StreamKind stream = StreamKind::double_stream;
   float eps = 1e-6f;
   std::uint32_t seed = 1;
 
   std::int64_t sequence() const noexcept { return text_tokens + image_tokens; }
   std::int64_t mlp_hidden() const noexcept { return hidden * mlp_ratio; }
+  std::int64_t streams() const noexcept { return stream == StreamKind::double_stream ? 2 : 1; }
   /// image_width resolved (see above).
   std::int64_t width() const noexcept;
   /// Throws ditops::Error naming the first inconsistent field.
@@ -59,7 +67,8 @@ struct LinearWeights {
   std::vector<float> bias;            ///< f32 [out]
 };
 
-struct DitBlockWeights {
+/// The weights one stream of tokens runs through.
+struct StreamWeights {
   /// [6 * hidden, hidden] on silu(conditioning): shift, scale and gate of the attention half,
   /// then of the MLP half (AdaLN-Zero's six vectors).
   LinearWeights modulation;
@@ -67,8 +76,16 @@ struct DitBlockWeights {
   std::vector<float> q_norm, k_norm;  ///< [head_dim] per-head RMSNorm weights
 };
 
-/// Random weights drawn from config.seed (normal, 1/sqrt(in) scaled); for LinearKind::w8a8
-/// each layer is quantized per output channel (symmetric int8, scale max|w| / 127).
+struct DitBlockWeights {
+  /// config.streams() of them, in the order of the tokens they cover: all tokens
+  /// (single-stream), or text then image (double-stream).
+  std::vector<StreamWeights> streams;
+};
+
+/// Random weights drawn from config.seed (1/sqrt(in) scaled), stream after stream from one
+/// generator (so the first stream is the single-stream block's of the same seed); for
+/// LinearKind::w8a8 each layer is quantized per output channel (symmetric int8, scale
+/// max|w| / 127).
 DitBlockWeights make_synthetic_weights(const DitBlockConfig& config);
 
 /// Wall time per operator name, summed over calls, in the order names first appear.
@@ -99,6 +116,8 @@ class DitBlock {
   /// out [text padding, text, image] (text left-padded to text_tokens, so the valid tokens of
   /// every sequence are one contiguous suffix). x: [batch, S, hidden] f32, the residual stream,
   /// updated in place. conditioning: [batch, hidden] f32 (timestep + pooled text embedding).
+  /// Double-stream: the first text_tokens rows of every sequence (padding included) run
+  /// through the text weights, the rest through the image weights; attention is joint.
   /// Padding tokens are never attended to; their own rows come out finite but meaningless.
   /// Safe to call from several threads at once, each with its own workspace (null: the call
   /// allocates its activations).
@@ -112,9 +131,15 @@ class DitBlock {
   const std::vector<float>& rope_sin() const noexcept { return rope_sin_; }
 
  private:
+  /// One stream's packed layers and the tokens of every sequence it covers.
+  struct StreamLayers {
+    ditops::QuantLinear modulation, qkv, out, mlp_up, mlp_down;
+    std::vector<float> q_norm, k_norm;
+    std::int64_t first_token = 0, tokens = 0;
+  };
+
   DitBlockConfig config_;
-  ditops::QuantLinear modulation_, qkv_, out_, mlp_up_, mlp_down_;
-  std::vector<float> q_norm_, k_norm_;
+  std::vector<StreamLayers> streams_;
   std::vector<float> rope_cos_, rope_sin_;
 };
 

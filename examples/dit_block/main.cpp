@@ -2,9 +2,12 @@
 // batch of two) and as two passes, per operator, and optionally on two instances at once.
 //
 //   dit_block [--hidden 3072] [--heads 24] [--image 4608] [--text 512] [--mlp-ratio 4]
-//             [--frames 1] [--attention flash|int8|rainfusion] [--linear w8a8|fp32]
-//             [--cfg fused|two-pass|both] [--instances 1|2] [--steps N] [--threads N]
-//             [--warmup N] [--seed N] [--compare] [--json]
+//             [--frames 1] [--stream single|double] [--attention flash|int8|rainfusion]
+//             [--linear w8a8|fp32] [--cfg fused|two-pass|both] [--instances 1|2] [--steps N]
+//             [--threads N] [--warmup N] [--seed N] [--compare] [--json]
+//
+// --stream: FLUX's double-stream block (separate text and image weights, joint attention; the
+// default) or its single-stream one (one set of weights).
 //
 // --json prints the report as JSON on stdout and the text report on stderr. --warmup: untimed
 // CFG blocks before each measurement (plans, first-touch page faults; default 1). --compare
@@ -45,7 +48,8 @@ struct Options {
 [[noreturn]] void usage(const std::string& problem) {
   std::fprintf(stderr,
                "dit_block: %s\nusage: dit_block [--hidden N] [--heads N] [--image N] [--text N]"
-               " [--mlp-ratio N] [--frames N] [--attention flash|int8|rainfusion]"
+               " [--mlp-ratio N] [--frames N] [--stream single|double]"
+               " [--attention flash|int8|rainfusion]"
                " [--linear w8a8|fp32] [--cfg fused|two-pass|both] [--instances 1|2]"
                " [--steps N] [--warmup N] [--threads N] [--seed N] [--compare] [--json]\n",
                problem.c_str());
@@ -95,6 +99,10 @@ Options parse(int argc, char** argv) {
     } else if (flag == "--instances") {
       o.instances = static_cast<int>(parse_int(flag, value, 1));
       if (o.instances > 2) usage("--instances is 1 or 2");
+    } else if (flag == "--stream") {
+      if (text != "double" && text != "single") usage("--stream is single or double");
+      o.config.stream =
+          text == "double" ? dit::StreamKind::double_stream : dit::StreamKind::single_stream;
     } else if (flag == "--attention") {
       if (text == "flash") {
         o.config.attention = dit::AttentionKind::flash;
@@ -262,13 +270,14 @@ struct Report {
 void print_text(std::FILE* file, const Options& o, const Report& r) {
   const dit::DitBlockConfig& c = o.config;
   std::fprintf(file,
-               "DiT block (single-stream): hidden %lld, %lld heads x %lld, image %lld + text %lld"
+               "DiT block (%s-stream): hidden %lld, %lld heads x %lld, image %lld + text %lld"
                " tokens, mlp x%lld, %s linears, %s attention, %d threads, %s\n",
-               static_cast<long long>(c.hidden), static_cast<long long>(c.heads),
-               static_cast<long long>(c.head_dim), static_cast<long long>(c.image_tokens),
-               static_cast<long long>(c.text_tokens), static_cast<long long>(c.mlp_ratio),
-               dit::linear_kind_name(c.linear), dit::attention_kind_name(c.attention),
-               ditops::num_threads(), ditops::cpu_info().isa.c_str());
+               dit::stream_kind_name(c.stream), static_cast<long long>(c.hidden),
+               static_cast<long long>(c.heads), static_cast<long long>(c.head_dim),
+               static_cast<long long>(c.image_tokens), static_cast<long long>(c.text_tokens),
+               static_cast<long long>(c.mlp_ratio), dit::linear_kind_name(c.linear),
+               dit::attention_kind_name(c.attention), ditops::num_threads(),
+               ditops::cpu_info().isa.c_str());
   if (r.fused) {
     std::fprintf(file, "CFG fused (batch 2):     %.4f s per block\n", r.fused->seconds_per_block);
   }
@@ -319,15 +328,16 @@ void print_text(std::FILE* file, const Options& o, const Report& r) {
 void print_json(const Options& o, const Report& r) {
   const dit::DitBlockConfig& c = o.config;
   std::printf(
-      "{\n  \"block\": \"single-stream\", \"hidden\": %lld, \"heads\": %lld,"
+      "{\n  \"block\": \"%s-stream\", \"hidden\": %lld, \"heads\": %lld,"
       " \"head_dim\": %lld, \"image_tokens\": %lld, \"text_tokens\": %lld,"
       " \"mlp_ratio\": %lld,\n  \"linear\": \"%s\", \"attention\": \"%s\","
       " \"threads\": %d, \"isa\": \"%s\", \"steps\": %d,\n",
-      static_cast<long long>(c.hidden), static_cast<long long>(c.heads),
-      static_cast<long long>(c.head_dim), static_cast<long long>(c.image_tokens),
-      static_cast<long long>(c.text_tokens), static_cast<long long>(c.mlp_ratio),
-      dit::linear_kind_name(c.linear), dit::attention_kind_name(c.attention), ditops::num_threads(),
-      ditops::cpu_info().isa.c_str(), o.steps);
+      dit::stream_kind_name(c.stream), static_cast<long long>(c.hidden),
+      static_cast<long long>(c.heads), static_cast<long long>(c.head_dim),
+      static_cast<long long>(c.image_tokens), static_cast<long long>(c.text_tokens),
+      static_cast<long long>(c.mlp_ratio), dit::linear_kind_name(c.linear),
+      dit::attention_kind_name(c.attention), ditops::num_threads(), ditops::cpu_info().isa.c_str(),
+      o.steps);
   if (r.fused) std::printf("  \"fused_seconds_per_block\": %.6f,\n", r.fused->seconds_per_block);
   if (r.two_pass) {
     std::printf("  \"two_pass_seconds_per_block\": %.6f,\n", r.two_pass->seconds_per_block);

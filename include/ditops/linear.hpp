@@ -102,8 +102,10 @@ class QuantLinear {
   /// on the same input they are equal; if not, the fusion is refused with Error).
   static QuantLinear concat_outputs(const std::vector<QuantLinear>& parts);
 
-  /// y = layer(x). x: [..., in] f32 or bf16, rows with any strides, the last dim contiguous;
-  /// y: [..., out] f32 or bf16, the same leading shape, contiguous rows; y must not overlap x.
+  /// y = layer(x). x: [..., in] f32 or bf16; y: [..., out] f32 or bf16, the same leading shape.
+  /// Both have rows with any strides and the last dim contiguous, so y may be a view into rows
+  /// of a larger buffer (e.g. [batch, T, out] with row stride 3 · out, one third of a fused
+  /// output); y must not overlap x.
   void forward(const TensorView& x, const TensorView& y) const;
 
   QuantAlgo algo() const noexcept;

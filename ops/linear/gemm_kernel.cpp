@@ -43,7 +43,7 @@ constexpr simd::RowBytes kRowBytes =
 
 template <class Arch, class T>
 const T* row_of(const GemmProblem& p, const core::RowWalker<1>& walker) noexcept {
-  return static_cast<const T*>(p.x) + walker.offset(0);
+  return static_cast<const T*>(p.x) + walker.offset(kX);
 }
 
 /// x · smooth (where present) of elements [i, i + count) of a row.
@@ -109,10 +109,21 @@ void widen_typed(const GemmProblem& p, std::int64_t begin, std::int64_t end, flo
   }
 }
 
-/// Writes the tile rows that exist (row0 + r < m) of y's columns [n0, n0 + cols), value(r, c)
-/// giving vector c of row r.
+/// Element offsets in y of the rows [begin, min(end, m)) a block stores: walked once per block,
+/// not once per tile (starting a walk costs a division per leading dimension).
+void y_row_offsets(const GemmProblem& p, std::int64_t begin, std::int64_t end,
+                   std::int64_t* offsets) noexcept {
+  core::RowWalker<kY + 1> walker(p.rows, begin);
+  for (std::int64_t r = begin; r < std::min(end, p.m); ++r, walker.next()) {
+    offsets[r - begin] = walker.offset(kY);
+  }
+}
+
+/// Writes the tile rows that exist (row0 + r < m) of y's columns [n0, n0 + cols), row r at
+/// element offset y_rows[r], value(r, c) giving vector c of row r.
 template <class Arch, int R, class Value>
-void store_tile(const GemmProblem& p, std::int64_t row0, std::int64_t n0, const Value& value) {
+void store_tile(const GemmProblem& p, const std::int64_t* y_rows, std::int64_t row0,
+                std::int64_t n0, const Value& value) {
   constexpr int kLanes = F32<Arch>::size;
   const int rows = static_cast<int>(std::min<std::int64_t>(R, p.m - row0));
   const std::int64_t columns = std::min<std::int64_t>(kCols<Arch>, p.n - n0);
@@ -122,7 +133,7 @@ void store_tile(const GemmProblem& p, std::int64_t row0, std::int64_t n0, const 
       const std::int64_t count = std::min<std::int64_t>(kLanes, p.n - first);
       if (count <= 0) break;
       const F32<Arch> v = value(r, c);
-      const std::int64_t at = (row0 + r) * p.n + first;
+      const std::int64_t at = y_rows[r] + first;
       if (p.y_dtype == DType::f32) {
         float* y = static_cast<float*>(p.y) + at;
         columns == kCols<Arch> ? v.store_unaligned(y)
@@ -180,6 +191,8 @@ void gemm_int8(const GemmProblem& p, const std::uint8_t* a, const float* row_sca
   using Reg = typename I32<Arch>::register_type;
   const std::int64_t words = p.k_padded / 4;
   alignas(64) std::int32_t partial[kMaxBlockTiles * R * kCols<Arch>];
+  std::int64_t y_rows[kMaxBlockTiles * R];
+  y_row_offsets(p, row_begin, row_end, y_rows);
   for (std::int64_t panel = panel_begin; panel < panel_end; ++panel) {
     const auto* weights = static_cast<const std::int8_t*>(p.panels) + panel * p.panel_bytes;
     const std::int64_t n0 = panel * kCols<Arch>;
@@ -219,7 +232,7 @@ void gemm_int8(const GemmProblem& p, const std::uint8_t* a, const float* row_sca
           }
           continue;
         }
-        store_tile<Arch, R>(p, row0, n0, [&](int r, int c) {
+        store_tile<Arch, R>(p, y_rows + (row0 - row_begin), row0, n0, [&](int r, int c) {
           const F32<Arch> sum = xsimd::to_float(I32<Arch>(acc[r][c]) + offset[c]);
           return simd::fmadd<Arch>(sum, scale[c] * F32<Arch>(row_scale[row0 + r]), bias[c]);
         });
@@ -233,6 +246,8 @@ void gemm_f32(const GemmProblem& p, const float* a, std::int64_t row_begin, std:
               std::int64_t panel_begin, std::int64_t panel_end) noexcept {
   constexpr int R = kF32Rows<Arch>, kLanes = F32<Arch>::size;
   using Reg = typename F32<Arch>::register_type;
+  std::int64_t y_rows[kMaxBlockTiles * R];
+  y_row_offsets(p, row_begin, row_end, y_rows);
   for (std::int64_t panel = panel_begin; panel < panel_end; ++panel) {
     const auto* weights = static_cast<const float*>(p.panels) + panel * (p.panel_bytes / 4);
     const std::int64_t n0 = panel * kCols<Arch>;
@@ -264,7 +279,7 @@ void gemm_f32(const GemmProblem& p, const float* a, std::int64_t row_begin, std:
           }
         }
       }
-      store_tile<Arch, R>(p, row0, n0,
+      store_tile<Arch, R>(p, y_rows + (row0 - row_begin), row0, n0,
                           [&](int r, int c) { return F32<Arch>(acc[r][c]) + bias[c]; });
     }
   }

@@ -44,14 +44,17 @@ struct ActivationQuant {
   const float* smooth = nullptr;  ///< [k] factors applied to x first, or null
 };
 
+/// The operands GemmProblem::rows addresses: x's rows and y's rows share the leading shape.
+enum GemmOperand { kX = 0, kY = 1 };
+
 /// One forward call as the kernels see it (validated by the layer).
 struct GemmProblem {
   std::int64_t m = 0, n = 0, k = 0;
   DType x_dtype = DType::f32;  ///< f32 or bf16
   DType y_dtype = DType::f32;  ///< f32 or bf16
-  const void* x = nullptr;     ///< rows per `rows` (operand 0), k contiguous elements each
+  const void* x = nullptr;     ///< rows per `rows` (operand kX), k contiguous elements each
   core::RowLayout rows;
-  void* y = nullptr;  ///< m contiguous rows of n elements
+  void* y = nullptr;  ///< rows per `rows` (operand kY), n contiguous elements each
   /// Packed W: panels of panel_bytes each, k_padded (a multiple of 4 for int8) deep.
   const void* panels = nullptr;
   std::int64_t panel_bytes = 0;

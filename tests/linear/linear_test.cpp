@@ -2,7 +2,8 @@
 // (integer inputs whose products stay below 2^24 come out of an identity epilogue as the exact
 // integers), the epilogue within a few fp32 roundings, over M, N, K around every tile edge,
 // f32 and bf16 activations and outputs, strided rows, 1 and 2 threads; per-step switching of
-// timestep layers; the fused QKV equal to its parts; bad arguments.
+// timestep layers; the fused QKV equal to its parts; strided y equal to contiguous y; bad
+// arguments.
 
 #include <gtest/gtest.h>
 
@@ -381,6 +382,59 @@ TEST(QuantLinear, ConcatOutputsEqualsItsParts) {
   }
 }
 
+// ---- strided y ----------------------------------------------------------------------------------
+
+// y as the middle third of a fused [batch, rows + 2, 3 · n] buffer: rows 3 · n apart, batches
+// two spare rows apart. The kernels store the same values at other addresses, so y equals the
+// contiguous output bitwise, and every other element of the buffer keeps its canary. Batches of
+// 7 rows put the tile edges (4, 6, 8, 12 rows) inside batches and across them.
+template <class Y>
+void expect_strided_y_equals_contiguous(const QuantLinear& linear, TestTensor<float>& x,
+                                        const std::string& what) {
+  const std::int64_t batch = x.shape()[0], rows = x.shape()[1], n = linear.out_features();
+  const std::int64_t row_stride = 3 * n, batch_stride = (rows + 2) * row_stride;
+  TestTensor<Y> contiguous({batch, rows, n});
+  linear.forward(x.view(), contiguous.view());
+  std::vector<Y> fused(static_cast<std::size_t>(batch * batch_stride), canary<Y>());
+  linear.forward(x.view(), view(fused.data() + n, {batch, rows, n}, {batch_stride, row_stride, 1}));
+  for (std::int64_t b = 0; b < batch; ++b) {
+    for (std::int64_t r = 0; r < rows + 2; ++r) {
+      for (std::int64_t c = 0; c < row_stride; ++c) {
+        const Y got = fused[static_cast<std::size_t>(b * batch_stride + r * row_stride + c)];
+        const bool in_y = r < rows && c >= n && c < 2 * n;
+        const Y want = in_y ? contiguous.at((b * rows + r) * n + c - n) : canary<Y>();
+        ASSERT_TRUE(same_bits(got, want)) << what << " batch " << b << " row " << r << " column "
+                                          << c << (in_y ? " (in y)" : " (outside y)");
+      }
+    }
+  }
+}
+
+TEST(QuantLinear, StridedOutputEqualsContiguous) {
+  std::mt19937 rng(29);
+  const std::int64_t batch = 3, rows = 7, n = 37, k = 70;
+  for (int threads : {1, 2}) {
+    const ScopedThreads thread_count(threads);
+    for (QuantAlgo algo :
+         {QuantAlgo::w8a8_static, QuantAlgo::w8a8_dynamic, QuantAlgo::float_linear}) {
+      Int8Layer layer = random_layer(n, k, rng, true, false);
+      layer.input_scale = {0.03f};
+      layer.input_offset = {1.f};
+      const std::vector<float> float_weight(layer.weight.begin(), layer.weight.end());
+      const QuantLinear linear = algo == QuantAlgo::float_linear
+                                     ? QuantLinear::float_linear(view(float_weight.data(), {n, k}),
+                                                                 view(layer.bias.data(), {n}))
+                                     : QuantLinear::w8a8(algo, layer.tensors());
+      TestTensor<float> x({batch, rows, k}, /*row_pad=*/3);
+      x.fill_normal(rng);
+      const std::string what =
+          std::string(quant_algo_name(algo)) + " threads " + std::to_string(threads);
+      expect_strided_y_equals_contiguous<float>(linear, x, what + " f32 y");
+      expect_strided_y_equals_contiguous<bf16>(linear, x, what + " bf16 y");
+    }
+  }
+}
+
 // ---- bad arguments ------------------------------------------------------------------------------
 
 TEST(QuantLinear, RejectsBadLayers) {
@@ -462,8 +516,12 @@ TEST(QuantLinear, RejectsBadForwardArguments) {
   expect_rejected([&] { linear.forward(x.view(), wrong_n.view()); }, "out features (8)", wrong_n);
   TestTensor<float> wrong_rows({4, 8});
   expect_rejected([&] { linear.forward(x.view(), wrong_rows.view()); }, "y has shape", wrong_rows);
-  TestTensor<float> strided_y({3, 8}, 1);
-  expect_rejected([&] { linear.forward(x.view(), strided_y.view()); }, "contiguous", strided_y);
+  TestTensor<float> wide_y({3, 16});
+  TensorView strided_columns = wide_y.view();
+  strided_columns.shape[1] = 8;
+  strided_columns.strides[1] = 2;
+  expect_rejected([&] { linear.forward(x.view(), strided_columns); },
+                  "QuantLinear::forward: y.strides[1]", wide_y);
   TestTensor<std::int32_t> int_x({3, 16});
   expect_rejected([&] { linear.forward(int_x.view(), y.view()); }, "x", y);
   // y over x: [3, 16] floats viewed as y [3, 8] shares x's memory.
