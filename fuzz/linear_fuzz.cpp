@@ -1,8 +1,9 @@
 // QuantLinear over its argument space: every algorithm, layers built from tensors of any
 // length, dtype and value (NaN and zero scales, -128 weights, SmoothQuant factors, per-step
 // parameters), forward calls with f32 / bf16 activations and outputs, ranks 1-3, strided rows,
-// broken and aliasing outputs, concat_outputs of compatible and incompatible parts. Accepted
-// calls with finite inputs are checked against the exact-integer reference.
+// broken and aliasing outputs, each output activation, concat_outputs of compatible and
+// incompatible parts. Accepted calls with finite inputs are checked against the exact-integer
+// reference (activated in fp64).
 
 #include <ditops/linear.hpp>
 
@@ -93,6 +94,26 @@ bool all_finite(const std::vector<float>& values) {
   return true;
 }
 
+/// y against `layer` (the layer's output in fp64 and the bound of its fp32 value) activated as
+/// the call asked, but for the outputs `skip(i)` leaves to the caller.
+template <class Y, class Skip>
+void check_activated(const TestTensor<Y>& y, const test::EpilogueRef& layer, Activation activation,
+                     const std::string& context, const Skip& skip) {
+  const test::EpilogueRef ref = test::activated_ref(layer, activation, std::is_same_v<Y, bf16>);
+  for (std::int64_t i = 0; i < y.size(); ++i) {
+    if (skip(i)) continue;
+    const double got = y.value(i), want = ref.expected[static_cast<std::size_t>(i)];
+    const bool close =
+        std::isnan(want)
+            ? std::isnan(got)
+            : got == want || std::fabs(got - want) <= ref.tolerance[static_cast<std::size_t>(i)];
+    if (!close) {
+      failure(context + ": y[" + std::to_string(i) + "] = " + std::to_string(got) +
+              ", the reference " + std::to_string(want));
+    }
+  }
+}
+
 template <class X, class Y>
 void run(Input& in) {
   std::mt19937 rng(in.seed());
@@ -134,8 +155,10 @@ void run(Input& in) {
   TensorView y_view = y.view();
   if (in.rarely(16)) y_view.shape[y_view.rank - 1] += 1;
   if (in.rarely(16)) y_view.strides[y_view.rank - 1] = 2;  // refused: the last dim is strided
+  const Activation activation =
+      in.pick({Activation::none, Activation::gelu_tanh, Activation::silu});
   const auto before = y.snapshot();
-  if (!accepted([&] { linear.forward(x.view(), y_view); })) {
+  if (!accepted([&] { linear.forward(x.view(), y_view, activation); })) {
     expect_unchanged(y, before, "y");
     return;
   }
@@ -145,13 +168,30 @@ void run(Input& in) {
   for (std::int64_t i = 0; i < x.size(); ++i)
     x_values[static_cast<std::size_t>(i)] = to_float(x.at(i));
   if (specials || !all_finite(layer.bias) || m == 0) return;  // propagated as the caller chose
+  if (!layer.smooth.empty()) {
+    // x · smooth_scale beyond fp32's range makes a dynamic row's scale inf (inf / inf quotients):
+    // also the caller's choice, as special values are.
+    for (std::int64_t i = 0; i < x.size(); ++i) {
+      if (!std::isfinite(x_values[static_cast<std::size_t>(i)] *
+                         layer.smooth[static_cast<std::size_t>(i % k)])) {
+        return;
+      }
+    }
+  }
   const std::string context = std::string(quant_algo_name(algo)) + " m" + std::to_string(m) + " n" +
-                              std::to_string(n) + " k" + std::to_string(k);
+                              std::to_string(n) + " k" + std::to_string(k) + " activation " +
+                              std::to_string(static_cast<int>(activation));
   if (algo == QuantAlgo::float_linear) {
-    const auto ref = test::float_matmul_ref(x_values, float_weight, layer.bias, m, n, k);
+    test::EpilogueRef layer_ref;
+    layer_ref.expected = test::float_matmul_ref(x_values, float_weight, layer.bias, m, n, k);
     // fp32 sums of k products of N(0, 1) x and |w| <= 127 weights.
     const double atol = 127e-5 * std::sqrt(static_cast<double>(k));
-    check_close(y, ref, {std::is_same_v<Y, bf16> ? 0x1p-8 : 1e-5, atol}, context);
+    for (double want : layer_ref.expected)
+      layer_ref.tolerance.push_back(atol + 1e-5 * std::fabs(want));
+    // A result at the edge of fp32's range may round to inf in bf16: the caller's choice too.
+    check_activated(y, layer_ref, activation, context, [&](std::int64_t i) {
+      return !(std::fabs(layer_ref.expected[static_cast<std::size_t>(i)]) < 1e37);
+    });
     return;
   }
   // The layer was accepted, so its parameters are finite (scales positive where they divide).
@@ -184,20 +224,16 @@ void run(Input& in) {
       column_offset[static_cast<std::size_t>(j)] = -quant.offset * sum;
     }
   }
-  const test::EpilogueRef ref = test::epilogue_ref(acc, row_scale, column_scale, column_offset,
-                                                   layer.bias, m, n, std::is_same_v<Y, bf16>);
-  for (std::int64_t i = 0; i < m * n; ++i) {
-    const double got = y.value(i), want = ref.expected[static_cast<std::size_t>(i)];
+  const test::EpilogueRef layer_ref = test::epilogue_ref(
+      acc, row_scale, column_scale, column_offset, layer.bias, m, n, /*bf16_output=*/false);
+  check_activated(y, layer_ref, activation, context, [&](std::int64_t i) {
     // Scales whose fp32 product is subnormal (its relative precision is gone) or whose result
     // leaves fp32's range are the caller's choice, as for any fp32 computation.
     const double scales =
         row_scale[static_cast<std::size_t>(i / n)] * column_scale[static_cast<std::size_t>(i % n)];
-    if ((scales != 0 && std::fabs(scales) < FLT_MIN) || !(std::fabs(want) < 1e37)) continue;
-    if (!(std::fabs(got - want) <= ref.tolerance[static_cast<std::size_t>(i)])) {
-      failure(context + ": y[" + std::to_string(i) + "] = " + std::to_string(got) +
-              ", the reference " + std::to_string(want));
-    }
-  }
+    return (scales != 0 && std::fabs(scales) < FLT_MIN) ||
+           !(std::fabs(layer_ref.expected[static_cast<std::size_t>(i)]) < 1e37);
+  });
 }
 
 }  // namespace

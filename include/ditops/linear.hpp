@@ -24,6 +24,13 @@ enum class QuantAlgo : std::uint8_t {
 /// "FLOAT", "W8A8", "W8A8_DYNAMIC", "W8A8_TIMESTEP" (the description file's spelling).
 const char* quant_algo_name(QuantAlgo algo) noexcept;
 
+/// An activation forward() applies to y in its epilogue, after the bias and before the cast to
+/// y's dtype (the MLP's GELU of DiT blocks, the SiLU of SwiGLU gates):
+///   gelu_tanh(v) = 0.5 v (1 + tanh(sqrt(2 / pi) (v + 0.044715 v^3)))
+///   silu(v)      = v / (1 + exp(-v))
+/// Both go to -0 for v -> -inf (never NaN) and to v for v -> +inf; NaN stays NaN.
+enum class Activation : std::uint8_t { none, gelu_tanh, silu };
+
 /// Activation quantization of one denoising step of a W8A8_TIMESTEP layer.
 enum class TimestepMode : std::uint8_t { dynamic, static_params };
 
@@ -107,6 +114,8 @@ class QuantLinear {
   /// of a larger buffer (e.g. [batch, T, out] with row stride 3 · out, one third of a fused
   /// output); y must not overlap x.
   void forward(const TensorView& x, const TensorView& y) const;
+  /// y = activation(layer(x)), in the same pass (x, y as above).
+  void forward(const TensorView& x, const TensorView& y, Activation activation) const;
 
   QuantAlgo algo() const noexcept;
   std::int64_t in_features() const noexcept;

@@ -15,8 +15,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "ops/core/arch.hpp"
+#include "ops/core/log2_domain.hpp"
 #include "ops/core/simd.hpp"
 
 namespace ditops::linear {
@@ -109,6 +111,31 @@ void widen_typed(const GemmProblem& p, std::int64_t begin, std::int64_t end, flo
   }
 }
 
+/// 1 / (1 + e^-t) from e = e^-|t| <= 1, the one exponential simd::exp2_nonpositive computes and
+/// one that never overflows: 1 / (1 + e) for t >= 0, e / (1 + e) below (0 once e < 2^-126).
+template <class Arch>
+F32<Arch> sigmoid(F32<Arch> t) noexcept {
+  using B = F32<Arch>;
+  const B e = simd::exp2_nonpositive<Arch>(xsimd::abs(t) * B(-core::kLog2e));
+  return xsimd::select(t >= B(0.f), B(1.f), e) / (B(1.f) + e);
+}
+
+/// The epilogue's activation (linear.hpp) as v · sigmoid: gelu_tanh(v) = 0.5 v (1 + tanh(u)) =
+/// v · sigmoid(2u), silu(v) = v · sigmoid(v). -inf is taken as the lowest float, whose sigmoid
+/// is 0, so it gives the limit -0 rather than -inf · 0 = NaN; NaN multiplies through as NaN.
+template <class Arch>
+F32<Arch> activate(Activation activation, F32<Arch> v) noexcept {
+  using B = F32<Arch>;
+  if (activation == Activation::none) return v;
+  const B finite =
+      xsimd::select(v == B(core::kMinusInf), B(std::numeric_limits<float>::lowest()), v);
+  if (activation == Activation::silu) return finite * sigmoid<Arch>(finite);
+  // 2u = v · (2 sqrt(2 / pi) + 2 sqrt(2 / pi) · 0.044715 · v^2)
+  constexpr float kLinear = 1.5957691216057308f, kCubic = 0.07135481627260025f;
+  const B two_u = finite * simd::fmadd<Arch>(B(kCubic), finite * finite, B(kLinear));
+  return finite * sigmoid<Arch>(two_u);
+}
+
 /// Element offsets in y of the rows [begin, min(end, m)) a block stores: walked once per block,
 /// not once per tile (starting a walk costs a division per leading dimension).
 void y_row_offsets(const GemmProblem& p, std::int64_t begin, std::int64_t end,
@@ -120,7 +147,8 @@ void y_row_offsets(const GemmProblem& p, std::int64_t begin, std::int64_t end,
 }
 
 /// Writes the tile rows that exist (row0 + r < m) of y's columns [n0, n0 + cols), row r at
-/// element offset y_rows[r], value(r, c) giving vector c of row r.
+/// element offset y_rows[r], value(r, c) giving vector c of row r before the activation. A
+/// partial vector (the last columns) is activated whole, like any other, and stored in part.
 template <class Arch, int R, class Value>
 void store_tile(const GemmProblem& p, const std::int64_t* y_rows, std::int64_t row0,
                 std::int64_t n0, const Value& value) {
@@ -132,7 +160,7 @@ void store_tile(const GemmProblem& p, const std::int64_t* y_rows, std::int64_t r
       const std::int64_t first = n0 + c * kLanes;
       const std::int64_t count = std::min<std::int64_t>(kLanes, p.n - first);
       if (count <= 0) break;
-      const F32<Arch> v = value(r, c);
+      const F32<Arch> v = activate<Arch>(p.activation, value(r, c));
       const std::int64_t at = y_rows[r] + first;
       if (p.y_dtype == DType::f32) {
         float* y = static_cast<float*>(p.y) + at;

@@ -7,8 +7,10 @@
 // int8: x is quantized row by row into an int8 matrix (the A panel, padded to whole tiles)
 // before the GEMM, then y = row_scale[m] · column_scale[n] · (acc + column_offset[n]) + bias[n].
 // f32: x is widened into an f32 matrix and y = acc + bias[n].
+// Both then apply the activation, if any, before the store.
 
 #include <cstdint>
+#include <ditops/linear.hpp>
 #include <ditops/tensor.hpp>
 
 #include "ops/core/rows.hpp"
@@ -63,6 +65,7 @@ struct GemmProblem {
   const std::int32_t* column_offset = nullptr;
   const float* column_scale = nullptr;
   const float* bias = nullptr;  ///< per column, or null
+  Activation activation = Activation::none;
 };
 
 // ---- per ISA (gemm_kernel.cpp) -----------------------------------------------------------------

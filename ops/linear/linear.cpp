@@ -441,6 +441,10 @@ std::int64_t rows_per_block(std::int64_t row_bytes, int tile_rows) {
 }  // namespace
 
 void QuantLinear::forward(const TensorView& x, const TensorView& y) const {
+  forward(x, y, Activation::none);
+}
+
+void QuantLinear::forward(const TensorView& x, const TensorView& y, Activation activation) const {
   constexpr const char* kCall = "QuantLinear::forward";
   const core::CallScope scope(kCall);
   if (!impl_) core::fail(kCall, "the layer is empty (default-constructed or moved from)");
@@ -459,6 +463,11 @@ void QuantLinear::forward(const TensorView& x, const TensorView& y) const {
       !std::equal(x.shape.begin(), x.shape.begin() + x.rank - 1, y.shape.begin())) {
     core::fail(kCall, "y has shape " + core::shape_string(y) + ", expected x's leading shape " +
                           "and out features (" + std::to_string(definition.n) + ")");
+  }
+  if (activation != Activation::none && activation != Activation::gelu_tanh &&
+      activation != Activation::silu) {
+    core::fail(kCall, "activation (" + std::to_string(static_cast<int>(activation)) +
+                          ") is not none, gelu_tanh or silu");
   }
   core::check_writable(y_arg);
   core::check_no_overlap(y_arg, x_arg, false);
@@ -480,6 +489,7 @@ void QuantLinear::forward(const TensorView& x, const TensorView& y) const {
   problem.panel_bytes = layer.panel_bytes;
   problem.k_padded = layer.k_padded;
   problem.bias = definition.bias.empty() ? nullptr : layer.bias.get();
+  problem.activation = activation;
 
   linear::ActivationQuant quant;
   quant.smooth = definition.smooth.empty() ? nullptr : definition.smooth.data();

@@ -2,14 +2,15 @@
 // (integer inputs whose products stay below 2^24 come out of an identity epilogue as the exact
 // integers), the epilogue within a few fp32 roundings, over M, N, K around every tile edge,
 // f32 and bf16 activations and outputs, strided rows, 1 and 2 threads; per-step switching of
-// timestep layers; the fused QKV equal to its parts; strided y equal to contiguous y; bad
-// arguments.
+// timestep layers; the fused QKV equal to its parts; the gelu_tanh and silu epilogues, also
+// far out and at infinities; strided y equal to contiguous y; bad arguments.
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <ditops/linear.hpp>
 #include <ditops/runtime.hpp>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -83,24 +84,42 @@ std::vector<float> values_of(const TestTensor<T>& x) {
   return values;
 }
 
+/// y [m, n] within ref's bounds, its canaries intact; a NaN expected as any NaN, an infinity
+/// exactly.
+template <class Y>
+void expect_within(const TestTensor<Y>& y, const EpilogueRef& ref, std::int64_t n,
+                   const std::string& what) {
+  ASSERT_EQ(y.damaged_canaries(), 0) << what;
+  int reported = 0;
+  for (std::int64_t i = 0; i < y.size(); ++i) {
+    const double got = y.value(i), expected = ref.expected[static_cast<std::size_t>(i)];
+    const double tolerance = ref.tolerance[static_cast<std::size_t>(i)];
+    const bool ok = std::isnan(expected)
+                        ? std::isnan(got)
+                        : got == expected || std::fabs(got - expected) <= tolerance;
+    if (!ok && reported++ < 5) {
+      ADD_FAILURE() << what << " y[" << i / n << ", " << i % n << "] = " << got << ", expected "
+                    << expected << " +- " << tolerance;
+    }
+  }
+}
+
 /// y against epilogue_ref (tests/reference/linear_ref.hpp).
 template <class Y>
 void expect_epilogue(const TestTensor<Y>& y, const std::vector<std::int64_t>& acc,
                      const std::vector<double>& row_scale, const std::vector<float>& column_scale,
                      const std::vector<double>& column_offset, const std::vector<float>& bias,
                      std::int64_t m, std::int64_t n, const std::string& what) {
-  ASSERT_EQ(y.damaged_canaries(), 0) << what;
-  const EpilogueRef ref = epilogue_ref(acc, row_scale, column_scale, column_offset, bias, m, n,
-                                       std::is_same_v<Y, bf16>);
-  int reported = 0;
-  for (std::int64_t i = 0; i < m * n; ++i) {
-    const double got = y.value(i), expected = ref.expected[static_cast<std::size_t>(i)];
-    const double tolerance = ref.tolerance[static_cast<std::size_t>(i)];
-    if (!(std::fabs(got - expected) <= tolerance) && reported++ < 5) {
-      ADD_FAILURE() << what << " y[" << i / n << ", " << i % n << "] = " << got << ", expected "
-                    << expected << " +- " << tolerance;
-    }
-  }
+  expect_within(y,
+                epilogue_ref(acc, row_scale, column_scale, column_offset, bias, m, n,
+                             std::is_same_v<Y, bf16>),
+                n, what);
+}
+
+/// The bound of a FLOAT layer's fp32 output: sums of k products of N(0, 1) values round by
+/// about sqrt(k) ulps of the terms' magnitude; 1e-5 * (sqrt(k) + |y|) bounds it with margin.
+double float_layer_tolerance(std::int64_t k, double expected) {
+  return 1e-5 * (std::sqrt(static_cast<double>(k)) + std::fabs(expected));
 }
 
 // ---- exact integer sums -------------------------------------------------------------------------
@@ -317,11 +336,9 @@ void check_float() {
       const auto expected =
           float_matmul_ref(values_of(x), values_of(weight), bias, shape.m, shape.n, shape.k);
       ASSERT_EQ(y.damaged_canaries(), 0);
-      // fp32 sums of k products of N(0, 1) values: rounding grows like sqrt(k) ulps of the
-      // terms' magnitude; 1e-5 * (sqrt(k) + |y|) bounds it with margin.
       for (std::int64_t i = 0; i < y.size(); ++i) {
         const double want = expected[static_cast<std::size_t>(i)];
-        double tolerance = 1e-5 * (std::sqrt(static_cast<double>(shape.k)) + std::fabs(want));
+        double tolerance = float_layer_tolerance(shape.k, want);
         if constexpr (std::is_same_v<Y, bf16>)
           tolerance += 0x1p-8 * std::fabs(want);  // bf16 output
         ASSERT_NEAR(y.value(i), want, tolerance)
@@ -381,6 +398,137 @@ TEST(QuantLinear, ConcatOutputsEqualsItsParts) {
     }
   }
 }
+
+// ---- activations --------------------------------------------------------------------------------
+
+// gelu_tanh and silu applied by the epilogue, against activated_ref (its comment derives the
+// bound: the layer's own fp32 error, the rounding of the sigmoid's argument, the exp2
+// polynomial's 2e-7): every algorithm, the tile-edge shapes (odd m, n off the panel width),
+// f32 and bf16 outputs. The layers' outputs reach from about +-1 (small k) to several tens,
+// on both sides of where the sigmoid saturates.
+template <class Y>
+void check_activations(QuantAlgo algo) {
+  std::mt19937 rng(31);
+  for (int threads : {1, 2}) {
+    const ScopedThreads thread_count(threads);
+    for (const Shape& shape : kShapes) {
+      for (Activation activation : {Activation::gelu_tanh, Activation::silu}) {
+        Int8Layer layer = random_layer(shape.n, shape.k, rng, true, false);
+        layer.input_scale = {0.02f};
+        layer.input_offset = {3.f};
+        TestTensor<float> float_weight({shape.n, shape.k});
+        float_weight.fill_normal(rng);
+        const QuantLinear linear =
+            algo == QuantAlgo::float_linear
+                ? QuantLinear::float_linear(float_weight.view(), view(layer.bias.data(), {shape.n}))
+                : QuantLinear::w8a8(algo, layer.tensors());
+        TestTensor<float> x({shape.m, shape.k}, /*row_pad=*/2);
+        x.fill_normal(rng);
+        TestTensor<Y> y({shape.m, shape.n});
+        linear.forward(x.view(), y.view(), activation);
+
+        EpilogueRef layer_ref;
+        if (algo == QuantAlgo::float_linear) {
+          layer_ref.expected = float_matmul_ref(values_of(x), values_of(float_weight), layer.bias,
+                                                shape.m, shape.n, shape.k);
+          for (double v : layer_ref.expected)
+            layer_ref.tolerance.push_back(float_layer_tolerance(shape.k, v));
+        } else {
+          RefQuant quant;
+          quant.dynamic = algo == QuantAlgo::w8a8_dynamic;
+          quant.scale = layer.input_scale[0];
+          quant.offset = layer.input_offset[0];
+          std::vector<std::int32_t> q;
+          std::vector<double> row_scale;
+          quantize_ref(values_of(x), shape.m, shape.k, quant, q, row_scale);
+          const auto acc = int_matmul_ref(q, layer.weight, shape.m, shape.n, shape.k);
+          std::vector<double> column_offset(static_cast<std::size_t>(shape.n), 0.0);
+          const std::vector<float>* column_scale = &layer.weight_scale;
+          if (algo == QuantAlgo::w8a8_static) {
+            std::fill(row_scale.begin(), row_scale.end(), 1.0);
+            column_offset.assign(layer.quant_bias.begin(), layer.quant_bias.end());
+            column_scale = &layer.deq_scale;
+          }
+          layer_ref = epilogue_ref(acc, row_scale, *column_scale, column_offset, layer.bias,
+                                   shape.m, shape.n, /*bf16_output=*/false);
+        }
+        expect_within(y, activated_ref(layer_ref, activation, std::is_same_v<Y, bf16>), shape.n,
+                      std::string(quant_algo_name(algo)) +
+                          (activation == Activation::silu ? " silu" : " gelu_tanh") + " m" +
+                          std::to_string(shape.m) + " n" + std::to_string(shape.n) + " k" +
+                          std::to_string(shape.k) + " threads " + std::to_string(threads));
+      }
+    }
+  }
+}
+
+TEST(QuantLinear, ActivationStaticF32) { check_activations<float>(QuantAlgo::w8a8_static); }
+TEST(QuantLinear, ActivationDynamicBf16) { check_activations<bf16>(QuantAlgo::w8a8_dynamic); }
+TEST(QuantLinear, ActivationFloatF32) { check_activations<float>(QuantAlgo::float_linear); }
+TEST(QuantLinear, ActivationFloatBf16) { check_activations<bf16>(QuantAlgo::float_linear); }
+
+// Outputs far out on both sides: a FLOAT layer with k = 1 gives y[r, j] = x[r] · w[j] exactly
+// (w powers of two), so x = +-inf, NaN, +-1e4 and values around where exp underflows (t below
+// -87: sigmoid below 2^-126) reach the activation as they are; an int8 layer gets there
+// through its bias. -inf and overflowing exponentials give -0, never NaN; NaN stays NaN.
+template <class Y>
+void check_activation_extremes() {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const std::vector<float> rows = {kInf,  -kInf, std::nanf(""), 1e4f, -1e4f, 100.f, -100.f, 88.f,
+                                   -88.f, -87.f, -44.f,         9.f,  -9.f,  0.f,   -0.f};
+  const std::int64_t m = static_cast<std::int64_t>(rows.size()), n = 19;
+  std::vector<float> weight, bias;
+  for (std::int64_t j = 0; j < n; ++j) {
+    weight.push_back(std::ldexp(j % 2 ? -1.f : 1.f, static_cast<int>(j % 5) - 2));
+    bias.push_back(std::ldexp(j % 2 ? -1.f : 1.f, static_cast<int>(j % 7) * 2));  // to +-4096
+  }
+  bias[3] = 1e4f;
+  bias[4] = -1e4f;
+  std::mt19937 rng(37);
+  Int8Layer int8_layer = random_layer(n, 1, rng, true, false);
+  int8_layer.bias = bias;
+  const QuantLinear float_linear = QuantLinear::float_linear(view(weight.data(), {n, 1}), {});
+  const QuantLinear int8_linear = QuantLinear::w8a8(QuantAlgo::w8a8_dynamic, int8_layer.tensors());
+  TestTensor<float> x({m, 1});
+  for (std::int64_t r = 0; r < m; ++r) x.at(r) = rows[static_cast<std::size_t>(r)];
+  TestTensor<float> finite_x({m, 1});
+  for (std::int64_t r = 0; r < m; ++r) finite_x.at(r) = static_cast<float>(r) - 7.f;
+  for (int threads : {1, 2}) {
+    const ScopedThreads thread_count(threads);
+    for (Activation activation : {Activation::gelu_tanh, Activation::silu}) {
+      const std::string what = std::string(activation == Activation::silu ? "silu" : "gelu_tanh") +
+                               " threads " + std::to_string(threads);
+      TestTensor<Y> y({m, n});
+      float_linear.forward(x.view(), y.view(), activation);
+      EpilogueRef layer_ref;
+      layer_ref.expected = float_matmul_ref(rows, weight, {}, m, n, 1);
+      layer_ref.tolerance.assign(layer_ref.expected.size(), 0.0);  // products by powers of two
+      expect_within(y, activated_ref(layer_ref, activation, std::is_same_v<Y, bf16>), n,
+                    "FLOAT " + what);
+      for (std::int64_t r = 0; r < m; ++r) {  // NaN out for the NaN row only
+        for (std::int64_t j = 0; j < n; ++j) {
+          EXPECT_EQ(std::isnan(y.value(r * n + j)), r == 2) << what << " row " << r;
+        }
+      }
+
+      TestTensor<Y> int8_y({m, n});
+      int8_linear.forward(finite_x.view(), int8_y.view(), activation);
+      RefQuant quant;
+      quant.dynamic = true;
+      std::vector<std::int32_t> q;
+      std::vector<double> row_scale;
+      quantize_ref(values_of(finite_x), m, 1, quant, q, row_scale);
+      const EpilogueRef int8_ref = epilogue_ref(
+          int_matmul_ref(q, int8_layer.weight, m, n, 1), row_scale, int8_layer.weight_scale,
+          std::vector<double>(static_cast<std::size_t>(n), 0.0), bias, m, n, false);
+      expect_within(int8_y, activated_ref(int8_ref, activation, std::is_same_v<Y, bf16>), n,
+                    "W8A8_DYNAMIC " + what);
+    }
+  }
+}
+
+TEST(QuantLinear, ActivationExtremesF32) { check_activation_extremes<float>(); }
+TEST(QuantLinear, ActivationExtremesBf16) { check_activation_extremes<bf16>(); }
 
 // ---- strided y ----------------------------------------------------------------------------------
 
@@ -522,6 +670,8 @@ TEST(QuantLinear, RejectsBadForwardArguments) {
   strided_columns.strides[1] = 2;
   expect_rejected([&] { linear.forward(x.view(), strided_columns); },
                   "QuantLinear::forward: y.strides[1]", wide_y);
+  expect_rejected([&] { linear.forward(x.view(), y.view(), static_cast<Activation>(3)); },
+                  "QuantLinear::forward: activation (3)", y);
   TestTensor<std::int32_t> int_x({3, 16});
   expect_rejected([&] { linear.forward(int_x.view(), y.view()); }, "x", y);
   // y over x: [3, 16] floats viewed as y [3, 8] shares x's memory.

@@ -1,12 +1,14 @@
 #pragma once
 // Reference for QuantLinear: the activation quantization in the fp32 operations the layer
-// documents (so the int8 values agree exactly), then the integer dot products and the
-// epilogue in int64 / fp64.
+// documents (so the int8 values agree exactly), then the integer dot products, the epilogue
+// and the output activation in int64 / fp64.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <ditops/linear.hpp>
 #include <limits>
+#include <numbers>
 #include <vector>
 
 namespace ditops::test {
@@ -98,6 +100,61 @@ inline EpilogueRef epilogue_ref(const std::vector<std::int64_t>& acc,
       ref.expected.push_back(expected);
       ref.tolerance.push_back(tolerance);
     }
+  }
+  return ref;
+}
+
+/// The t of activation(v) = v · sigmoid(t): v for silu, 2u = 2 sqrt(2 / pi) (v + 0.044715 v^3)
+/// for gelu_tanh (0.5 (1 + tanh(u)) = sigmoid(2u)).
+inline double sigmoid_argument(Activation activation, double v) {
+  return activation == Activation::silu
+             ? v
+             : 2 * std::sqrt(2 / std::numbers::pi) * (v + 0.044715 * v * v * v);
+}
+
+/// activation(v) in fp64 as v / (1 + exp(-t)): gelu_tanh's 0.5 v (1 + tanh(u)) would lose every
+/// digit to cancellation once tanh(u) rounds to -1 (u < -19 in fp64). The limits at +-inf are
+/// +inf and -0.
+inline double activation_ref(Activation activation, double v) {
+  if (activation == Activation::none || std::isnan(v)) return v;
+  if (std::isinf(v)) return v > 0 ? v : -0.0;
+  return v / (1 + std::exp(-sigmoid_argument(activation, v)));
+}
+
+/// `layer` (the layer's output and the bound of its fp32 value, without a bf16 rounding: the
+/// activation comes before the cast) activated, with the bound the fp32 activation keeps. The
+/// layer computes v · sigmoid(t), sigmoid(t) from e = exp(-|t|), which adds to v's error:
+///   - v's own error, times the steepest slope of either function (gelu_tanh 1.13, silu 1.10);
+///   - t's rounding (gelu_tanh: v^2, a fused multiply-add, a product) and that of t · log2(e):
+///     at most 6 |t| 2^-24 absolute in the exponent, which gives sigmoid a relative error of
+///     that times d ln sigmoid(t) / dt = 1 - sigmoid(t) (1 far left, 0 far right);
+///   - the exp2 polynomial's relative error, 2e-7 (simd::exp2_nonpositive), and 8 ulps for
+///     1 + e, the division and the final product;
+///   - exp2 returns 0 below 2^-126, so an output under |v| 2^-126 may come out as 0.
+/// A bf16 output then adds its rounding of the activated value, as in epilogue_ref. Infinite
+/// and NaN v have exact results (tolerance 0; a NaN is expected as any NaN).
+inline EpilogueRef activated_ref(const EpilogueRef& layer, Activation activation,
+                                 bool bf16_output) {
+  constexpr double kSlope = 1.13, kUlp = 0x1p-24, kExpPolynomial = 2e-7, kFlushed = 0x1p-126;
+  constexpr double kBf16Rounding = 0x1p-8;
+  EpilogueRef ref;
+  for (std::size_t i = 0; i < layer.expected.size(); ++i) {
+    const double v = layer.expected[i];
+    const double expected = activation_ref(activation, v);
+    double tolerance = layer.tolerance[i];
+    if (!std::isfinite(v)) {
+      tolerance = 0;
+    } else if (activation != Activation::none) {
+      const double t = sigmoid_argument(activation, v);
+      const double sigmoid_slope = 1 / (1 + std::exp(t));  // 1 - sigmoid(t)
+      tolerance = kSlope * tolerance +
+                  std::fabs(expected) *
+                      (6 * std::fabs(t) * kUlp * sigmoid_slope + kExpPolynomial + 8 * kUlp) +
+                  std::fabs(v) * kFlushed;
+    }
+    if (bf16_output) tolerance += kBf16Rounding * std::fabs(expected);
+    ref.expected.push_back(expected);
+    ref.tolerance.push_back(tolerance);
   }
   return ref;
 }
