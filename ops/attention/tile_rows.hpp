@@ -63,7 +63,9 @@ RowRef make_row(const FlashProblem& p, const FlashTask& task, const Sequence& se
       row.sink_end = p.sink_end;
     }
   }
-  row.visible_end = std::min({visible, task.kv_end, seq.kv_len});
+  // Two std::min, not std::min({...}): the initializer-list form calls std::__min_element,
+  // which a compiler may leave out of line (clang under ASan does) in every ISA object.
+  row.visible_end = std::min(std::min(visible, task.kv_end), seq.kv_len);
   row.q = static_cast<const T*>(p.q) + task.seq * p.q_strides.batch +
           (seq.q_row0 + pos) * p.q_strides.seq + head * p.q_strides.head;
   row.out = static_cast<T*>(p.out) + task.seq * p.out_strides.batch +

@@ -19,7 +19,6 @@
 #include <ditops/guidance.hpp>
 #include <ditops/instance.hpp>
 #include <ditops/runtime.hpp>
-#include <numbers>
 #include <random>
 #include <set>
 #include <string>
@@ -80,10 +79,6 @@ Values linear(const dit::LinearWeights& layer, const Values& x, std::int64_t row
                       std::vector<double>(static_cast<std::size_t>(layer.out), 0.0), layer.bias,
                       rows, layer.out, false)
       .expected;
-}
-
-double gelu_tanh(double x) {
-  return 0.5 * x * (1 + std::tanh(std::sqrt(2 / std::numbers::pi) * (x + 0.044715 * x * x * x)));
 }
 
 /// The tokens [first, end) of every sequence that each stream covers: all of them
@@ -228,7 +223,7 @@ Values reference_block(const dit::DitBlock& block, const dit::DitBlockWeights& w
 
   // MLP half.
   Values up = stream_linear(&dit::StreamWeights::mlp_up, modulate(residual.out, 3));
-  for (double& v : up) v = gelu_tanh(static_cast<float>(v));
+  for (double& v : up) v = activation_ref(Activation::gelu_tanh, v);
   round_f32(up);
   const Values mlp_out = gate(stream_linear(&dit::StreamWeights::mlp_down, up), 5);
   Values out(static_cast<std::size_t>(rows * hidden));
