@@ -40,6 +40,11 @@ class QuantModel {
   QuantLinear linear(std::string_view name) const;
   /// Q, K and V projections as one layer (QuantLinear::concat_outputs).
   QuantLinear fused_qkv(std::string_view q, std::string_view k, std::string_view v) const;
+  /// A tensor the model keeps in floating point that is not a linear layer (a norm's weight,
+  /// an embedding), by its name in the weights file: its elements in row-major order, F16 and
+  /// BF16 widened to f32. Error naming the file and the tensor if it is missing or of another
+  /// dtype.
+  std::vector<float> float_tensor(std::string_view name) const;
 
   /// This instance's denoising step, read by its W8A8_TIMESTEP layers.
   void set_timestep_step(int step) { timestep_->set_step(step); }
