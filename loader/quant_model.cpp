@@ -424,6 +424,20 @@ QuantLinear QuantModel::linear(std::string_view name) const {
   return QuantLinear::w8a8(layer.algo(), layer.w8a8(), std::move(timestep));
 }
 
+std::vector<float> QuantModel::float_tensor(std::string_view name) const {
+  const loader::SafetensorsTensor* tensor = files_->weights.find(name);
+  if (!tensor) {
+    throw Error("QuantModel::float_tensor: no tensor \"" + std::string(name) + "\" in " +
+                files_->weights.path());
+  }
+  if (tensor->dtype != "F32" && tensor->dtype != "F16" && tensor->dtype != "BF16") {
+    throw Error("QuantModel::float_tensor: tensor \"" + std::string(name) + "\" in " +
+                files_->weights.path() + " has dtype " + tensor->dtype +
+                ", expected F32, F16 or BF16");
+  }
+  return tensor->to_floats(files_->weights.path());
+}
+
 QuantLinear QuantModel::fused_qkv(std::string_view q, std::string_view k,
                                   std::string_view v) const {
   return QuantLinear::concat_outputs({linear(q), linear(k), linear(v)});

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <ditops/quant_model.hpp>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -402,3 +403,32 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsEnt
 }
 
 }  // namespace ditops::loader
+
+namespace ditops {
+
+void write_safetensors(const std::string& path, std::span<const NamedTensor> tensors) {
+  constexpr const char* kCall = "write_safetensors";
+  std::vector<loader::SafetensorsEntry> entries;
+  for (const NamedTensor& named : tensors) {
+    const TensorView& view = named.tensor;
+    core::check_view({kCall, named.name.c_str(), view}, 0, kMaxRank);
+    // The file holds the elements in row-major order, so the view must already be laid out so.
+    std::int64_t stride = 1;
+    for (int d = view.rank - 1; d >= 0; --d) {
+      if (view.shape[d] > 1 && view.strides[d] != stride) {
+        core::fail(kCall, path + ": tensor \"" + named.name + "\" of shape " +
+                              core::shape_string(view) + " is not contiguous (strides " +
+                              "must be row-major)");
+      }
+      stride *= view.shape[d];
+    }
+    const auto bytes = static_cast<std::size_t>(core::numel(view) * dtype_size(view.dtype));
+    entries.push_back(
+        {named.name, loader::safetensors_dtype_name(view.dtype),
+         std::vector<std::int64_t>(view.shape.begin(), view.shape.begin() + view.rank),
+         std::string_view(static_cast<const char*>(view.data), bytes)});
+  }
+  loader::write_safetensors(path, entries);
+}
+
+}  // namespace ditops

@@ -100,7 +100,83 @@ void rope_tables(const DitBlockConfig& config, std::vector<float>& cos, std::vec
   }
 }
 
+/// The widths a layer's dimension can have: hidden, AdaLN's six vectors, or the MLP's.
+enum class Width { hidden, modulation, mlp };
+
+std::int64_t width_of(const DitBlockConfig& config, Width width) {
+  switch (width) {
+    case Width::hidden:
+      return config.hidden;
+    case Width::modulation:
+      return 6 * config.hidden;
+    case Width::mlp:
+      return config.mlp_hidden();
+  }
+  return 0;
+}
+
+/// A linear layer's place in a stream: its weights in memory, its name in a checkpoint, and
+/// its [out, in]. Loading and writing a checkpoint both go through these, so the two agree.
+struct LinearRole {
+  LinearWeights StreamWeights::*weights;
+  std::string StreamLayerNames::*name;
+  Width out, in;
+};
+constexpr LinearRole kModulation{&StreamWeights::modulation, &StreamLayerNames::modulation,
+                                 Width::modulation, Width::hidden};
+constexpr LinearRole kQ{&StreamWeights::q, &StreamLayerNames::q, Width::hidden, Width::hidden};
+constexpr LinearRole kK{&StreamWeights::k, &StreamLayerNames::k, Width::hidden, Width::hidden};
+constexpr LinearRole kV{&StreamWeights::v, &StreamLayerNames::v, Width::hidden, Width::hidden};
+constexpr LinearRole kOut{&StreamWeights::out, &StreamLayerNames::out, Width::hidden,
+                          Width::hidden};
+constexpr LinearRole kMlpUp{&StreamWeights::mlp_up, &StreamLayerNames::mlp_up, Width::mlp,
+                            Width::hidden};
+constexpr LinearRole kMlpDown{&StreamWeights::mlp_down, &StreamLayerNames::mlp_down, Width::hidden,
+                              Width::mlp};
+constexpr LinearRole kLinearRoles[] = {kModulation, kQ, kK, kV, kOut, kMlpUp, kMlpDown};
+
+/// A q/k norm's weights in memory and its tensor's name in a checkpoint ([head_dim]).
+struct NormRole {
+  std::vector<float> StreamWeights::*weights;
+  std::string StreamLayerNames::*name;
+};
+constexpr NormRole kQNorm{&StreamWeights::q_norm, &StreamLayerNames::q_norm};
+constexpr NormRole kKNorm{&StreamWeights::k_norm, &StreamLayerNames::k_norm};
+constexpr NormRole kNormRoles[] = {kQNorm, kKNorm};
+
 }  // namespace
+
+std::vector<StreamLayerNames> flux_layer_names(StreamKind stream) {
+  const StreamLayerNames image{.modulation = "norm1.linear",
+                               .q = "attn.to_q",
+                               .k = "attn.to_k",
+                               .v = "attn.to_v",
+                               .q_norm = "attn.norm_q.weight",
+                               .k_norm = "attn.norm_k.weight",
+                               .out = "attn.to_out.0",
+                               .mlp_up = "ff.net.0.proj",
+                               .mlp_down = "ff.net.2"};
+  if (stream == StreamKind::single_stream) {
+    StreamLayerNames single = image;
+    single.modulation = "norm.linear";
+    return {single};
+  }
+  const StreamLayerNames text{.modulation = "norm1_context.linear",
+                              .q = "attn.add_q_proj",
+                              .k = "attn.add_k_proj",
+                              .v = "attn.add_v_proj",
+                              .q_norm = "attn.norm_added_q.weight",
+                              .k_norm = "attn.norm_added_k.weight",
+                              .out = "attn.to_add_out",
+                              .mlp_up = "ff_context.net.0.proj",
+                              .mlp_down = "ff_context.net.2"};
+  return {text, image};
+}
+
+std::string default_layer_prefix(StreamKind stream) {
+  return stream == StreamKind::double_stream ? "transformer_blocks.0."
+                                             : "single_transformer_blocks.0.";
+}
 
 const char* attention_kind_name(AttentionKind kind) noexcept {
   switch (kind) {
@@ -195,45 +271,120 @@ DitBlockWeights make_synthetic_weights(const DitBlockConfig& config) {
   return weights;
 }
 
-DitBlock::DitBlock(const DitBlockConfig& config, const DitBlockWeights& weights)
-    : config_((config.validate(), config)) {
-  // The tokens of every sequence each stream covers: all of them, or the text then the image.
-  const std::vector<std::int64_t> stream_tokens =
-      config.stream == StreamKind::double_stream
-          ? std::vector<std::int64_t>{config.text_tokens, config.image_tokens}
-          : std::vector<std::int64_t>{config.sequence()};
-  if (weights.streams.size() != stream_tokens.size()) {
-    throw ditops::Error("DitBlock: a " + std::string(stream_kind_name(config.stream)) +
-                        "-stream block needs " + std::to_string(stream_tokens.size()) +
+void write_weights(const std::string& path, const DitBlockConfig& config,
+                   const DitBlockWeights& weights, const std::string& prefix) {
+  config.validate();
+  const std::vector<StreamLayerNames> names = flux_layer_names(config.stream);
+  if (weights.streams.size() != names.size()) {
+    throw ditops::Error("write_weights: a " + std::string(stream_kind_name(config.stream)) +
+                        "-stream block has " + std::to_string(names.size()) +
                         " streams of weights, not " + std::to_string(weights.streams.size()));
   }
-  const auto linear = [&](const LinearWeights& layer) { return make_linear(layer, config.linear); };
+  std::vector<ditops::NamedTensor> tensors;
+  for (std::size_t s = 0; s < names.size(); ++s) {
+    const StreamWeights& stream = weights.streams[s];
+    for (const LinearRole& role : kLinearRoles) {
+      const LinearWeights& layer = stream.*role.weights;
+      const std::string name = prefix + names[s].*role.name;
+      // The views below read out * in and out values: the vectors must hold them.
+      if (layer.weight.size() != static_cast<std::size_t>(layer.out * layer.in) ||
+          layer.bias.size() != static_cast<std::size_t>(layer.out)) {
+        throw ditops::Error("write_weights: layer \"" + name + "\" holds " +
+                            std::to_string(layer.weight.size()) + " weights and " +
+                            std::to_string(layer.bias.size()) + " biases for [out, in] = [" +
+                            std::to_string(layer.out) + ", " + std::to_string(layer.in) + "]");
+      }
+      tensors.push_back(
+          {name + ".weight", ditops::view(layer.weight.data(), {layer.out, layer.in})});
+      tensors.push_back({name + ".bias", ditops::view(layer.bias.data(), {layer.out})});
+    }
+    for (const NormRole& role : kNormRoles) {
+      const std::vector<float>& norm = stream.*role.weights;
+      tensors.push_back({prefix + names[s].*role.name,
+                         ditops::view(norm.data(), {static_cast<std::int64_t>(norm.size())})});
+    }
+  }
+  ditops::write_safetensors(path, tensors);
+}
+
+DitBlock::DitBlock(const DitBlockConfig& config, const DitBlockWeights& weights)
+    : config_((config.validate(), config)) {
+  if (weights.streams.size() != static_cast<std::size_t>(config.streams())) {
+    throw ditops::Error("DitBlock: a " + std::string(stream_kind_name(config.stream)) +
+                        "-stream block needs " + std::to_string(config.streams()) +
+                        " streams of weights, not " + std::to_string(weights.streams.size()));
+  }
+  // In memory the layers have no prefix: errors name them by their checkpoint names alone.
+  build_streams(
+      "",
+      [&](std::size_t s, LinearWeights StreamWeights::*role, const std::string&) {
+        return make_linear(weights.streams[s].*role, config.linear);
+      },
+      [&](std::size_t s, std::vector<float> StreamWeights::*role, const std::string&) {
+        return weights.streams[s].*role;
+      });
+}
+
+DitBlock::DitBlock(const DitBlockConfig& config, const ditops::QuantModel& model,
+                   const std::string& prefix)
+    : config_((config.validate(), config)) {
+  build_streams(
+      prefix,
+      [&](std::size_t, LinearWeights StreamWeights::*, const std::string& name) {
+        return model.linear(name);
+      },
+      [&](std::size_t, std::vector<float> StreamWeights::*, const std::string& name) {
+        return model.float_tensor(name);
+      });
+}
+
+void DitBlock::build_streams(const std::string& prefix, const LinearSource& linear,
+                             const NormSource& norm) {
+  const DitBlockConfig& c = config_;
+  // The tokens of every sequence each stream covers: all of them, or the text then the image.
+  const std::vector<std::int64_t> stream_tokens =
+      c.stream == StreamKind::double_stream
+          ? std::vector<std::int64_t>{c.text_tokens, c.image_tokens}
+          : std::vector<std::int64_t>{c.sequence()};
+  const std::vector<StreamLayerNames> names = flux_layer_names(c.stream);
   std::int64_t first_token = 0;
   for (std::size_t s = 0; s < stream_tokens.size(); ++s) {
-    const StreamWeights& w = weights.streams[s];
-    StreamLayers stream{
-        .modulation = linear(w.modulation),
-        .qkv = ditops::QuantLinear::concat_outputs({linear(w.q), linear(w.k), linear(w.v)}),
-        .out = linear(w.out),
-        .mlp_up = linear(w.mlp_up),
-        .mlp_down = linear(w.mlp_down),
-        .q_norm = w.q_norm,
-        .k_norm = w.k_norm,
+    const auto layer = [&](const LinearRole& role) {
+      const std::string name = prefix + names[s].*role.name;
+      ditops::QuantLinear built = linear(s, role.weights, name);
+      const std::int64_t out = width_of(c, role.out), in = width_of(c, role.in);
+      if (built.out_features() != out || built.in_features() != in) {
+        throw ditops::Error("DitBlock: layer \"" + name + "\" is [out, in] = [" +
+                            std::to_string(built.out_features()) + ", " +
+                            std::to_string(built.in_features()) + "], the config needs [" +
+                            std::to_string(out) + ", " + std::to_string(in) + "]");
+      }
+      return built;
+    };
+    const auto norm_weights = [&](const NormRole& role) {
+      const std::string name = prefix + names[s].*role.name;
+      std::vector<float> weights = norm(s, role.weights, name);
+      if (weights.size() != static_cast<std::size_t>(c.head_dim)) {
+        throw ditops::Error(
+            "DitBlock: norm \"" + name + "\" has " + std::to_string(weights.size()) +
+            " weights, the config needs head_dim (" + std::to_string(c.head_dim) + ")");
+      }
+      return weights;
+    };
+    // q, k and v are built and checked one by one, so an error names the one that does not fit,
+    // and then fused as QuantModel::fused_qkv fuses them.
+    streams_.push_back(StreamLayers{
+        .modulation = layer(kModulation),
+        .qkv = ditops::QuantLinear::concat_outputs({layer(kQ), layer(kK), layer(kV)}),
+        .out = layer(kOut),
+        .mlp_up = layer(kMlpUp),
+        .mlp_down = layer(kMlpDown),
+        .q_norm = norm_weights(kQNorm),
+        .k_norm = norm_weights(kKNorm),
         .first_token = first_token,
         .tokens = stream_tokens[s],
-    };
-    if (stream.q_norm.size() != static_cast<std::size_t>(config.head_dim) ||
-        stream.k_norm.size() != static_cast<std::size_t>(config.head_dim)) {
-      throw ditops::Error("DitBlock: q_norm and k_norm need head_dim values");
-    }
-    if (stream.modulation.out_features() != 6 * config.hidden ||
-        stream.qkv.in_features() != config.hidden ||
-        stream.mlp_up.out_features() != config.mlp_hidden() ||
-        stream.mlp_down.out_features() != config.hidden) {
-      throw ditops::Error("DitBlock: the weights do not have the config's shapes");
-    }
-    first_token += stream.tokens;
-    streams_.push_back(std::move(stream));
+    });
+    first_token += stream_tokens[s];
   }
   rope_tables(config_, rope_cos_, rope_sin_);
 }

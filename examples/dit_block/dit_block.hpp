@@ -9,10 +9,20 @@
 // from one fused input projection). The operators are written once: a stream is a set of
 // weights and the tokens of each sequence it covers. Everything heavy is a ditops call;
 // element-wise glue is plain loops.
+//
+// Weights are synthetic (drawn from a seed) or a model file's: a DitBlock loads its layers
+// from a ditops::QuantModel by the names of diffusers' FLUX transformer (flux_layer_names), so
+// a quantized FLUX checkpoint's block loads as it is. The block stays FLUX-like, not
+// FLUX-exact: its norms are its own (RMSNorm under the AdaLN modulation where FLUX has a
+// LayerNorm without affine weights; FLUX's q/k RMSNorms are the same), its RoPE is 2-D over
+// the latent's rows and columns (FLUX rotates three axes, 16/56/56 of 128 dimensions, with text
+// positions of their own), and its single-stream block runs the MLP after attention.
 
 #include <cstdint>
 #include <ditops/attention.hpp>
 #include <ditops/linear.hpp>
+#include <ditops/quant_model.hpp>
+#include <functional>
 #include <span>
 #include <string>
 #include <utility>
@@ -82,11 +92,46 @@ struct DitBlockWeights {
   std::vector<StreamWeights> streams;
 };
 
+/// One stream's layers by their names in a checkpoint, relative to the block's prefix:
+/// linear layers as QuantModel::linear takes them (the tensors are `<name>.weight` and
+/// `<name>.bias`), the q/k norms as the weight tensors' own names.
+struct StreamLayerNames {
+  std::string modulation, q, k, v, q_norm, k_norm, out, mlp_up, mlp_down;
+};
+
+/// diffusers' FLUX names, in the order of DitBlockWeights::streams.
+///   double-stream, text:  norm1_context.linear, attn.add_q_proj / add_k_proj / add_v_proj,
+///                         attn.norm_added_q.weight / norm_added_k.weight, attn.to_add_out,
+///                         ff_context.net.0.proj, ff_context.net.2
+///   double-stream, image: norm1.linear, attn.to_q / to_k / to_v, attn.norm_q.weight /
+///                         norm_k.weight, attn.to_out.0, ff.net.0.proj, ff.net.2
+///   single-stream:        the image stream's names, but norm.linear for the modulation (as
+///                         in FLUX's single blocks). FLUX's single blocks run the MLP beside
+///                         attention (proj_mlp [mlp, hidden], and proj_out [hidden, hidden +
+///                         mlp] over both results); this block runs it after attention with
+///                         an out-projection and MLP of its own, so a FLUX single block's
+///                         checkpoint does not fit it (its norm.linear is [3 hidden, hidden],
+///                         and it has no attn.to_out.0).
+std::vector<StreamLayerNames> flux_layer_names(StreamKind stream);
+/// Where one FLUX block's layers sit in a whole-transformer checkpoint: "transformer_blocks.0."
+/// (double-stream) or "single_transformer_blocks.0." (single-stream).
+std::string default_layer_prefix(StreamKind stream);
+
 /// Random weights drawn from config.seed (1/sqrt(in) scaled), stream after stream from one
 /// generator (so the first stream is the single-stream block's of the same seed); for
 /// LinearKind::w8a8 each layer is quantized per output channel (symmetric int8, scale
 /// max|w| / 127).
 DitBlockWeights make_synthetic_weights(const DitBlockConfig& config);
+
+/// Writes `weights` (config.streams() of them) as an F32 safetensors file of a block's
+/// checkpoint: every layer's `weight` [out, in] and `bias` [out], and the q/k norm weights
+/// [head_dim], under prefix + flux_layer_names(config.stream) — the model ditops-quantize
+/// takes. The W8A8 layers of make_synthetic_weights hold their dequantized values; write the
+/// LinearKind::fp32 weights of the same seed (the same draw before quantization) so that
+/// ditops-quantize --algo W8A8_DYNAMIC, whose per-channel quantization is the one above,
+/// gives back exactly the integers and scales of the in-memory W8A8 block.
+void write_weights(const std::string& path, const DitBlockConfig& config,
+                   const DitBlockWeights& weights, const std::string& prefix);
 
 /// Wall time per operator name, summed over calls, in the order names first appear.
 class OpTimes {
@@ -110,7 +155,15 @@ struct DitWorkspace {
 class DitBlock {
  public:
   /// Packs the weights (each QuantLinear packs once; a copy of the block shares them).
+  /// Throws ditops::Error naming the layer (by its flux_layer_names name) whose shape does not
+  /// fit the config.
   DitBlock(const DitBlockConfig& config, const DitBlockWeights& weights);
+  /// The layers of `model` under `prefix` + flux_layer_names(config.stream), each in the
+  /// algorithm the model's description gives it (config.linear is not used); q, k and v fused
+  /// into one layer as QuantModel::fused_qkv does. Throws ditops::Error naming the layer (or
+  /// norm tensor) that is missing or whose shape does not fit the config.
+  DitBlock(const DitBlockConfig& config, const ditops::QuantModel& model,
+           const std::string& prefix);
 
   /// One block over `batch = text_lengths.size()` sequences of config.sequence() tokens, laid
   /// out [text padding, text, image] (text left-padded to text_tokens, so the valid tokens of
@@ -137,6 +190,16 @@ class DitBlock {
     std::vector<float> q_norm, k_norm;
     std::int64_t first_token = 0, tokens = 0;
   };
+
+  /// Where the layers come from: stream `s`'s layer or norm of the role `StreamWeights::*`,
+  /// named `name` (with its prefix) in a checkpoint.
+  using LinearSource = std::function<ditops::QuantLinear(
+      std::size_t s, LinearWeights StreamWeights::*role, const std::string& name)>;
+  using NormSource = std::function<std::vector<float>(
+      std::size_t s, std::vector<float> StreamWeights::*role, const std::string& name)>;
+  /// Builds every stream from the sources, each layer's shape checked against the config:
+  /// the one path of weights in memory and weights in a file.
+  void build_streams(const std::string& prefix, const LinearSource& linear, const NormSource& norm);
 
   DitBlockConfig config_;
   std::vector<StreamLayers> streams_;

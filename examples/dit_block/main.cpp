@@ -5,9 +5,21 @@
 //             [--frames 1] [--stream single|double] [--attention flash|int8|rainfusion]
 //             [--linear w8a8|fp32] [--cfg fused|two-pass|both] [--instances 1|2] [--steps N]
 //             [--threads N] [--warmup N] [--seed N] [--compare] [--json]
+//             [--weights DESCRIPTION.json | --save-weights FILE] [--prefix PREFIX]
 //
 // --stream: FLUX's double-stream block (separate text and image weights, joint attention; the
 // default) or its single-stream one (one set of weights).
+//
+// Weights are synthetic, drawn from --seed, unless --weights names a quantized model's
+// description JSON (msmodelslim's, or ditops-quantize's): the shape still comes from the flags,
+// the layers from the model, by diffusers' FLUX names under PREFIX (default
+// "transformer_blocks.0." or "single_transformer_blocks.0."; dit_block.hpp lists them), each in
+// the algorithm the model gives it (--linear is not used). --save-weights writes the synthetic
+// weights (the fp32 draw of --seed) as a safetensors checkpoint under those names and exits:
+//   dit_block --hidden 256 --heads 4 --save-weights block.safetensors
+//   ditops-quantize --weights block.safetensors --out model --algo W8A8_DYNAMIC
+//   dit_block --hidden 256 --heads 4 --weights model/quant_model_description_w8a8_dynamic.json
+// runs the W8A8 block of the same seed, bit for bit.
 //
 // --json prints the report as JSON on stdout and the text report on stderr. --warmup: untimed
 // CFG blocks before each measurement (plans, first-touch page faults; default 1). --compare
@@ -22,6 +34,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ditops/instance.hpp>
+#include <ditops/quant_model.hpp>
 #include <ditops/runtime.hpp>
 #include <exception>
 #include <fstream>
@@ -43,6 +56,9 @@ struct Options {
   int threads = 0;
   bool compare = false;
   bool json = false;
+  std::string weights;       ///< --weights: a model's description JSON; empty: synthetic weights
+  std::string save_weights;  ///< --save-weights: write the synthetic weights there and exit
+  std::string prefix;        ///< --prefix; empty: dit::default_layer_prefix(config.stream)
 };
 
 [[noreturn]] void usage(const std::string& problem) {
@@ -51,7 +67,8 @@ struct Options {
                " [--mlp-ratio N] [--frames N] [--stream single|double]"
                " [--attention flash|int8|rainfusion]"
                " [--linear w8a8|fp32] [--cfg fused|two-pass|both] [--instances 1|2]"
-               " [--steps N] [--warmup N] [--threads N] [--seed N] [--compare] [--json]\n",
+               " [--steps N] [--warmup N] [--threads N] [--seed N] [--compare] [--json]"
+               " [--weights DESCRIPTION.json | --save-weights FILE] [--prefix PREFIX]\n",
                problem.c_str());
   std::exit(2);
 }
@@ -121,11 +138,24 @@ Options parse(int argc, char** argv) {
         usage("--cfg is fused, two-pass or both");
       }
       o.cfg = text;
+    } else if (flag == "--weights") {
+      o.weights = text;
+    } else if (flag == "--save-weights") {
+      o.save_weights = text;
+    } else if (flag == "--prefix") {
+      o.prefix = text;
     } else {
       usage("unknown argument " + flag);
     }
   }
   o.config.head_dim = o.config.hidden / o.config.heads;
+  if (o.prefix.empty()) o.prefix = dit::default_layer_prefix(o.config.stream);
+  if (!o.weights.empty() && !o.save_weights.empty()) {
+    usage("--weights reads a model, --save-weights writes the synthetic one: give one of them");
+  }
+  if (!o.weights.empty() && o.compare) {
+    usage("--compare varies the synthetic weights' linear kind: it does not take --weights");
+  }
   return o;
 }
 
@@ -242,6 +272,31 @@ dit::DitBlock make_block(const dit::DitBlockConfig& config) {
   return dit::DitBlock(config, weights);
 }
 
+/// The block the CLI runs, and the algorithm of its linear layers as the report names it: the
+/// synthetic weights of the config, or the layers of the --weights model.
+struct Block {
+  dit::DitBlock block;
+  std::string linears;
+};
+
+Block build_block(const Options& o) {
+  if (o.weights.empty()) return {make_block(o.config), dit::linear_kind_name(o.config.linear)};
+  // The layers pack their own copies: the model's mapping may go once the block is built.
+  const ditops::QuantModel model = ditops::QuantModel::load(o.weights);
+  return {dit::DitBlock(o.config, model, o.prefix), ditops::quant_algo_name(model.model_algo())};
+}
+
+/// --save-weights: the fp32 draw of the seed, so that ditops-quantize --algo W8A8_DYNAMIC
+/// reproduces the synthetic W8A8 layers exactly (dit::write_weights).
+void save_weights(const Options& o) {
+  dit::DitBlockConfig config = o.config;
+  config.linear = dit::LinearKind::fp32;
+  dit::write_weights(o.save_weights, config, dit::make_synthetic_weights(config), o.prefix);
+  std::printf("wrote the %s-stream block's fp32 weights (seed %u) under \"%s\" to %s\n",
+              dit::stream_kind_name(config.stream), config.seed, o.prefix.c_str(),
+              o.save_weights.c_str());
+}
+
 std::vector<Variant> compare_variants(const Options& o) {
   std::vector<Variant> variants;
   for (dit::AttentionKind attention :
@@ -259,6 +314,7 @@ std::vector<Variant> compare_variants(const Options& o) {
 }
 
 struct Report {
+  std::string linears;                    ///< the linear layers' algorithm (Block::linears)
   const Measurement* fused = nullptr;     ///< null unless --cfg fused or both
   const Measurement* two_pass = nullptr;  ///< null unless --cfg two-pass or both
   const Measurement* shown = nullptr;     ///< whose operator shares are printed
@@ -275,9 +331,14 @@ void print_text(std::FILE* file, const Options& o, const Report& r) {
                dit::stream_kind_name(c.stream), static_cast<long long>(c.hidden),
                static_cast<long long>(c.heads), static_cast<long long>(c.head_dim),
                static_cast<long long>(c.image_tokens), static_cast<long long>(c.text_tokens),
-               static_cast<long long>(c.mlp_ratio), dit::linear_kind_name(c.linear),
+               static_cast<long long>(c.mlp_ratio), r.linears.c_str(),
                dit::attention_kind_name(c.attention), ditops::num_threads(),
                ditops::cpu_info().isa.c_str());
+  if (o.weights.empty()) {
+    std::fprintf(file, "weights: synthetic (seed %u)\n", c.seed);
+  } else {
+    std::fprintf(file, "weights: %s, layers under \"%s\"\n", o.weights.c_str(), o.prefix.c_str());
+  }
   if (r.fused) {
     std::fprintf(file, "CFG fused (batch 2):     %.4f s per block\n", r.fused->seconds_per_block);
   }
@@ -330,14 +391,14 @@ void print_json(const Options& o, const Report& r) {
   std::printf(
       "{\n  \"block\": \"%s-stream\", \"hidden\": %lld, \"heads\": %lld,"
       " \"head_dim\": %lld, \"image_tokens\": %lld, \"text_tokens\": %lld,"
-      " \"mlp_ratio\": %lld,\n  \"linear\": \"%s\", \"attention\": \"%s\","
+      " \"mlp_ratio\": %lld,\n  \"linear\": \"%s\", \"weights\": \"%s\", \"attention\": \"%s\","
       " \"threads\": %d, \"isa\": \"%s\", \"steps\": %d,\n",
       dit::stream_kind_name(c.stream), static_cast<long long>(c.hidden),
       static_cast<long long>(c.heads), static_cast<long long>(c.head_dim),
       static_cast<long long>(c.image_tokens), static_cast<long long>(c.text_tokens),
-      static_cast<long long>(c.mlp_ratio), dit::linear_kind_name(c.linear),
-      dit::attention_kind_name(c.attention), ditops::num_threads(), ditops::cpu_info().isa.c_str(),
-      o.steps);
+      static_cast<long long>(c.mlp_ratio), r.linears.c_str(),
+      o.weights.empty() ? "synthetic" : "file", dit::attention_kind_name(c.attention),
+      ditops::num_threads(), ditops::cpu_info().isa.c_str(), o.steps);
   if (r.fused) std::printf("  \"fused_seconds_per_block\": %.6f,\n", r.fused->seconds_per_block);
   if (r.two_pass) {
     std::printf("  \"two_pass_seconds_per_block\": %.6f,\n", r.two_pass->seconds_per_block);
@@ -390,8 +451,14 @@ int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   try {
     ditops::set_num_threads(o.threads);
-    const dit::DitBlock block = make_block(o.config);
+    if (!o.save_weights.empty()) {
+      save_weights(o);
+      return 0;
+    }
+    const Block built = build_block(o);
+    const dit::DitBlock& block = built.block;
     Report report;
+    report.linears = built.linears;
     report.resident_weights = resident_bytes();
     Measurement fused, two_pass;
     if (o.cfg != "two-pass") {

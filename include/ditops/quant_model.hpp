@@ -2,9 +2,11 @@
 // A quantized model exported by msmodelslim for MindIE-SD: a description JSON naming each
 // layer's algorithm, and the safetensors file(s) holding the tensors. Layers come out as
 // QuantLinear (ditops/linear.hpp); the files are read once, memory-mapped, and validated.
+// write_safetensors writes the other end: a floating-point model for tools/ditops-quantize.
 
 #include <ditops/linear.hpp>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,6 +42,11 @@ class QuantModel {
   QuantLinear linear(std::string_view name) const;
   /// Q, K and V projections as one layer (QuantLinear::concat_outputs).
   QuantLinear fused_qkv(std::string_view q, std::string_view k, std::string_view v) const;
+  /// A tensor the model keeps in floating point that is not a linear layer (a norm's weight,
+  /// an embedding), by its name in the weights file: its elements in row-major order, F16 and
+  /// BF16 widened to f32. Error naming the file and the tensor if it is missing or of another
+  /// dtype.
+  std::vector<float> float_tensor(std::string_view name) const;
 
   /// This instance's denoising step, read by its W8A8_TIMESTEP layers.
   void set_timestep_step(int step) { timestep_->set_step(step); }
@@ -53,5 +60,19 @@ class QuantModel {
   std::shared_ptr<const Files> files_;
   std::shared_ptr<Timestep> timestep_;
 };
+
+/// A tensor of a file to write: its name and a contiguous view of any ditops dtype.
+struct NamedTensor {
+  std::string name;
+  TensorView tensor;
+};
+
+/// Writes `tensors` as a safetensors file at `path` (each tensor aligned to its element size),
+/// through a temporary file renamed over the target, so a reader never sees a part. What
+/// ditops-quantize takes is such a file of F32 `<layer>.weight` [out, in] and `<layer>.bias`
+/// [out] tensors. Error naming the call, the file and the tensor for a view that is malformed
+/// or not contiguous, a name that is empty or repeated, an existing `path` that is not a
+/// regular file, or a failed write.
+void write_safetensors(const std::string& path, std::span<const NamedTensor> tensors);
 
 }  // namespace ditops

@@ -1,6 +1,8 @@
 // The DiT block example (examples/dit_block), single- and double-stream, against an fp64 block
-// assembled from the operator references, CFG fused against two passes, and the guidance
-// combine against its formula.
+// assembled from the operator references, CFG fused against two passes, the guidance combine
+// against its formula, and the block loaded from a model file (its synthetic weights written,
+// quantized by the library's quantizer, loaded by FLUX's layer names) against the block built
+// in memory.
 //
 // The reference computes every operator in fp64 but rounds the values between operators to
 // fp32, as the block's buffers do: the comparison then measures the kernels' arithmetic, not
@@ -26,11 +28,14 @@
 #include <utility>
 #include <vector>
 
+#include "loader/quantize.hpp"
+#include "loader/safetensors.hpp"
 #include "tests/reference/attention_ref.hpp"
 #include "tests/reference/linear_ref.hpp"
 #include "tests/reference/norm_ref.hpp"
 #include "tests/reference/rope_ref.hpp"
 #include "tests/support/scoped_threads.hpp"
+#include "tests/support/temp_dir.hpp"
 
 namespace ditops::test {
 namespace {
@@ -503,6 +508,123 @@ TEST(DitBlockConfig, InconsistentShapesAreErrors) {
   EXPECT_THROW(block.forward(in.x, in.conditioning, in.text_lengths), Error);
   in.text_lengths = {1};
   EXPECT_THROW(block.forward(in.x, in.conditioning, in.text_lengths), Error);
+}
+
+/// The synthetic weights of `config`'s seed written as a checkpoint (the fp32 draw, before any
+/// quantization) and quantized as `ditops-quantize --algo W8A8_DYNAMIC [--float PATTERN]...`
+/// does; returns the description's path.
+std::string quantized_checkpoint(const TempDir& dir, const dit::DitBlockConfig& config,
+                                 std::vector<std::string> float_patterns = {}) {
+  dit::DitBlockConfig fp32_config = config;
+  fp32_config.linear = dit::LinearKind::fp32;
+  const std::string checkpoint = dir / "block.safetensors";
+  dit::write_weights(checkpoint, fp32_config, dit::make_synthetic_weights(fp32_config),
+                     dit::default_layer_prefix(config.stream));
+  loader::QuantizeOptions options;
+  options.algo = QuantAlgo::w8a8_dynamic;
+  options.float_patterns = std::move(float_patterns);
+  return loader::quantize_model(loader::SafetensorsFile::open(checkpoint), nullptr, dir.path(),
+                                options)
+      .description_path;
+}
+
+/// The quantizer and the synthetic weights quantize alike (per output channel, symmetric,
+/// max|w| / 127, round to nearest even), so the block loaded from the quantized checkpoint is
+/// the in-memory W8A8 block bit for bit: the same integers, scales and biases packed the same
+/// way. Layers the quantizer keeps FLOAT (--float '*') give the in-memory fp32 block.
+class DitBlockWeightsFile : public ::testing::TestWithParam<dit::StreamKind> {};
+
+TEST_P(DitBlockWeightsFile, LoadedBlockEqualsTheInMemoryOne) {
+  const ScopedThreads threads(2);
+  for (const dit::LinearKind linear : {dit::LinearKind::w8a8, dit::LinearKind::fp32}) {
+    SCOPED_TRACE(dit::linear_kind_name(linear));
+    const dit::DitBlockConfig config = small_config(GetParam(), linear, dit::AttentionKind::flash);
+    const TempDir dir("ditops_dit_weights");
+    const QuantModel model = QuantModel::load(
+        quantized_checkpoint(dir, config,
+                             linear == dit::LinearKind::fp32 ? std::vector<std::string>{"*"}
+                                                             : std::vector<std::string>{}));
+    const std::string prefix = dit::default_layer_prefix(config.stream);
+    const std::string q_name = prefix + dit::flux_layer_names(config.stream).back().q;
+    EXPECT_EQ(model.layer_algo(q_name),
+              linear == dit::LinearKind::w8a8 ? QuantAlgo::w8a8_dynamic : QuantAlgo::float_linear);
+
+    const dit::CfgInput in = random_input(config, 21);
+    std::vector<float> from_file = in.x, in_memory = in.x;
+    dit::DitBlock(config, model, prefix).forward(from_file, in.conditioning, in.text_lengths);
+    dit::DitBlock(config, dit::make_synthetic_weights(config))
+        .forward(in_memory, in.conditioning, in.text_lengths);
+    EXPECT_EQ(std::memcmp(from_file.data(), in_memory.data(), in_memory.size() * sizeof(float)), 0);
+    EXPECT_NE(std::memcmp(from_file.data(), in.x.data(), in.x.size() * sizeof(float)), 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Streams, DitBlockWeightsFile,
+                         ::testing::Values(dit::StreamKind::single_stream,
+                                           dit::StreamKind::double_stream),
+                         [](const auto& param_info) {
+                           return std::string(dit::stream_kind_name(param_info.param));
+                         });
+
+/// Building `config`'s block from `model` throws an Error whose message holds every needle.
+void expect_block_fails(const dit::DitBlockConfig& config, const QuantModel& model,
+                        const std::string& prefix, const std::vector<std::string>& needles) {
+  try {
+    dit::DitBlock(config, model, prefix);
+    ADD_FAILURE() << "no Error";
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    for (const std::string& needle : needles) {
+      EXPECT_NE(message.find(needle), std::string::npos) << "'" << message << "' lacks " << needle;
+    }
+  }
+}
+
+// A layer the file lacks, or whose shape the config does not fit, is an Error naming it.
+TEST(DitBlockWeightsFile, MissingOrMisshapenLayersAreNamed) {
+  const dit::DitBlockConfig config = small_config(dit::StreamKind::double_stream,
+                                                  dit::LinearKind::w8a8, dit::AttentionKind::flash);
+  const TempDir dir("ditops_dit_weights");
+  const QuantModel model = QuantModel::load(quantized_checkpoint(dir, config));
+  const std::string prefix = dit::default_layer_prefix(config.stream);
+
+  // Another block's layers: the first one asked for, the text stream's modulation, is missing.
+  expect_block_fails(config, model, "transformer_blocks.1.",
+                     {"no layer \"transformer_blocks.1.norm1_context.linear\""});
+  // A single-stream block's modulation is norm.linear, which a double-stream block lacks.
+  dit::DitBlockConfig single = config;
+  single.stream = dit::StreamKind::single_stream;
+  expect_block_fails(single, model, prefix, {"no layer \"transformer_blocks.0.norm.linear\""});
+  // A narrower MLP: the first MLP layer does not fit.
+  dit::DitBlockConfig narrow_mlp = config;
+  narrow_mlp.mlp_ratio = 2;
+  expect_block_fails(narrow_mlp, model, prefix,
+                     {"DitBlock: layer \"transformer_blocks.0.ff_context.net.0.proj\"",
+                      "[out, in] = [256, 64], the config needs [128, 64]"});
+  // The same hidden size in more, narrower heads: every linear layer fits, the q/k norms don't.
+  dit::DitBlockConfig narrow_heads = config;
+  narrow_heads.heads = 8;
+  narrow_heads.head_dim = 8;
+  expect_block_fails(
+      narrow_heads, model, prefix,
+      {"DitBlock: norm \"transformer_blocks.0.attn.norm_added_q.weight\" has 16", "head_dim (8)"});
+
+  // Weights in memory are checked the same way, named without a prefix.
+  dit::DitBlockWeights weights = dit::make_synthetic_weights(config);
+  dit::DitBlockConfig wide = config;
+  wide.mlp_ratio = 8;
+  weights.streams[1].mlp_down = dit::make_synthetic_weights(wide).streams[1].mlp_down;
+  try {
+    dit::DitBlock(config, weights);
+    ADD_FAILURE() << "no Error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("layer \"ff.net.2\" is [out, in] = [64, 512], the config needs [64, 256]"),
+              std::string::npos)
+        << error.what();
+  }
+  // write_weights takes as many streams as the config has.
+  EXPECT_THROW(dit::write_weights(dir / "single.safetensors", single, weights, prefix), Error);
 }
 
 }  // namespace

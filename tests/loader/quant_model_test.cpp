@@ -575,5 +575,44 @@ TEST(QuantModelLayers, FloatLayersWidenF16AndKeepBf16) {
   }
 }
 
+/// `read` throws an Error whose message holds every needle.
+template <class Read>
+void expect_error(Read&& read, const std::vector<std::string>& needles) {
+  try {
+    read();
+    ADD_FAILURE() << "no Error";
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    for (const std::string& needle : needles) {
+      EXPECT_NE(message.find(needle), std::string::npos) << "'" << message << "' lacks " << needle;
+    }
+  }
+}
+
+TEST(QuantModel, FloatTensorsWidenToF32) {
+  const std::vector<float> values = {0.5f, -1.f, 2.f, 0.25f};  // exact in f16 and bf16
+  std::vector<std::uint16_t> as_f16, as_bf16;
+  for (const float value : values) {
+    as_f16.push_back(f16::from_float(value).bits);
+    as_bf16.push_back(bf16::from_float(value).bits);
+  }
+  const TempDir dir("ditops_quant_model");
+  HandModel hand(QuantAlgo::w8a8_dynamic);
+  hand.add_tensor("norm_f16.weight", "F16", {2, 2}, bytes_of(as_f16));
+  hand.add_tensor("norm_bf16.weight", "BF16", {4}, bytes_of(as_bf16));
+  const QuantModel model = QuantModel::load(hand.write(dir));
+  EXPECT_EQ(model.float_tensor("norm.weight"), (std::vector<float>{1, 1, 1}));
+  EXPECT_EQ(model.float_tensor("norm_f16.weight"), values);
+  EXPECT_EQ(model.float_tensor("norm_bf16.weight"), values);
+
+  const std::string weights = dir / loader::weight_file_name(QuantAlgo::w8a8_dynamic, -1);
+  expect_error([&] { model.float_tensor("norm_q.weight"); },
+               {"QuantModel::float_tensor", "\"norm_q.weight\"", weights});
+  // A quantized layer's int8 weight is no floating-point tensor.
+  expect_error([&] { model.float_tensor("blocks.0.attn.to_q.weight"); },
+               {"QuantModel::float_tensor", "\"blocks.0.attn.to_q.weight\"", weights,
+                "dtype I8, expected F32, F16 or BF16"});
+}
+
 }  // namespace
 }  // namespace ditops::test

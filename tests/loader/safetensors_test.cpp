@@ -1,6 +1,7 @@
 // The safetensors reader and writer: round trips (names, dtypes, shapes, bytes, metadata,
 // alignment), every malformed header the reader must refuse with an Error naming the file, the
-// tensor and the field, files that are no regular file, and the writer's refusals.
+// tensor and the field, files that are no regular file, and the writer's refusals. Also the
+// public writer of TensorViews (ditops::write_safetensors).
 
 #include "loader/safetensors.hpp"
 
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <ditops/quant_model.hpp>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -220,6 +222,54 @@ TEST(Safetensors, WriterRefusesBadTensorsAndNonRegularTargets) {
   std::filesystem::create_symlink(sub, link);
   expect_write_fails(link, {{"w", "F32", {1}, four}}, "is a symbolic link");
   EXPECT_EQ(dir.names(), (std::vector<std::string>{"fifo", "link", "sub"}));  // all left alone
+}
+
+TEST(Safetensors, PublicWriterTakesContiguousViews) {
+  const TempDir dir("ditops_safetensors");
+  const std::string path = dir / "model.safetensors";
+  const std::vector<float> weight = {1.f, -2.f, 0.5f, 4.f, 3.f, -1.f};
+  const std::vector<std::int8_t> codes = {-127, 0, 127};
+  const std::vector<bf16> halves = {bf16::from_float(1.5f), bf16::from_float(-0.25f)};
+  const NamedTensor tensors[] = {{"layer.weight", view(weight.data(), {2, 3})},
+                                 {"codes", view(codes.data(), {3})},
+                                 {"norm.weight", view(halves.data(), {2})}};
+  write_safetensors(path, tensors);
+  const SafetensorsFile file = SafetensorsFile::open(path);
+  EXPECT_EQ(file.names(), (std::vector<std::string>{"codes", "layer.weight", "norm.weight"}));
+  const auto& written = file.get("layer.weight");
+  EXPECT_EQ(written.dtype, "F32");
+  EXPECT_EQ(written.shape, (std::vector<std::int64_t>{2, 3}));
+  EXPECT_EQ(written.to_floats(path), weight);
+  EXPECT_EQ(file.get("codes").dtype, "I8");
+  EXPECT_EQ(std::memcmp(file.get("codes").data, codes.data(), codes.size()), 0);
+  EXPECT_EQ(file.get("norm.weight").dtype, "BF16");
+  EXPECT_EQ(file.get("norm.weight").to_floats(path), (std::vector<float>{1.5f, -0.25f}));
+
+  // Views whose elements are not the file's row-major bytes: the first two columns of `weight`
+  // (rows of a larger buffer), and its transpose.
+  const auto expect_refused = [&](const TensorView& tensor, const std::string& needle) {
+    const NamedTensor named[] = {{"t", tensor}};
+    try {
+      write_safetensors(dir / "t.safetensors", named);
+      ADD_FAILURE() << "no Error for " << needle;
+    } catch (const Error& error) {
+      const std::string message = error.what();
+      EXPECT_EQ(message.rfind("write_safetensors: ", 0), 0u) << message;
+      EXPECT_NE(message.find(needle), std::string::npos) << message;
+    }
+  };
+  expect_refused(view(weight.data(), {2, 2}, {3, 1}),
+                 "tensor \"t\" of shape [2, 2] is not contiguous");
+  expect_refused(view(weight.data(), {3, 2}, {1, 3}), "t.strides[1] (3) must be 1");
+  // The library writer's refusals reach the public one's callers.
+  const NamedTensor twice[] = {{"w", view(weight.data(), {6})}, {"w", view(codes.data(), {3})}};
+  try {
+    write_safetensors(dir / "twice.safetensors", twice);
+    ADD_FAILURE() << "no Error for a repeated name";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("tensor \"w\": named twice"), std::string::npos)
+        << error.what();
+  }
 }
 
 }  // namespace
