@@ -14,6 +14,7 @@
 #include "dit_block.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -21,6 +22,7 @@
 #include <ditops/guidance.hpp>
 #include <ditops/instance.hpp>
 #include <ditops/runtime.hpp>
+#include <fstream>
 #include <random>
 #include <set>
 #include <string>
@@ -406,6 +408,33 @@ INSTANTIATE_TEST_SUITE_P(DitBlock, DitBlockCfg,
                              {dit::LinearKind::w8a8, dit::AttentionKind::rainfusion, 2},
                          })),
                          case_name);
+
+/// The process's resident memory in bytes (/proc/self/statm), or -1 where it cannot be read.
+std::int64_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  std::int64_t pages = 0, resident_pages = 0;
+  if (!(statm >> pages >> resident_pages)) return -1;
+  return resident_pages * sysconf(_SC_PAGESIZE);
+}
+
+// Instances share one block's packed weights: copies of a DitBlock (what a caller hands each
+// instance) hold the same QuantLinear layers, so four copies add far less resident memory than
+// one copy of the weights (a deep copy would add 4 x 7 MiB here).
+TEST(DitBlockInstances, CopiesShareThePackedWeights) {
+  dit::DitBlockConfig config = small_config(dit::StreamKind::double_stream, dit::LinearKind::w8a8,
+                                            dit::AttentionKind::flash);
+  config.hidden = 512;
+  config.heads = 8;
+  config.head_dim = 64;
+  const dit::DitBlock block(config, dit::make_synthetic_weights(config));
+  const std::int64_t weight_bytes = 2 * 18 * config.hidden * config.hidden;  // int8, 2 streams
+  const std::int64_t before = resident_bytes();
+  if (before < 0) GTEST_SKIP() << "no /proc/self/statm";
+  std::vector<dit::DitBlock> copies(4, block);
+  const std::int64_t growth = resident_bytes() - before;
+  EXPECT_LT(growth, weight_bytes / 4) << "4 copies grew the resident set by " << growth
+                                      << " bytes; the packed weights are " << weight_bytes;
+}
 
 // Two instances, each running the block on its own input from its own run(), concurrently,
 // give what they give one at a time: they share the packed weights read-only and nothing else
