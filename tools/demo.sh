@@ -171,7 +171,7 @@ section_sparse() {
 # linears and flash fp32 attention on 2 threads, a small shape (a 4-frame latent, so RainFusion
 # has frames to skip) with CFG fused beside two passes, one instance of one core beside two, and
 # every attention and linear kind (--compare), then FLUX's (hidden 3072, 24 heads, 4608 image +
-# 512 text tokens; 20 s or more per CFG block on 2 AVX2 cores, so the quick demo times one fused
+# 512 text tokens; about 18 s per CFG block on 2 idle AVX2 cores, so the quick demo times one fused
 # block without a warm-up, and --full adds the warm-up, two passes and two instances: about 3
 # minutes). dit.json holds the runs' reports, dit.md their text.
 section_dit() {
