@@ -11,11 +11,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 build=$1 check=$2 work=$3
 mkdir -p "$work"
 
-failures=0
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/checks.sh"
 
 for isa in avx2 scalar; do
   out=$work/demo-$isa
@@ -51,8 +47,4 @@ if grep -q "isa (dispatch) *avx2" "$work/demo-avx2/machine.txt"; then  # the CPU
   expect_peak avx2 fp32_fma "ymm vfmadd231ps"
 fi
 
-if [ "$failures" -ne 0 ]; then
-  echo "demo pipeline: $failures failure(s)"
-  exit 1
-fi
-echo "demo pipeline: passed (DITOPS_ISA=avx2 and scalar)"
+finish "demo pipeline (DITOPS_ISA=avx2 and scalar)"

@@ -11,11 +11,7 @@ dit_block=$1 quantize=$2 work=$3
 rm -rf "$work"
 mkdir -p "$work/model"
 
-failures=0
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/checks.sh"
 
 # expect_status NAME STATUS ARGS...: dit_block's exit status (its output in $work/std{out,err}).
 expect_status() {
@@ -62,8 +58,4 @@ grep -q "none.json" "$work/stderr" || fail "missing-model: $(cat "$work/stderr")
 expect_status both 2 "${shape[@]}" --weights "$description" --save-weights "$work/x.safetensors"
 expect_status compare 2 "${shape[@]}" --weights "$description" --compare
 
-if [ "$failures" -ne 0 ]; then
-  echo "$failures failure(s)"
-  exit 1
-fi
-echo "dit_block weights pipeline: all checks passed"
+finish "dit_block weights pipeline"

@@ -10,11 +10,7 @@ tool=$1 work=$2
 rm -rf "$work"
 mkdir -p "$work"
 
-failures=0
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/checks.sh"
 
 check_svgs() {
   local dir=$1 pattern file
@@ -79,8 +75,4 @@ expect_usage_error "foreign svg" "${layout[@]}" --out "$work/foreign"
 touch "$work/file"
 expect_usage_error "out is a file" "${layout[@]}" --out "$work/file"
 
-if [ "$failures" -ne 0 ]; then
-  echo "$failures failure(s)"
-  exit 1
-fi
-echo "ditops-masks: all checks passed"
+finish "ditops-masks"

@@ -9,11 +9,7 @@ tool=$1 work=$2
 rm -rf "$work"
 mkdir -p "$work/out"
 
-failures=0
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/checks.sh"
 
 # expect_status NAME STATUS ARGS...: the exit status, and exactly one line on stderr if not 0.
 expect_status() {
@@ -65,8 +61,4 @@ grep -q "none.safetensors: does not exist" "$work/stderr" || fail "missing file 
 expect_status out-not-dir 1 --weights "$work/model.safetensors" --out "$work/model.safetensors" \
   --algo W8A8_DYNAMIC
 
-if [ "$failures" -ne 0 ]; then
-  echo "$failures failure(s)"
-  exit 1
-fi
-echo "ditops-quantize: all checks passed"
+finish "ditops-quantize"
