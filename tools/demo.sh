@@ -211,8 +211,9 @@ section_cpu_vs_simulator() {
 peers_venv=${DITOPS_PEERS_VENV:-build/peers-venv}
 section_peers() {
   if ! "$peers_venv/bin/python" -c 'import torch, onnxruntime, onnx, numpy' 2>/dev/null; then
-    echo "PyTorch and ONNX Runtime are not installed in $peers_venv: run tools/bench-peers.sh" \
-      "once (it installs them from PyPI into that virtual environment) to compare." |
+    # Headed like bench-peers.sh's report, whose first two lines the summary drops.
+    printf '# Peers\n\n%s %s\n' "PyTorch and ONNX Runtime are not installed in $peers_venv: run" \
+      "tools/bench-peers.sh once (it installs them from PyPI into that virtual environment) to compare." |
       tee "$out/peers.md"
     return 0
   fi

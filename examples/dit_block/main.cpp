@@ -180,7 +180,7 @@ double megabytes(std::int64_t bytes) { return static_cast<double>(bytes) / (1 <<
 struct Measurement {
   double seconds_per_block = 0;  ///< one CFG block: both prompts through the block, combined
   dit::OpTimes times;            ///< summed over the timed steps
-  std::int64_t resident = 0;     ///< after the warm-up: weights plus this run's activations
+  std::int64_t resident = 0;     ///< after the run: weights plus this run's activations
 };
 
 /// `warmup` untimed blocks (plans, first-touch page faults), then `steps` timed ones.
@@ -193,18 +193,18 @@ Measurement measure(const dit::DitBlock& block, dit::CfgMode mode, const Options
                  input.text_lengths, guided, nullptr, &workspace);
   }
   Measurement m;
-  m.resident = resident_bytes();
   const auto start = std::chrono::steady_clock::now();
   dit::run_cfg(block, o.steps, mode, kGuidanceScale, input.x, input.conditioning,
                input.text_lengths, guided, &m.times, &workspace);
   m.seconds_per_block =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / o.steps;
+  m.resident = resident_bytes();  // the workspace still held
   return m;
 }
 
 struct Throughput {
   double blocks_per_second = 0;
-  std::int64_t resident = 0;  ///< after the warm-up: the weights once, every instance's activations
+  std::int64_t resident = 0;  ///< after the run: the weights once, every instance's activations
 };
 
 /// --instances N: the machine split into N instances; one of them running alone, then all.
@@ -250,11 +250,11 @@ Throughput instance_throughput(const dit::DitBlock& block,
   };
   if (o.warmup > 0) run_all(o.warmup);  // as in measure()
   Throughput result;
-  result.resident = resident_bytes();
   const auto start = std::chrono::steady_clock::now();
   run_all(o.steps);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.resident = resident_bytes();  // every instance's workspace still held
   result.blocks_per_second = count * o.steps / seconds;
   return result;
 }
