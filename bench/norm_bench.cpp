@@ -1,7 +1,8 @@
 // RMSNorm on out-of-cache tensors: ditops beside an Eigen-expression baseline run with the same
 // threads (row blocks per OpenMP thread), in the same process. Shapes: [8192, 3072] (an LLM /
 // DiT hidden state), FLUX's per-head QK-norm [4608 * 24, 128] and a wider hidden state
-// [4096, 5120].
+// [4096, 5120]. With misaligned = 1 every tensor starts 16 bytes past a cache line, as the
+// large allocations of std::vector (glibc's malloc) do, where framework tensors are aligned.
 
 #include <omp.h>
 
@@ -21,6 +22,14 @@ struct Shape {
 };
 const Shape kShapes[] = {{8192, 3072}, {4608 * 24, 128}, {4096, 5120}};
 constexpr int kShapeCount = 3;
+/// Bytes past a cache line where the misaligned = 1 runs' tensors start.
+constexpr std::int64_t kMisalignBytes = 16;
+
+/// Elements to skip at the start of each buffer copy (the buffers hold that many more).
+template <class T>
+std::int64_t skip_elements(benchmark::State& state, int arg) {
+  return state.range(arg) != 0 ? kMisalignBytes / static_cast<std::int64_t>(sizeof(T)) : 0;
+}
 
 template <class T>
 using EigenScalar =
@@ -51,16 +60,17 @@ void BM_rms_norm(benchmark::State& state) {
   const Shape shape = kShapes[state.range(0)];
   const int threads = static_cast<int>(state.range(1));
   const bool eigen = state.range(2) != 0;
+  const std::int64_t skip = skip_elements<T>(state, 3);
   const std::int64_t elements = shape.rows * shape.dim;
   const std::int64_t bytes =
       2 * elements * static_cast<std::int64_t>(sizeof(T));  // read x, write y
-  ColdBuffers<T> x(elements, bytes), out(elements, bytes, 2);
+  ColdBuffers<T> x(elements + skip, bytes), out(elements + skip, bytes, 2);
   std::vector<float> weight(shape.dim, 1.1f);
   set_num_threads(threads);
   int iteration = 0;
   for (auto _ : state) {
-    T* xs = x.copy(iteration);
-    T* ys = out.copy(iteration++);
+    T* xs = x.copy(iteration) + skip;
+    T* ys = out.copy(iteration++) + skip;
     if (eigen) {
       eigen_rms_norm(xs, weight.data(), ys, shape.rows, shape.dim, threads);
     } else {
@@ -70,7 +80,8 @@ void BM_rms_norm(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   state.SetLabel(std::string(eigen ? "eigen " : "ditops ") + dtype_name(detail::dtype_of<T>()) +
-                 " [" + std::to_string(shape.rows) + ", " + std::to_string(shape.dim) + "]");
+                 " [" + std::to_string(shape.rows) + ", " + std::to_string(shape.dim) + "]" +
+                 (skip ? " misaligned" : ""));
   report_bandwidth(state, static_cast<double>(bytes), threads);
 }
 
@@ -78,16 +89,17 @@ template <class T>
 void BM_add_rms_norm(benchmark::State& state) {
   const Shape shape = kShapes[state.range(0)];
   const int threads = static_cast<int>(state.range(1));
+  const std::int64_t skip = skip_elements<T>(state, 2);
   const std::int64_t elements = shape.rows * shape.dim;
   const std::int64_t bytes =
       4 * elements * static_cast<std::int64_t>(sizeof(T));  // x, r in; h, y out
-  ColdBuffers<T> x(elements, bytes), residual(elements, bytes, 2), out(elements, bytes, 3),
-      sum(elements, bytes, 4);
+  ColdBuffers<T> x(elements + skip, bytes), residual(elements + skip, bytes, 2),
+      out(elements + skip, bytes, 3), sum(elements + skip, bytes, 4);
   std::vector<float> weight(shape.dim, 1.1f);
   set_num_threads(threads);
   int iteration = 0;
   for (auto _ : state) {
-    const auto v = [&](T* p) { return view(p, {shape.rows, shape.dim}); };
+    const auto v = [&](T* p) { return view(p + skip, {shape.rows, shape.dim}); };
     add_rms_norm(v(x.copy(iteration)), v(residual.copy(iteration)),
                  view(weight.data(), {shape.dim}), kEps, v(out.copy(iteration)),
                  v(sum.copy(iteration)));
@@ -95,24 +107,30 @@ void BM_add_rms_norm(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   state.SetLabel(std::string("ditops ") + dtype_name(detail::dtype_of<T>()) + " [" +
-                 std::to_string(shape.rows) + ", " + std::to_string(shape.dim) + "]");
+                 std::to_string(shape.rows) + ", " + std::to_string(shape.dim) + "]" +
+                 (skip ? " misaligned" : ""));
   report_bandwidth(state, static_cast<double>(bytes), threads);
 }
 
-// Args: shape index, threads, baseline (0 = ditops, 1 = Eigen).
+// Args: shape index, threads, baseline (0 = ditops, 1 = Eigen), misaligned (short rows only,
+// where every row has partial cache lines at both ends).
 void norm_args(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"shape", "threads", "eigen"});
+  b->ArgNames({"shape", "threads", "eigen", "misaligned"});
   for (int shape = 0; shape < kShapeCount; ++shape) {
     for (int threads : {1, 2}) {
-      for (int eigen : {0, 1}) b->Args({shape, threads, eigen});
+      for (int eigen : {0, 1}) b->Args({shape, threads, eigen, 0});
+      if (shape == 1) b->Args({shape, threads, 0, 1});
     }
   }
   b->UseRealTime()->Unit(benchmark::kMillisecond);
 }
 void fused_args(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"shape", "threads"});
+  b->ArgNames({"shape", "threads", "misaligned"});
   for (int shape = 0; shape < kShapeCount; ++shape) {
-    for (int threads : {1, 2}) b->Args({shape, threads});
+    for (int threads : {1, 2}) {
+      b->Args({shape, threads, 0});
+      if (shape == 1) b->Args({shape, threads, 1});
+    }
   }
   b->UseRealTime()->Unit(benchmark::kMillisecond);
 }

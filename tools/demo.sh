@@ -110,7 +110,7 @@ case "$mode" in
     dit_flux=(--cfg both --warmup 1 --steps 1 --instances 2)
     ;;
   tiny)
-    bench_filter='peak|triad|BM_rms_norm<float>/shape:1/threads:2/|BM_rope<float>/seq:0/interleaved:0/threads:2/|attention_flash_f32/shape:5/threads:2/|mla_decode/b:1/kv:2048/h:16/chunk:2/threads:2/splits:0'
+    bench_filter='peak|triad|BM_rms_norm<float>/shape:1/threads:2/eigen:./misaligned:0|BM_rope<float>/seq:0/interleaved:0/threads:2/|attention_flash_f32/shape:5/threads:2/|mla_decode/b:1/kv:2048/h:16/chunk:2/threads:2/splits:0'
     min_time=0.01
     sim_grid=(--batch 1 --kv 512)
     cpu_grid=(--batch 1 --kv 512 --heads 16)
