@@ -48,7 +48,7 @@ int run(const std::map<std::string, std::string>& args) {
   const std::int64_t elements = batch * seq * heads * dim;
   auto q = normal_values<T>(elements, 1), k = normal_values<T>(elements, 2),
        v = normal_values<T>(elements, 3);
-  std::vector<T> out(static_cast<std::size_t>(elements));
+  ditops::peers::Buffer<T> out(static_cast<std::size_t>(elements));
   const auto shape = [&](T* data) { return ditops::view(data, {batch, seq, heads, dim}); };
   const ditops::AttentionChoice choice =
       ditops::select_attention(shape(q.data()), shape(k.data()), shape(v.data()), options);

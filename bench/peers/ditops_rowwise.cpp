@@ -34,11 +34,12 @@ int run(const std::map<std::string, std::string>& flags) {
   ditops::set_num_threads(static_cast<int>(int_flag(flags, "--threads", 0)));
   const std::int64_t elements = rows * heads * dim;
   auto x = normal_values<T>(elements, 1), residual = normal_values<T>(elements, 2);
-  std::vector<T> out(static_cast<std::size_t>(elements)), sum(out.size());
-  std::vector<T> weight(static_cast<std::size_t>(dim), ditops::from_float<T>(1.f));
+  ditops::peers::Buffer<T> out(static_cast<std::size_t>(elements)), sum(out.size());
+  ditops::peers::Buffer<T> weight(static_cast<std::size_t>(dim), ditops::from_float<T>(1.f));
   // RoPE tables of the usual frequencies, cat(f, f) for rotate-half, (f0, f0, f1, f1, ...) else.
   const bool interleaved = op == "rope_interleaved";
-  std::vector<T> cos_table(static_cast<std::size_t>(rows * dim)), sin_table(cos_table.size());
+  ditops::peers::Buffer<T> cos_table(static_cast<std::size_t>(rows * dim)),
+      sin_table(cos_table.size());
   for (std::int64_t s = 0; s < rows && op.rfind("rope", 0) == 0; ++s) {
     for (std::int64_t k = 0; k < dim; ++k) {
       const std::int64_t freq = interleaved ? k / 2 : k % (dim / 2);

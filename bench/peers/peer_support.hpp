@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <ditops/tensor.hpp>
 #include <map>
+#include <new>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -37,9 +38,27 @@ inline std::string string_flag(const std::map<std::string, std::string>& flags, 
   return it == flags.end() ? fallback : it->second;
 }
 
+/// An allocator aligning every buffer to a cache line, as PyTorch's and ONNX Runtime's CPU
+/// allocators align tensors: each library is timed on the same layout (glibc's malloc puts
+/// large blocks 16 bytes past a page, which costs short-row kernels partial lines at each row's
+/// ends).
 template <class T>
-std::vector<T> normal_values(std::int64_t count, unsigned seed) {
-  std::vector<T> values(static_cast<std::size_t>(count));
+struct LineAligned {
+  using value_type = T;
+  static constexpr std::align_val_t kAlignment{64};
+  LineAligned() = default;
+  template <class U>
+  LineAligned(const LineAligned<U>&) noexcept {}
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlignment)); }
+  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, kAlignment); }
+  bool operator==(const LineAligned&) const noexcept { return true; }
+};
+template <class T>
+using Buffer = std::vector<T, LineAligned<T>>;
+
+template <class T>
+Buffer<T> normal_values(std::int64_t count, unsigned seed) {
+  Buffer<T> values(static_cast<std::size_t>(count));
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal;
   for (auto& value : values) value = from_float<T>(normal(rng));
