@@ -135,14 +135,19 @@ inline F32<Arch> load(const T* src) noexcept {
   }
 }
 
-/// bf16 bit patterns (in the low 16 bits of each lane) of v, rounded to nearest even.
-template <class Arch>
+/// bf16 bit patterns (in the low 16 bits of each lane) of v, rounded to nearest even. With
+/// kMayBeNaN false the caller guarantees v has no NaN, which saves the three ops per vector
+/// that keep a NaN one (measured on AVX2: bf16 RMSNorm rows 1.2x faster without them).
+template <class Arch, bool kMayBeNaN = true>
 inline U32<Arch> bf16_bits(F32<Arch> v) noexcept {
   const U32<Arch> bits = xsimd::bitwise_cast<U32<Arch>>(v);
   const U32<Arch> rounded = (bits + U32<Arch>(0x7fffu) + ((bits >> 16) & U32<Arch>(1u))) >> 16;
-  // NaN would carry into the sign bit when rounded; keep it a quiet NaN instead.
+  if constexpr (!kMayBeNaN) return rounded;
+  // NaN would carry into the exponent or the sign bit when rounded (a NaN with a low payload
+  // only would become inf); keep it a quiet NaN instead. isnan, not v != v: xsimd 8.1's
+  // AVX and AVX-512 != is the ordered compare, false for NaN, which let NaN through here.
   const U32<Arch> quiet_nan = (bits >> 16) | U32<Arch>(0x40u);
-  const F32<Arch> chosen = xsimd::select(v != v, xsimd::bitwise_cast<F32<Arch>>(quiet_nan),
+  const F32<Arch> chosen = xsimd::select(xsimd::isnan(v), xsimd::bitwise_cast<F32<Arch>>(quiet_nan),
                                          xsimd::bitwise_cast<F32<Arch>>(rounded));
   return xsimd::bitwise_cast<U32<Arch>>(chosen);
 }
@@ -658,15 +663,18 @@ inline F32<Arch> load_chunk(const T* src, std::size_t i, std::size_t count) {
 }
 
 /// Stores two vectors (lo, then hi: 2 * F32<Arch>::size floats) as T, with non-temporal stores
-/// when `stream` and dst is aligned for them. bf16 on AVX2 packs both vectors with one pack and
+/// when `stream` and dst is aligned for them. kMayBeNaN false: neither vector holds a NaN
+/// (bf16_bits; used by AVX2's bf16 rounding). bf16 on AVX2 packs both vectors with one pack and
 /// one permute into one 32-byte store, which AVX2 can also stream (a single vector packs into
 /// 16 bytes and pays the pack and the permute alone).
-template <class Arch, class T>
+template <class Arch, class T, bool kMayBeNaN = true>
 inline void store_pair(T* dst, F32<Arch> lo, F32<Arch> hi, bool stream) noexcept {
   if constexpr (kIsAvx2<Arch> && std::is_same_v<T, bf16>) {
     // packus interleaves the 128-bit lanes of its operands: [lo0-3 hi0-3 | lo4-7 hi4-7].
-    const __m256i packed = _mm256_permute4x64_epi64(
-        _mm256_packus_epi32(simd::bf16_bits<Arch>(lo), simd::bf16_bits<Arch>(hi)), 0xD8);
+    const __m256i packed =
+        _mm256_permute4x64_epi64(_mm256_packus_epi32(simd::bf16_bits<Arch, kMayBeNaN>(lo),
+                                                     simd::bf16_bits<Arch, kMayBeNaN>(hi)),
+                                 0xD8);
     auto* target = reinterpret_cast<__m256i*>(dst);
     if (stream && reinterpret_cast<std::uintptr_t>(dst) % 32 == 0) {
       _mm256_stream_si256(target, packed);

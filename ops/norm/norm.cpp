@@ -1,5 +1,6 @@
 // Public entries rms_norm and add_rms_norm: validate, describe the problem, run rows in parallel.
 
+#include <algorithm>
 #include <cmath>
 #include <ditops/norm.hpp>
 #include <vector>
@@ -48,6 +49,11 @@ void run(norm::NormProblem& problem, const TensorView& weight) {
   problem.weight = weight.empty()      ? nullptr
                    : converted.empty() ? static_cast<const float*>(weight.data)
                                        : converted.data();
+  // A row whose sum of squares is finite has finite inputs; with a finite weight its outputs
+  // hold no NaN, and their rounding to bf16 can skip the NaN case.
+  problem.weight_finite =
+      !problem.weight || std::all_of(problem.weight, problem.weight + problem.dim,
+                                     [](float w) { return std::isfinite(w); });
   static const core::IsaTable<decltype(&norm::rms_norm_rows<xsimd::sse2>)> kernels =
       DITOPS_ISA_TABLE(norm::rms_norm_rows);
   const auto kernel = kernels.get();

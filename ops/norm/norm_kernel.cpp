@@ -88,8 +88,9 @@ float add_and_sum_squares(const RowOperands<T>& row, std::size_t dim, bool strea
 /// null) are prefetched on the way: its pass 1 then finds them in cache, and this pass's
 /// arithmetic overlaps the transfer. Rows under 1 KiB are left to the hardware prefetcher, which
 /// follows consecutive short rows well (measured: prefetching there cost ~20% at D = 128 f32).
-/// The options are template parameters so the loop tests none of them per piece.
-template <class Arch, bool kWeighted, bool kPrefetch, class T, class S>
+/// kMayBeNaN false: the row and the weight are finite, so the results hold no NaN. The options
+/// are template parameters so the loop tests none of them per piece.
+template <class Arch, bool kWeighted, bool kPrefetch, bool kMayBeNaN, class T, class S>
 void scale_row(const S* src, T* out, const float* weight, float inv_rms, std::size_t dim,
                bool stream, const T* next_x, const T* next_residual) {
   constexpr std::size_t kLanes = B<Arch>::size;
@@ -111,7 +112,7 @@ void scale_row(const S* src, T* out, const float* weight, float inv_rms, std::si
           a *= simd::load<Arch>(weight + i);
           b *= simd::load<Arch>(weight + i + kLanes);
         }
-        simd::store_pair<Arch>(out + i, a, b, whole_lines);
+        simd::store_pair<Arch, T, kMayBeNaN>(out + i, a, b, whole_lines);
       },
       [&](std::size_t i, std::size_t count, auto whole_line) {
         if constexpr (kPrefetch) {
@@ -151,19 +152,34 @@ void normalize_row_in_double(const S* src, T* out, const float* weight, float ep
   }
 }
 
-/// scale_row with the options of this row chosen once.
-template <class Arch, class T, class S>
+/// scale_row with the options of this row chosen once (kMayBeNaN matters to bf16 only).
+template <class Arch, bool kMayBeNaN, class T, class S>
 void scale_row(const S* src, T* out, const float* weight, float inv_rms, std::size_t dim,
                bool stream, const T* next_x, const T* next_residual) {
   if (weight && next_x) {
-    scale_row<Arch, true, true>(src, out, weight, inv_rms, dim, stream, next_x, next_residual);
+    scale_row<Arch, true, true, kMayBeNaN>(src, out, weight, inv_rms, dim, stream, next_x,
+                                           next_residual);
   } else if (weight) {
-    scale_row<Arch, true, false>(src, out, weight, inv_rms, dim, stream, next_x, next_residual);
+    scale_row<Arch, true, false, kMayBeNaN>(src, out, weight, inv_rms, dim, stream, next_x,
+                                            next_residual);
   } else if (next_x) {
-    scale_row<Arch, false, true>(src, out, weight, inv_rms, dim, stream, next_x, next_residual);
+    scale_row<Arch, false, true, kMayBeNaN>(src, out, weight, inv_rms, dim, stream, next_x,
+                                            next_residual);
   } else {
-    scale_row<Arch, false, false>(src, out, weight, inv_rms, dim, stream, next_x, next_residual);
+    scale_row<Arch, false, false, kMayBeNaN>(src, out, weight, inv_rms, dim, stream, next_x,
+                                             next_residual);
   }
+}
+
+template <class Arch, class T, class S>
+void scale_row(const S* src, T* out, const float* weight, float inv_rms, std::size_t dim,
+               bool stream, const T* next_x, const T* next_residual, bool may_be_nan) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (!may_be_nan) {
+      return scale_row<Arch, false>(src, out, weight, inv_rms, dim, stream, next_x, next_residual);
+    }
+  }
+  scale_row<Arch, true>(src, out, weight, inv_rms, dim, stream, next_x, next_residual);
 }
 
 /// Normalizes the Rows rows at the walker and moves it past them; `more_rows`: rows follow in
@@ -216,12 +232,12 @@ void normalize_rows(const NormProblem& p, core::RowWalker<4>& walker, bool more_
       } else {
         normalize_row_in_double(rows[r].x, rows[r].out, p.weight, p.eps, dim);
       }
-    } else if (p.residual) {
+    } else if (p.residual) {  // in range: the row is finite
       scale_row<Arch>(static_cast<const float*>(h_of(r)), rows[r].out, p.weight, inv_rms[r], dim,
-                      p.stream, next_x, next_residual);
+                      p.stream, next_x, next_residual, !p.weight_finite);
     } else {
       scale_row<Arch>(rows[r].x, rows[r].out, p.weight, inv_rms[r], dim, p.stream, next_x,
-                      next_residual);
+                      next_residual, !p.weight_finite);
     }
   }
 }

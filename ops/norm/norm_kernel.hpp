@@ -18,6 +18,7 @@ struct NormProblem {
   const void* x = nullptr;
   const void* residual = nullptr;  ///< null: plain rms_norm
   const float* weight = nullptr;   ///< D floats, or null for no weight
+  bool weight_finite = true;       ///< no weight is NaN or infinite (or there is none)
   float eps = 0.f;
   void* out = nullptr;
   void* sum_out = nullptr;  ///< written iff residual is set

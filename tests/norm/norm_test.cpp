@@ -1,6 +1,7 @@
 // rms_norm and add_rms_norm against the fp64 reference, on every dtype, over D sweeps with tails,
 // strided rows, in place, 1 and 2 threads; and every class of bad input.
 
+#include <bit>
 #include <cmath>
 #include <ditops/norm.hpp>
 #include <ditops/runtime.hpp>
@@ -316,6 +317,42 @@ TEST(NormNonFinite, NanAndInfStayInTheirRows) {
     rms_norm(x16.view(), {}, 1e-6f, out16.view());
     EXPECT_EQ(out16.damaged_canaries(), 0);
     EXPECT_TRUE(std::isfinite(out16.value(dim + 1)));
+  }
+}
+
+// bf16 outputs of finite rows skip the NaN case of the rounding unless the weight has a NaN or
+// an infinity. A NaN weight whose payload fills the upper mantissa (0x7fff8000) carries into
+// the sign when rounded without that case (it would read -0, 0xffff8000 +0), and one with only
+// low payload bits (0x7f800001) would read inf: both must stay NaN in their column.
+TEST(NormNonFinite, NanWeightsStayNanInBf16Outputs) {
+  for (const int threads : {1, 2}) {
+    set_num_threads(threads);
+    for (const std::int64_t dim : {64, 128, 3072}) {
+      TestTensor<bf16> x({8, dim}), residual({8, dim}), out({8, dim}), sum({8, dim});
+      TestTensor<float> weight({dim});
+      std::mt19937 rng(93);
+      x.fill_normal(rng);
+      residual.fill_normal(rng);
+      weight.fill_normal(rng);
+      const std::int64_t columns[] = {3, 17, dim - 1};
+      const std::uint32_t payloads[] = {0x7fff8000u, 0xffff8000u, 0x7f800001u};
+      for (int i = 0; i < 3; ++i) weight.at(columns[i]) = std::bit_cast<float>(payloads[i]);
+      for (const bool fused : {false, true}) {
+        if (fused) {
+          add_rms_norm(x.view(), residual.view(), weight.view(), 1e-6f, out.view(), sum.view());
+        } else {
+          rms_norm(x.view(), weight.view(), 1e-6f, out.view());
+        }
+        EXPECT_EQ(out.damaged_canaries(), 0);
+        for (std::int64_t row = 0; row < 8; ++row) {
+          for (const std::int64_t column : columns) {
+            EXPECT_TRUE(std::isnan(out.value(row * dim + column)))
+                << "row " << row << " column " << column << " dim " << dim << " fused " << fused;
+          }
+          EXPECT_TRUE(std::isfinite(out.value(row * dim + 5)));
+        }
+      }
+    }
   }
 }
 
