@@ -10,6 +10,11 @@ namespace ditops {
 void set_num_threads(int n);
 int num_threads();
 
+/// Frees the scratch memory the library keeps for the calling thread between calls (packed
+/// attention K and V, quantized linear inputs, MLA decode buffers: each grown to the largest
+/// call so far). The next call allocates again. Other threads' scratch is freed when they exit.
+void release_thread_scratch() noexcept;
+
 struct CpuInfo {
   std::string isa;  ///< level dispatch uses: "scalar", "sse4.2", "avx2", "avx512"
   bool avx512, avx512_vnni, avx512_bf16, avx2, f16c;

@@ -397,10 +397,11 @@ void store_element(DType dtype, void* base, std::int64_t offset, float value) {
 using core::aligned_array;  // checked: a size the machine cannot hold is an Error
 using core::AlignedFree;
 
-/// K^T blocks and contiguous fp32 V rows, once per call, shared by every task.
+/// K^T blocks and contiguous fp32 V rows, once per call, shared by every task. The data lives
+/// in the calling thread's scratch (core::thread_scratch), which later calls reuse.
 struct Packed {
-  std::unique_ptr<float[], AlignedFree> k, v;
-  std::unique_ptr<std::uint16_t[], AlignedFree> k_bf16;
+  float *k = nullptr, *v = nullptr;
+  std::uint16_t* k_bf16 = nullptr;
   std::vector<std::int64_t> k_offset, v_offset;
 };
 
@@ -446,11 +447,11 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
     }
   }
   if (pack_k && p.bf16_dot) {
-    packed.k_bf16 = aligned_array<std::uint16_t>(k_total);
+    packed.k_bf16 = core::thread_scratch<std::uint16_t>(core::ScratchUse::attention_k, k_total);
   } else if (pack_k) {
-    packed.k = aligned_array<float>(k_total);
+    packed.k = core::thread_scratch<float>(core::ScratchUse::attention_k, k_total);
   }
-  if (pack_v) packed.v = aligned_array<float>(v_total);
+  if (pack_v) packed.v = core::thread_scratch<float>(core::ScratchUse::attention_v, v_total);
   core::parallel_ranges(
       static_cast<std::int64_t>(jobs.size()), threads,
       [&](std::int64_t begin, std::int64_t end, int) {
@@ -470,7 +471,7 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
           };
           if (pack_k && p.bf16_dot) {
             std::uint16_t* kt =
-                packed.k_bf16.get() + packed.k_offset[slot] + job.block * k_block_elements;
+                packed.k_bf16 + packed.k_offset[slot] + job.block * k_block_elements;
             std::fill(kt, kt + k_block_elements, std::uint16_t{0});
             for (std::int64_t key = 0; key < keys; ++key) {
               for (std::int64_t d = 0; d < p.dk; ++d) {
@@ -479,28 +480,29 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
               }
             }
           } else if (pack_k && p.dtype == DType::f32) {
-            float* kt = packed.k.get() + packed.k_offset[slot] + job.block * k_block_elements;
+            float* kt = packed.k + packed.k_offset[slot] + job.block * k_block_elements;
             if (keys < kKvBlock) std::fill(kt, kt + k_block_elements, 0.f);
-            // 16 keys at a time: their rows (a page apart each) are prefetched one group ahead
-            // so the misses overlap, and each d then writes 16 adjacent floats.
+            // A panel (kPanel keys x dk, 8 KiB at dk = 128) at a time, key by key: each K row is
+            // read in order while its values scatter into the panel, which stays in L1. (Reading
+            // the panel's keys d by d instead touches kPanel rows at once; rows N·D·4 bytes apart
+            // share L1 sets, so those reads missed L1.) Rows a panel ahead are prefetched: each
+            // row is a fresh page, and the misses overlap.
             const float* k_data = static_cast<const float*>(p.k);
-            constexpr std::int64_t kGroup = 16;
-            for (std::int64_t key0 = 0; key0 < keys; key0 += kGroup) {
-              const std::int64_t group_end = std::min(keys, key0 + kGroup);
-              const std::int64_t ahead_end = std::min(keys, group_end + kGroup);
-              for (std::int64_t key = group_end; key < ahead_end; ++key) {
+            for (std::int64_t key0 = 0; key0 < keys; key0 += kPanel) {
+              const std::int64_t panel_end = std::min(keys, key0 + kPanel);
+              const std::int64_t ahead_end = std::min(keys, panel_end + kPanel);
+              for (std::int64_t key = panel_end; key < ahead_end; ++key) {
                 const float* row = k_data + k_row(key);
                 for (std::int64_t d = 0; d < p.dk; d += 16) __builtin_prefetch(row + d);
               }
-              for (std::int64_t d = 0; d < p.dk; ++d) {
-                float* panel_row = kt + packed_k_offset(key0, d, p.dk);
-                for (std::int64_t key = key0; key < group_end; ++key) {
-                  panel_row[key - key0] = k_data[k_row(key) + d];
-                }
+              float* panel = kt + packed_k_offset(key0, 0, p.dk);
+              for (std::int64_t key = key0; key < panel_end; ++key) {
+                const float* row = k_data + k_row(key);
+                for (std::int64_t d = 0; d < p.dk; ++d) panel[d * kPanel + key - key0] = row[d];
               }
             }
           } else if (pack_k) {
-            float* kt = packed.k.get() + packed.k_offset[slot] + job.block * k_block_elements;
+            float* kt = packed.k + packed.k_offset[slot] + job.block * k_block_elements;
             std::fill(kt, kt + k_block_elements, 0.f);
             for (std::int64_t key = 0; key < keys; ++key) {
               const std::int64_t row = k_row(key);
@@ -510,28 +512,31 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
             }
           }
           if (pack_v) {
-            float* vp = packed.v.get() + packed.v_offset[slot] + first_key * p.dv_padded;
+            float* vp = packed.v + packed.v_offset[slot] + first_key * p.dv_padded;
             auto v_row = [&](std::int64_t key) {
               return job.seq * p.v_strides.batch + job.head * p.v_strides.head +
                      source_key(key) * p.v_strides.seq;
             };
-            // Panels of kPanel columns, each [key][kPanel] (see FlashProblem::v_packed).
+            // Panels of kPanel columns, each [key][kPanel] (see FlashProblem::v_packed), filled
+            // key by key so each V row is read in order; rows kVAhead keys ahead are prefetched
+            // (as for K, every row is a fresh page).
             constexpr std::int64_t kVAhead = 16;
-            for (std::int64_t first = 0; first < p.dv_padded; first += kPanel) {
-              const std::int64_t valid = std::clamp<std::int64_t>(p.dv - first, 0, kPanel);
-              for (std::int64_t key = 0; key < keys; ++key) {
+            const auto* v_data = static_cast<const float*>(p.v);
+            for (std::int64_t key = 0; key < keys; ++key) {
+              if (p.dtype == DType::f32 && key + kVAhead < keys) {
+                const float* ahead = v_data + v_row(key + kVAhead);
+                for (std::int64_t d = 0; d < p.dv; d += 16) __builtin_prefetch(ahead + d);
+              }
+              const std::int64_t row = v_row(key);
+              for (std::int64_t first = 0; first < p.dv_padded; first += kPanel) {
+                const std::int64_t valid = std::clamp<std::int64_t>(p.dv - first, 0, kPanel);
                 float* dst = vp + packed_v_offset(key, first);
-                const std::int64_t row = v_row(key) + first;
-                if (p.dtype == DType::f32) {
-                  if (first == 0 && key + kVAhead < keys) {  // as for K: overlap the row misses
-                    const float* ahead = static_cast<const float*>(p.v) + v_row(key + kVAhead);
-                    for (std::int64_t d = 0; d < p.dv; d += 16) __builtin_prefetch(ahead + d);
-                  }
-                  std::memcpy(dst, static_cast<const float*>(p.v) + row, valid * sizeof(float));
-                } else {
-                  for (std::int64_t d = 0; d < valid; ++d) {
-                    dst[d] = load_element(p.dtype, p.v, row + d);
-                  }
+                if (p.dtype == DType::f32 && valid == kPanel) {
+                  std::memcpy(dst, v_data + row + first, kPanel * sizeof(float));
+                  continue;
+                }
+                for (std::int64_t d = 0; d < valid; ++d) {
+                  dst[d] = load_element(p.dtype, p.v, row + first + d);
                 }
                 std::fill(dst + valid, dst + kPanel, 0.f);
               }
@@ -539,10 +544,10 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
           }
         }
       });
-  p.k_packed = packed.k.get();
-  p.k_packed_bf16 = packed.k_bf16.get();
+  p.k_packed = packed.k;
+  p.k_packed_bf16 = packed.k_bf16;
   p.k_packed_offset = packed.k_offset.data();
-  p.v_packed = packed.v.get();
+  p.v_packed = packed.v;
   p.v_packed_offset = packed.v_offset.data();
 }
 

@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdio>
+#include <ditops/runtime.hpp>
 #include <string>
 
 namespace ditops::core {
@@ -63,4 +66,36 @@ void* allocate_aligned(CheckedSize count, std::size_t element_bytes) {
   return data;
 }
 
+namespace {
+struct ThreadScratch {
+  AlignedArray<std::uint8_t> buffer;
+  std::int64_t bytes = 0;
+};
+thread_local std::array<ThreadScratch, static_cast<std::size_t>(ScratchUse::count)>
+    scratch_of_thread;
+}  // namespace
+
+void* thread_scratch(ScratchUse use, CheckedSize count, std::size_t element_bytes) {
+  // Never null, even for 0 elements (like aligned_array).
+  const std::int64_t size = std::max<std::int64_t>(checked_bytes(count, element_bytes),
+                                                   static_cast<std::int64_t>(kScratchAlignment));
+  ThreadScratch& scratch = scratch_of_thread[static_cast<std::size_t>(use)];
+  if (size > scratch.bytes) {
+    scratch.buffer.reset();  // the old buffer goes first: a growing call never holds both
+    scratch.bytes = 0;
+    scratch.buffer.reset(static_cast<std::uint8_t*>(allocate_aligned(size, 1)));
+    scratch.bytes = size;
+  }
+  return scratch.buffer.get();
+}
+
 }  // namespace ditops::core
+
+namespace ditops {
+void release_thread_scratch() noexcept {
+  for (auto& scratch : core::scratch_of_thread) {
+    scratch.buffer.reset();
+    scratch.bytes = 0;
+  }
+}
+}  // namespace ditops

@@ -71,6 +71,29 @@ class AlignedBuffer {
   AlignedArray<T> data_;
 };
 
+/// What a thread_scratch buffer is for: each use has its own buffer, so the buffers one call
+/// holds at once never alias.
+enum class ScratchUse {
+  attention_k,
+  attention_v,
+  linear_rows,
+  mla_queries,
+  mla_partials,
+  mla_workspace,
+  count
+};
+
+/// `count` elements of `element_bytes` each, 64-byte aligned, owned by the calling thread and
+/// kept across calls (grown to the largest call, then reused; the contents are not kept). A
+/// model repeats its shapes every step, and fresh multi-MiB buffers fault their pages in again
+/// on every call: 5-10 % of an attention prefill or an MLA decode step. Sizes are checked as in
+/// allocate_aligned. Freed when the thread exits or calls ditops::release_thread_scratch().
+void* thread_scratch(ScratchUse use, CheckedSize count, std::size_t element_bytes);
+template <class T>
+T* thread_scratch(ScratchUse use, CheckedSize count) {
+  return static_cast<T*>(thread_scratch(use, count, sizeof(T)));
+}
+
 /// Elements per thread slice holding `count` elements, rounded up to whole cache lines.
 template <class T>
 constexpr std::size_t per_thread_stride(std::size_t count) noexcept {

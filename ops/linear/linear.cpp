@@ -418,17 +418,6 @@ std::int64_t QuantLinear::weight_bytes() const noexcept {
 
 namespace {
 
-/// Scratch for forward calls made on this thread: grows to the largest call, then is reused.
-std::uint8_t* thread_scratch(core::CheckedSize bytes) {
-  thread_local core::AlignedArray<std::uint8_t> buffer;
-  thread_local std::int64_t capacity = 0;
-  if (bytes.overflow || bytes.value > capacity) {
-    buffer = core::aligned_array<std::uint8_t>(bytes);
-    capacity = bytes.value;
-  }
-  return buffer.get();
-}
-
 /// Rows of x per task: a block whose int8 (f32) rows fill about 256 KiB, half of a 512 KiB L2,
 /// stays cached while every panel of the task passes over it.
 std::int64_t rows_per_block(std::int64_t row_bytes, int tile_rows) {
@@ -539,7 +528,8 @@ void QuantLinear::forward(const TensorView& x, const TensorView& y, Activation a
   const std::int64_t row_bytes = layer.k_padded * element_bytes;
   // One buffer: the quantized (widened) rows, then the row scales.
   const core::CheckedSize a_bytes = core::CheckedSize(padded_m) * row_bytes;
-  std::uint8_t* scratch = thread_scratch(a_bytes + core::CheckedSize(padded_m) * 4);
+  std::uint8_t* scratch = core::thread_scratch<std::uint8_t>(
+      core::ScratchUse::linear_rows, a_bytes + core::CheckedSize(padded_m) * 4);
   float* row_scale = reinterpret_cast<float*>(scratch + a_bytes.value);
   // Rows past m are computed by the last tile but never stored; zero keeps them finite.
   std::memset(scratch + m * row_bytes, 0, static_cast<std::size_t>((padded_m - m) * row_bytes));

@@ -102,19 +102,6 @@ CacheGeometry check_cache(const char* call, const MlaPagedCache& cache) {
   return {cache.nope.shape[0], block_size, groups};
 }
 
-/// Scratch of the calling thread, kept across calls: a decode step repeats the same shapes every
-/// token, and fresh multi-MiB allocations per call cost page faults (~10 % at 128 heads).
-enum ScratchUse { kQueryScratch, kPartialScratch, kWorkspaceScratch, kScratchUses };
-float* call_scratch(ScratchUse use, std::size_t floats) {
-  thread_local std::array<core::AlignedBuffer<float>, kScratchUses> buffers;
-  thread_local std::array<std::size_t, kScratchUses> capacity{};
-  if (floats > capacity[use]) {
-    buffers[use] = core::AlignedBuffer<float>(floats);
-    capacity[use] = floats;
-  }
-  return buffers[use].data();
-}
-
 using TaskKernel = decltype(&mla::mla_decode_task<xsimd::sse2>);
 using MergeKernel = decltype(&mla::mla_merge_splits<xsimd::sse2>);
 using PrepareKernel = decltype(&mla::mla_prepare_queries<xsimd::sse2>);
@@ -255,7 +242,8 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
   const auto padded_rows = static_cast<std::size_t>(batch * padded_heads);
   const std::size_t query_floats =
       padded_rows * (kNopeDim / 4 + kNopeDim / 2 + kScaleGroups + 1 + kRopeDim);
-  float* query_scratch = call_scratch(kQueryScratch, query_floats);
+  float* query_scratch = core::thread_scratch<float>(core::ScratchUse::mla_queries,
+                                                     static_cast<std::int64_t>(query_floats));
   if (padded_heads != heads) std::memset(query_scratch, 0, query_floats * sizeof(float));
   auto* q_words = reinterpret_cast<std::uint32_t*>(query_scratch);
   auto* q_pairs = q_words + padded_rows * (kNopeDim / 4);
@@ -345,8 +333,8 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
     splits_of[b] = static_cast<int>(splits);
     if (splits > 1) partial_splits += splits;
   }
-  float* partial_out = call_scratch(
-      kPartialScratch, static_cast<std::size_t>(partial_splits * heads * (kNopeDim + 1)));
+  float* partial_out = core::thread_scratch<float>(core::ScratchUse::mla_partials,
+                                                   partial_splits * heads * (kNopeDim + 1));
   float* partial_lse = partial_out + partial_splits * heads * kNopeDim;
   std::vector<mla::MlaTask> tasks;
   std::vector<std::int64_t> partial_base(batch, 0);  // first partial split of each sequence
@@ -399,7 +387,9 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
   const WorkspaceLayout layout(
       static_cast<std::size_t>(heads), static_cast<std::size_t>(padded_heads),
       static_cast<std::size_t>(block_size), static_cast<std::size_t>(options.chunk));
-  float* workspace = call_scratch(kWorkspaceScratch, layout.total * std::max(workers, 1));
+  float* workspace = core::thread_scratch<float>(
+      core::ScratchUse::mla_workspace,
+      core::CheckedSize(static_cast<std::int64_t>(layout.total)) * std::max(workers, 1));
   core::parallel_tasks(
       static_cast<std::int64_t>(tasks.size()), workers, [&](std::int64_t index, int thread) {
         task_kernel(problem, tasks[index], layout.at(workspace + thread * layout.total));

@@ -329,6 +329,51 @@ TEST(AttentionProperties, ThreadCountOnlyReassociates) {
   }
 }
 
+// Packed K and V live in scratch the calling thread keeps between calls. A call after a larger
+// one whose K and V were all NaN reuses those buffers: it must read nothing the last call left
+// (a partial last block, causal diagonals, 1 and 2 threads, fp32 and converted bf16 K and V),
+// giving bit for bit what it gives on freshly allocated scratch.
+template <class T>
+void expect_scratch_reuse_invisible(bool causal, int threads) {
+  set_num_threads(threads);
+  const std::string context = std::string(causal ? "causal" : "non-causal") + " threads " +
+                              std::to_string(threads) + " isa " + active_isa_name();
+  std::mt19937 rng(57);
+  TestTensor<T> big_q({1, 64, 2, 64}), big_k({1, 300, 2, 64}), big_v({1, 300, 2, 64}),
+      big_out({1, 64, 2, 64});
+  big_q.fill_normal(rng);
+  for (std::int64_t i = 0; i < big_k.size(); ++i) {
+    big_k.at(i) = from_float<T>(std::numeric_limits<float>::quiet_NaN());
+    big_v.at(i) = big_k.at(i);
+  }
+  TestTensor<T> q({1, 40, 4, 64}), k({1, 77, 2, 64}), v({1, 77, 2, 64}), fresh({1, 40, 4, 64}),
+      reused({1, 40, 4, 64});
+  q.fill_normal(rng);
+  k.fill_normal(rng);
+  v.fill_normal(rng);
+  AttentionOptions options;
+  options.backend = AttentionBackend::flash;
+  options.causal = causal;
+  release_thread_scratch();
+  attention_forward(q.view(), k.view(), v.view(), fresh.view(), options);
+  attention_forward(big_q.view(), big_k.view(), big_v.view(), big_out.view(), options);
+  attention_forward(q.view(), k.view(), v.view(), reused.view(), options);
+  for (std::int64_t i = 0; i < fresh.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(reused.value(i))) << context << " element " << i;
+    ASSERT_TRUE(same_bits(fresh.at(i), reused.at(i))) << context << " element " << i;
+  }
+  EXPECT_EQ(reused.damaged_canaries(), 0) << context;
+}
+
+TEST(AttentionScratch, ReusedScratchHoldsNothingOfTheLastCall) {
+  for (const bool causal : {false, true}) {
+    for (const int threads : {1, 2}) {
+      expect_scratch_reuse_invisible<float>(causal, threads);
+      expect_scratch_reuse_invisible<bf16>(causal, threads);
+    }
+  }
+}
+
 // Non-finite data is the caller's choice: a NaN or infinity in batch element 0 (q, k, v, an
 // additive mask) propagates within it and never crashes, writes outside out or reaches batch
 // element 1, on every backend (the split-KV path with 2 threads and a long KV too).
