@@ -615,10 +615,11 @@ void run_flash_tasks(FlashProblem p, const std::vector<FlashTask>& tasks,
   const int team = static_cast<int>(std::min<std::int64_t>(threads, tasks.size()));
   const std::int64_t scratch_floats =
       round_up(int8 ? int8->scratch_floats() : flash_scratch_floats(p), 16);
-  auto scratch = aligned_array<float>(scratch_floats * std::max(team, 1));
+  float* scratch = core::thread_scratch<float>(
+      core::ScratchUse::attention_tasks, core::CheckedSize(scratch_floats) * std::max(team, 1));
   core::parallel_tasks(static_cast<std::int64_t>(tasks.size()), team,
                        [&](std::int64_t index, int thread) {
-                         float* task_scratch = scratch.get() + thread * scratch_floats;
+                         float* task_scratch = scratch + thread * scratch_floats;
                          if (int8) {
                            int8->run(tasks[order[index]], task_scratch);
                          } else {

@@ -35,15 +35,16 @@ Int8Backend::Int8Backend(const FlashProblem& p, int chunk, int threads) : proble
       blocks_total += blocks;
     }
   }
-  k_ = core::aligned_array<std::int8_t>(blocks_total * op.dk_words * kKvBlock * 4);
+  // K and V in the calling thread's scratch, as flash's packed K and V (never both in one call).
+  op.k = core::thread_scratch<std::int8_t>(
+      core::ScratchUse::attention_k, core::CheckedSize(blocks_total) * op.dk_words * kKvBlock * 4);
   k_sum_ = core::aligned_array<std::int32_t>(blocks_total * kKvBlock);
   k_scale_ = core::aligned_array<float>(blocks_total);
-  v_ = core::aligned_array<std::int8_t>(blocks_total * kKvBlock * p.dv_padded);
+  op.v = core::thread_scratch<std::int8_t>(
+      core::ScratchUse::attention_v, core::CheckedSize(blocks_total) * kKvBlock * p.dv_padded);
   v_scale_ = core::aligned_array<float>(blocks_total * p.dv_padded);
-  op.k = k_.get();
   op.k_sum = k_sum_.get();
   op.k_scale = k_scale_.get();
-  op.v = v_.get();
   op.v_scale = v_scale_.get();
   op.first_block = first_block_.data();
   if (smooth_keys()) {

@@ -19,7 +19,8 @@ class Int8Backend {
  public:
   /// Quantizes K and V of every (sequence, KV head) of `problem` (smoothing K unless
   /// DITOPS_INT8_SMOOTH_K=0) on `threads` threads, and lays out the schedule at `chunk`.
-  /// `problem` must outlive the backend.
+  /// `problem` must outlive the backend. The quantized K and V live in the calling thread's
+  /// scratch (core::thread_scratch): one backend per thread at a time.
   Int8Backend(const FlashProblem& problem, int chunk, int threads);
 
   /// Floats of per-thread scratch run() needs.
@@ -30,7 +31,6 @@ class Int8Backend {
 
  private:
   const FlashProblem& problem_;
-  core::AlignedArray<std::int8_t> k_, v_;
   core::AlignedArray<std::int32_t> k_sum_;
   core::AlignedArray<float> k_scale_, v_scale_, k_mean_;
   std::vector<std::int64_t> first_block_;

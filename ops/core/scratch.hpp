@@ -74,8 +74,9 @@ class AlignedBuffer {
 /// What a thread_scratch buffer is for: each use has its own buffer, so the buffers one call
 /// holds at once never alias.
 enum class ScratchUse {
-  attention_k,
-  attention_v,
+  attention_k,      ///< flash's packed K^T, or the int8 backend's quantized K
+  attention_v,      ///< flash's packed V, or the int8 backend's quantized V
+  attention_tasks,  ///< per-thread task scratch of an attention call
   linear_rows,
   mla_queries,
   mla_partials,

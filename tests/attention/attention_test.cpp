@@ -331,12 +331,14 @@ TEST(AttentionProperties, ThreadCountOnlyReassociates) {
 
 // Packed K and V live in scratch the calling thread keeps between calls. A call after a larger
 // one whose K and V were all NaN reuses those buffers: it must read nothing the last call left
-// (a partial last block, causal diagonals, 1 and 2 threads, fp32 and converted bf16 K and V),
-// giving bit for bit what it gives on freshly allocated scratch.
+// (a partial last block, causal diagonals, 1 and 2 threads, fp32 and converted bf16 K and V,
+// flash's packing and int8's quantized K and V), giving bit for bit what it gives on freshly
+// allocated scratch.
 template <class T>
-void expect_scratch_reuse_invisible(bool causal, int threads) {
+void expect_scratch_reuse_invisible(AttentionBackend backend, bool causal, int threads) {
   set_num_threads(threads);
-  const std::string context = std::string(causal ? "causal" : "non-causal") + " threads " +
+  const std::string context = std::string(backend_name(backend)) +
+                              (causal ? " causal" : " non-causal") + " threads " +
                               std::to_string(threads) + " isa " + active_isa_name();
   std::mt19937 rng(57);
   TestTensor<T> big_q({1, 64, 2, 64}), big_k({1, 300, 2, 64}), big_v({1, 300, 2, 64}),
@@ -352,7 +354,7 @@ void expect_scratch_reuse_invisible(bool causal, int threads) {
   k.fill_normal(rng);
   v.fill_normal(rng);
   AttentionOptions options;
-  options.backend = AttentionBackend::flash;
+  options.backend = backend;
   options.causal = causal;
   release_thread_scratch();
   attention_forward(q.view(), k.view(), v.view(), fresh.view(), options);
@@ -366,10 +368,12 @@ void expect_scratch_reuse_invisible(bool causal, int threads) {
 }
 
 TEST(AttentionScratch, ReusedScratchHoldsNothingOfTheLastCall) {
-  for (const bool causal : {false, true}) {
-    for (const int threads : {1, 2}) {
-      expect_scratch_reuse_invisible<float>(causal, threads);
-      expect_scratch_reuse_invisible<bf16>(causal, threads);
+  for (const AttentionBackend backend : {AttentionBackend::flash, AttentionBackend::int8}) {
+    for (const bool causal : {false, true}) {
+      for (const int threads : {1, 2}) {
+        expect_scratch_reuse_invisible<float>(backend, causal, threads);
+        expect_scratch_reuse_invisible<bf16>(backend, causal, threads);
+      }
     }
   }
 }
