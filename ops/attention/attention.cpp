@@ -452,9 +452,28 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
     packed.k = core::thread_scratch<float>(core::ScratchUse::attention_k, k_total);
   }
   if (pack_v) packed.v = core::thread_scratch<float>(core::ScratchUse::attention_v, v_total);
+  using WidenKernel = decltype(&widen_row<xsimd::sse2>);
+  static const core::IsaTable<WidenKernel> widen_kernels = DITOPS_ISA_TABLE(widen_row);
+  const WidenKernel widen = widen_kernels.get();
+  const std::int64_t element_bytes = dtype_size(p.dtype);
   core::parallel_ranges(
       static_cast<std::int64_t>(jobs.size()), threads,
       [&](std::int64_t begin, std::int64_t end, int) {
+        // fp32 rows are read in place; bf16 and f16 rows are widened into this thread's buffer.
+        core::AlignedBuffer<float> widened(
+            p.dtype == DType::f32 ? 0 : static_cast<std::size_t>(std::max(p.dk, p.dv)));
+        const auto row_as_f32 = [&](const void* base, std::int64_t offset, std::int64_t count) {
+          if (p.dtype == DType::f32) return static_cast<const float*>(base) + offset;
+          widen(p.dtype, static_cast<const char*>(base) + offset * element_bytes, count,
+                widened.data());
+          return static_cast<const float*>(widened.data());
+        };
+        const auto prefetch_row = [&](const void* base, std::int64_t offset, std::int64_t count) {
+          const char* row = static_cast<const char*>(base) + offset * element_bytes;
+          for (std::int64_t byte = 0; byte < count * element_bytes; byte += 64) {
+            __builtin_prefetch(row + byte);
+          }
+        };
         for (std::int64_t j = begin; j < end; ++j) {
           const Job job = jobs[j];
           const Sequence s = sequence_of(p, job.seq);
@@ -474,12 +493,12 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
                 packed.k_bf16 + packed.k_offset[slot] + job.block * k_block_elements;
             std::fill(kt, kt + k_block_elements, std::uint16_t{0});
             for (std::int64_t key = 0; key < keys; ++key) {
+              const float* row = row_as_f32(p.k, k_row(key), p.dk);
               for (std::int64_t d = 0; d < p.dk; ++d) {
-                const float value = load_element(p.dtype, p.k, k_row(key) + d);
-                kt[(d / 2) * 2 * kKvBlock + key * 2 + d % 2] = bf16::from_float(value).bits;
+                kt[(d / 2) * 2 * kKvBlock + key * 2 + d % 2] = bf16::from_float(row[d]).bits;
               }
             }
-          } else if (pack_k && p.dtype == DType::f32) {
+          } else if (pack_k) {
             float* kt = packed.k + packed.k_offset[slot] + job.block * k_block_elements;
             if (keys < kKvBlock) std::fill(kt, kt + k_block_elements, 0.f);
             // A panel (kPanel keys x dk, 8 KiB at dk = 128) at a time, key by key: each K row is
@@ -487,27 +506,15 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
             // the panel's keys d by d instead touches kPanel rows at once; rows N·D·4 bytes apart
             // share L1 sets, so those reads missed L1.) Rows a panel ahead are prefetched: each
             // row is a fresh page, and the misses overlap.
-            const float* k_data = static_cast<const float*>(p.k);
             for (std::int64_t key0 = 0; key0 < keys; key0 += kPanel) {
               const std::int64_t panel_end = std::min(keys, key0 + kPanel);
-              const std::int64_t ahead_end = std::min(keys, panel_end + kPanel);
-              for (std::int64_t key = panel_end; key < ahead_end; ++key) {
-                const float* row = k_data + k_row(key);
-                for (std::int64_t d = 0; d < p.dk; d += 16) __builtin_prefetch(row + d);
+              for (std::int64_t key = panel_end; key < std::min(keys, panel_end + kPanel); ++key) {
+                prefetch_row(p.k, k_row(key), p.dk);
               }
               float* panel = kt + packed_k_offset(key0, 0, p.dk);
               for (std::int64_t key = key0; key < panel_end; ++key) {
-                const float* row = k_data + k_row(key);
+                const float* row = row_as_f32(p.k, k_row(key), p.dk);
                 for (std::int64_t d = 0; d < p.dk; ++d) panel[d * kPanel + key - key0] = row[d];
-              }
-            }
-          } else if (pack_k) {
-            float* kt = packed.k + packed.k_offset[slot] + job.block * k_block_elements;
-            std::fill(kt, kt + k_block_elements, 0.f);
-            for (std::int64_t key = 0; key < keys; ++key) {
-              const std::int64_t row = k_row(key);
-              for (std::int64_t d = 0; d < p.dk; ++d) {
-                kt[packed_k_offset(key, d, p.dk)] = load_element(p.dtype, p.k, row + d);
               }
             }
           }
@@ -521,23 +528,13 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
             // key by key so each V row is read in order; rows kVAhead keys ahead are prefetched
             // (as for K, every row is a fresh page).
             constexpr std::int64_t kVAhead = 16;
-            const auto* v_data = static_cast<const float*>(p.v);
             for (std::int64_t key = 0; key < keys; ++key) {
-              if (p.dtype == DType::f32 && key + kVAhead < keys) {
-                const float* ahead = v_data + v_row(key + kVAhead);
-                for (std::int64_t d = 0; d < p.dv; d += 16) __builtin_prefetch(ahead + d);
-              }
-              const std::int64_t row = v_row(key);
+              if (key + kVAhead < keys) prefetch_row(p.v, v_row(key + kVAhead), p.dv);
+              const float* row = row_as_f32(p.v, v_row(key), p.dv);
               for (std::int64_t first = 0; first < p.dv_padded; first += kPanel) {
                 const std::int64_t valid = std::clamp<std::int64_t>(p.dv - first, 0, kPanel);
                 float* dst = vp + packed_v_offset(key, first);
-                if (p.dtype == DType::f32 && valid == kPanel) {
-                  std::memcpy(dst, v_data + row + first, kPanel * sizeof(float));
-                  continue;
-                }
-                for (std::int64_t d = 0; d < valid; ++d) {
-                  dst[d] = load_element(p.dtype, p.v, row + first + d);
-                }
+                std::copy(row + first, row + first + valid, dst);
                 std::fill(dst + valid, dst + kPanel, 0.f);
               }
             }

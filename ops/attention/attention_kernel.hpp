@@ -164,6 +164,12 @@ template <class Arch>
 void flash_merge_splits(const FlashProblem& problem, const FlashTask& task, std::int64_t splits,
                         const float* partial_out, const float* partial_lse, float* merged) noexcept;
 
+/// Widens `count` elements of `dtype` (f32, bf16 or f16) at `src` to floats at `dst`: packing
+/// converts each K and V row with it, vectorized (a call per element cost bf16 inputs about a
+/// tenth of the kernel's time at 1 thread). Defined per ISA in flash_kernel.cpp.
+template <class Arch>
+void widen_row(DType dtype, const void* src, std::int64_t count, float* dst) noexcept;
+
 /// The flash_bf16 Q·K^T path (vdpbf16ps) runs: the avx512 kernel variant with AVX512-BF16.
 bool bf16_dot_available() noexcept;
 

@@ -533,7 +533,27 @@ void flash_merge_splits(const FlashProblem& problem, const FlashTask& task, std:
   }
 }
 
+template <class Arch>
+void widen_row(DType dtype, const void* src, std::int64_t count, float* dst) noexcept {
+  const auto widen = [&]<class T>(const T* row) {
+    constexpr std::int64_t kLanes = B<Arch>::size;
+    for (std::int64_t i = 0; i < count; i += kLanes) {
+      const std::int64_t width = std::min<std::int64_t>(kLanes, count - i);
+      simd::store_chunk<Arch>(dst, i, width, simd::load_chunk<Arch>(row, i, width), false);
+    }
+  };
+  switch (dtype) {
+    case DType::bf16:
+      return widen(static_cast<const bf16*>(src));
+    case DType::f16:
+      return widen(static_cast<const f16*>(src));
+    default:
+      return widen(static_cast<const float*>(src));
+  }
+}
+
 template void flash_task<KernelArch>(const FlashProblem&, const FlashTask&, float*) noexcept;
+template void widen_row<KernelArch>(DType, const void*, std::int64_t, float*) noexcept;
 template void flash_merge_splits<KernelArch>(const FlashProblem&, const FlashTask&, std::int64_t,
                                              const float*, const float*, float*) noexcept;
 
