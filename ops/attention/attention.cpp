@@ -534,6 +534,10 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
               for (std::int64_t first = 0; first < p.dv_padded; first += kPanel) {
                 const std::int64_t valid = std::clamp<std::int64_t>(p.dv - first, 0, kPanel);
                 float* dst = vp + packed_v_offset(key, first);
+                if (valid == kPanel) {  // a fixed size: copied inline, not a memmove call
+                  std::memcpy(dst, row + first, kPanel * sizeof(float));
+                  continue;
+                }
                 std::copy(row + first, row + first + valid, dst);
                 std::fill(dst + valid, dst + kPanel, 0.f);
               }
