@@ -2,8 +2,8 @@
 # Isolation check: the repository stands alone, so nothing in it may point at files that only
 # exist beside it on a developer's machine, or at an issue tracker its readers cannot see.
 #
-# Scans every tracked file (git ls-files) as it is in the work tree, except this script (which
-# has to spell the patterns) and binary files (grep -I). Tracked files deleted from the work tree
+# Scans every tracked file (git ls-files) as it is in the work tree, this script included (its
+# rules below are spelled so that they do not match themselves), except binary files (grep -I). Tracked files deleted from the work tree
 # are skipped; a tracked symbolic link is judged by its target. Prints "file:line: text" for every
 # offending line, grouped by rule, and exits 1; exits 0 when nothing matches. Outside a git
 # checkout (an exported tarball) there is nothing tracked to scan: it says so and exits 0.
@@ -11,9 +11,10 @@
 # The rules (extended regular expressions, GNU grep):
 #   1. sibling directory: a relative path (dot, dot, slash) into the "shared" folder beside the
 #      repository.
-#   2. outside documents: the file names SPEC.md, API.md, DESIGN.md (case-sensitive, as a whole
-#      word: docs/api.md and MYSPEC.md do not match) and ascend-910b.md (any case). A tracked
-#      file with one of these names fails too.
+#   2. outside documents: the planning documents' file names, SPEC, API or DESIGN followed by
+#      ".md" (case-sensitive, as a whole word: docs/api.md and a longer name ending in SPEC do not
+#      match), and the hardware note, ascend-910b followed by ".md" (any case). A tracked file
+#      with one of these names fails too.
 #   3. machine paths: a path component named "work" (a slash, the word, then a slash or the
 #      end of the word; a longer name such as "workspace" does not match) anywhere, even inside
 #      a relative path (a build subdirectory of that name reads as the development machine's
@@ -22,16 +23,14 @@
 #      '.', '-' or '~') and begins with the home, root or tmp directory followed by a name.
 #      Relative paths, URLs and a bare tmp directory (a TMPDIR fallback) are allowed; write
 #      mktemp -t NAME.XXXXXX rather than a fixed name under the tmp directory.
-#   4. issue references: "issue 12", "issue #12", "issues 3" ("issue" as a word, any case), a
-#      number in parentheses "(#12)", and "PR #12", "pull request #12", "fixes #12",
-#      "closes #12", "resolves #12" (any case). #include, #pragma, Markdown headings, hex colours
-#      ("#1f77b4"), "GCC PR 105593" and counters such as "entry #3" do not match.
+#   4. issue references, N standing for digits: "issue N", "issue #N", "issues N" ("issue" as a
+#      word, any case), "#N" in parentheses, and "PR #N", "pull request #N", "fixes #N",
+#      "closes #N", "resolves #N" (any case). #include, #pragma, Markdown headings, hex colours,
+#      "GCC PR" followed by a bug number and counters such as "entry #N" do not match.
 #
 # Usage: tools/check_isolation.sh   (from any directory; needs only git and grep)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-self=tools/check_isolation.sh
 
 if ! git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   echo "check_isolation: not a git checkout; no tracked files to check" >&2
@@ -57,14 +56,13 @@ patterns=(
   '\.\./shared'
   '\b(SPEC|API|DESIGN)\.md\b'
   '\bascend-910b\.md\b'
-  '(^|[^A-Za-z0-9_.~-])/(home/|root/|tmp/[A-Za-z0-9_.$-])|/work(/|\b)'
+  '(^|[^A-Za-z0-9_.~-])/(home/|root/|tmp/[A-Za-z0-9_.$-])|/wor[k](/|\b)'
   '\bissues?[ #]*[0-9]+|\(#[0-9]+\)|\b(pr|pull request|fix(es|ed)?|close[sd]?|resolve[sd]?) ?#[0-9]+'
 )
 
 files=()
 links=()
 while IFS= read -r -d '' file; do
-  [ "$file" = "$self" ] && continue
   if [ -L "$file" ]; then
     links+=("$file")
   elif [ -f "$file" ]; then
