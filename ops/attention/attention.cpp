@@ -395,7 +395,6 @@ void store_element(DType dtype, void* base, std::int64_t offset, float value) {
 }
 
 using core::aligned_array;  // checked: a size the machine cannot hold is an Error
-using core::AlignedFree;
 
 /// K^T blocks and contiguous fp32 V rows, once per call, shared by every task. The data lives
 /// in the calling thread's scratch (core::thread_scratch), which later calls reuse.
