@@ -72,14 +72,9 @@ function(ditops_add_kernels target)
       add_library(${objects} OBJECT)
       # Kernel objects are always optimized: at -O0 GCC emits out-of-line copies of inline
       # helpers (xsimd register conversions, std::sqrt) that the linker could share across ISAs.
-      target_compile_options(${objects} PRIVATE ${DITOPS_ISA_${isa}_FLAGS} -O2)
+      target_compile_options(${objects} PRIVATE ${DITOPS_ISA_${isa}_FLAGS} -O2
+                                                "${DITOPS_INTRINSICS_FIRST}")
       target_compile_definitions(${objects} PRIVATE DITOPS_ISA_LEVEL=${DITOPS_ISA_${isa}_LEVEL})
-      if(isa MATCHES "^avx512" AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU"
-         AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 13)
-        # GCC PR 105593: false (maybe-)uninitialized warnings inside GCC's own avx512fintrin.h
-        # (the plain form appears under the sanitizers).
-        target_compile_options(${objects} PRIVATE -Wno-maybe-uninitialized -Wno-uninitialized)
-      endif()
       target_include_directories(${objects} PRIVATE ${PROJECT_SOURCE_DIR}
                                  ${PROJECT_SOURCE_DIR}/include)
       target_link_libraries(${objects} PRIVATE ditops_settings xsimd OpenMP::OpenMP_CXX)

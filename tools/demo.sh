@@ -77,7 +77,7 @@ echo "tools/demo.sh output directory: each run replaces the demo's own files her
 rm -f -- "$out"/{machine.txt,bench.json,bench.txt,mla_chunks.json,mla_chunks.txt} \
   "$out"/{sparse.json,sparse.txt,sparse.md,linear.json,linear.txt,linear.md} \
   "$out"/{dit.json,dit.txt,dit.md} \
-  "$out"/{sim_sweep.txt,sim_vs_cpu.txt,summary.md} "$out"/sim_chunk[124]* "$out"/logs/*.log
+  "$out"/{sim_sweep.txt,sim_vs_cpu.txt,summary.md} "$out"/sim_chunk[124]* "$out"/logs/*.{log,notes}
 
 # What each mode measures. Attention on 2 threads: flash fp32 and flash_bf16 on FLUX S=2048
 # (causal and not) beside the reference baseline, int8 beside flash fp32. The simulator sweeps
@@ -151,6 +151,9 @@ section_linear() {
     --benchmark_min_time="$min_time" --benchmark_out="$out/linear.json" \
     --benchmark_out_format=json >"$out/linear.txt"
   "$build/tools/bench-summary" "$out/linear.json" | tee "$out/linear.md"
+  if grep -q 'built without oneDNN' "$out/linear.json"; then
+    note "oneDNN's int8 matmul not timed: the build found no oneDNN (Debian: libdnnl-dev)"
+  fi
 }
 
 section_benchmarks() {
@@ -213,11 +216,18 @@ section_peers() {
   if ! "$peers_venv/bin/python" -c 'import torch, onnxruntime, onnx, numpy' 2>/dev/null; then
     # Headed like bench-peers.sh's report, whose first two lines the summary drops.
     printf '# Peers\n\n%s %s\n' "PyTorch and ONNX Runtime are not installed in $peers_venv: run" \
-      "tools/bench-peers.sh once (it installs them from PyPI into that virtual environment) to compare." |
-      tee "$out/peers.md"
+      "tools/bench-peers.sh once (it installs them from PyPI into that virtual environment) to compare." \
+      >"$out/peers.md"
+    note "skipped: PyTorch and ONNX Runtime are not installed in $peers_venv" \
+      "(tools/bench-peers.sh installs them from PyPI)"
     return 0
   fi
   DITOPS_PEERS_VENV=$peers_venv tools/bench-peers.sh --quick --out "$out" --build-dir "$build"
+}
+
+# A line for the summary's list of sections: what part of this section did not run, and why.
+note() {
+  echo "$*" | tee -a "$out/logs/$current_section.notes"
 }
 
 # `file` in a code block, or a note where its section did not write it.
@@ -285,11 +295,12 @@ section_summary() {
 # condition of `if` or `||` would run with errexit off), its output on the terminal and in its
 # log; records its time and, where it fails, its name and status.
 failed=()
-timings=()
+sections=()
 run_section() {
   local name=$1 start=$SECONDS status
   shift
   echo "== $name =="
+  current_section=$name
   set +e
   (
     set -euo pipefail
@@ -297,7 +308,12 @@ run_section() {
   ) 2>&1 | tee "$out/logs/$name.log"
   status=${PIPESTATUS[0]}
   set -e
-  timings+=("$name: $((SECONDS - start)) s")
+  local line="$name: $((SECONDS - start)) s"
+  [ "$status" -eq 0 ] || line+=", failed (exit status $status)"
+  if [ -f "$out/logs/$name.notes" ]; then
+    line+="; $(paste -sd ';' "$out/logs/$name.notes" | sed 's/;/; /g')"
+  fi
+  sections+=("$line")
   if [ "$status" -ne 0 ]; then
     failed+=("$name $status")
     echo "tools/demo.sh: section '$name' failed with exit status $status" \
@@ -313,19 +329,19 @@ else
 fi
 run_section machine section_machine
 run_section benchmarks section_benchmarks
-[ "$mode" = tiny ] || run_section sparse section_sparse
+if [ "$mode" = tiny ]; then sections+=("sparse: not in --tiny"); else run_section sparse section_sparse; fi
 run_section linear section_linear
 run_section dit section_dit
 run_section simulator section_simulator
 run_section cpu-vs-simulator section_cpu_vs_simulator
-[ "$mode" = tiny ] || run_section peers section_peers
+if [ "$mode" = tiny ]; then sections+=("peers: not in --tiny"); else run_section peers section_peers; fi
 run_section summary section_summary
 
 {
   echo
-  echo "## Time per section"
+  echo "## Sections (time; what did not run, and why)"
   echo
-  printf -- '- %s\n' "${timings[@]}"
+  printf -- '- %s\n' "${sections[@]}"
   if [ ${#failed[@]} -gt 0 ]; then
     echo
     echo "## Sections that failed"

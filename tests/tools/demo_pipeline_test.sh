@@ -24,6 +24,12 @@ for isa in avx2 scalar; do
     tail -n 40 "$log"
   fi
   [ -f "$out/summary.md" ] || fail "DITOPS_ISA=$isa: no $out/summary.md"
+  # The summary lists every section, with what did not run and why.
+  for section in build machine benchmarks 'sparse: not in --tiny' linear dit simulator \
+    cpu-vs-simulator 'peers: not in --tiny' summary; do
+    grep -q "^- $section" "$out/summary.md" ||
+      fail "DITOPS_ISA=$isa: summary.md lists no section '$section'"
+  done
   for file in bench.json mla_chunks.json; do
     [ -f "$out/$file" ] || fail "DITOPS_ISA=$isa: no $out/$file"
   done
