@@ -9,14 +9,13 @@
 #include <optional>
 
 #include "fuzz/support.hpp"
+#include "tests/support/scoped_env.hpp"
 #include "tests/reference/attention_ref.hpp"
 
 namespace ditops::fuzz {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
-// flash_bf16 (bf16 dot products where the CPU has them): tests/attention/attention_test.cpp.
-constexpr Tolerance kFlashBf16Dot{3e-2, 1.5e-2};
 // Beyond this scale the softmax of normal inputs is nearly a hard maximum, where fp32 rounding
 // of near-tied scores moves the weights by more than any tolerance: accepted, not compared.
 constexpr float kComparedScale = 4.f;
@@ -28,25 +27,24 @@ AttentionBackend pick_backend(Input& in) {
                   AttentionBackend::flash, AttentionBackend::int8, AttentionBackend::automatic});
 }
 
-/// The backend an `automatic` call runs. Tuning would time every candidate inside the input
-/// (seven runs each on a cache miss, and a choice that depends on the machine's load), so the
-/// harness names the backend in DITOPS_ATTN_BACKEND instead: one that accepts every call, run
-/// untimed through the variable's path. Cached and tuned choices are tune_cache_fuzz's subject.
-AttentionBackend resolve_automatic(Input& in, AttentionBackend requested) {
-  if (requested != AttentionBackend::automatic) return requested;
+/// Where the harness resolves an `automatic` call: tuning would time every candidate inside the
+/// input (seven runs each on a cache miss), so the harness names a backend that accepts every
+/// call in DITOPS_ATTN_BACKEND, for this call only, and the library runs it untimed through the
+/// variable's path. Cached and tuned choices are tune_cache_fuzz's subject.
+void resolve_automatic(Input& in, AttentionBackend requested,
+                       std::optional<test::ScopedEnv>& env) {
+  if (requested != AttentionBackend::automatic) return;
   const AttentionBackend backend =
       in.pick({AttentionBackend::flash, AttentionBackend::flash_bf16, AttentionBackend::reference});
-  ::setenv("DITOPS_ATTN_BACKEND", backend_name(backend), 1);
-  return backend;
+  env.emplace("DITOPS_ATTN_BACKEND", backend_name(backend));
 }
 
 /// The sparse backend refuses calls without a boolean mask (and varlen ones), and a refused
 /// forced backend falls back to the tuner, which times its candidates: such a pick stays sparse
 /// in 1 of 8 calls (the refusal and its fallback are still covered), else it becomes flash.
-void keep_sparse_refusals_rare(Input& in, AttentionBackend& requested, AttentionBackend& runs,
-                               bool boolean_mask) {
+void keep_sparse_refusals_rare(Input& in, AttentionBackend& requested, bool boolean_mask) {
   if (requested == AttentionBackend::sparse && !boolean_mask && !in.rarely(8)) {
-    requested = runs = AttentionBackend::flash;
+    requested = AttentionBackend::flash;
   }
 }
 
@@ -93,12 +91,6 @@ void expect_within_v(const TestTensor<T>& out, const TestTensor<T>& v, const std
 }
 
 template <class T>
-Tolerance tolerance_of(AttentionBackend backend) {
-  if (backend == AttentionBackend::flash_bf16) return kFlashBf16Dot;
-  return test::flash_tolerance<T>();
-}
-
-template <class T>
 void dense(Input& in) {
   const std::int64_t b = in.size(0, 2), kv_heads = in.size(1, 2), n = kv_heads * in.size(1, 3);
   const bool long_kv = in.rarely(8);  // the split-KV path: few tasks, >= 8 KV blocks
@@ -124,13 +116,16 @@ void dense(Input& in) {
   options.head_first = head_first;
   options.scale = pick_scale(in);
   options.backend = pick_backend(in);
-  AttentionBackend runs = resolve_automatic(in, options.backend);
+  std::optional<test::ScopedEnv> forced_by_env;  // until the call returns
+  resolve_automatic(in, options.backend, forced_by_env);
+  AttentionChoice ran{};
+  options.ran = &ran;
   options.int8_chunk = in.rarely(32) ? static_cast<int>(in.size(-1, 8)) : in.pick({1, 2, 4});
   if (in.flag()) options.lse = lse.view();
 
   // Mask: none, boolean or additive; rank 2 [Sq, Sk] or rank 4 with any dimension broadcast.
   const int mask_kind = static_cast<int>(in.size(0, 2));
-  keep_sparse_refusals_rare(in, options.backend, runs, mask_kind == 1);
+  keep_sparse_refusals_rare(in, options.backend, mask_kind == 1);
   std::vector<std::int64_t> mask_shape = {sq, sk};
   if (in.flag()) {
     mask_shape = {in.flag() ? b : 1, in.flag() ? n : 1, in.flag() ? sq : 1, sk};
@@ -178,8 +173,10 @@ void dense(Input& in) {
   const auto out_before = out.snapshot();
   const auto lse_before = lse.snapshot();
   const bool ok = accepted([&] { attention_forward(q_view, k_view, v_view, out_view, options); });
+  // What ran decides the tolerance: a refused forced backend runs the tuned choice.
   const std::string context = std::string("attention_forward ") + dtype_name(q.view().dtype) +
-                              " backend " + std::to_string(static_cast<int>(runs));
+                              " asked for " + backend_name(options.backend) + ", ran " +
+                              (ok ? ran.detail : "nothing");
   if (!ok) {
     expect_unchanged(out, out_before, context + " out");
     expect_unchanged(lse, lse_before, context + " lse");
@@ -192,7 +189,7 @@ void dense(Input& in) {
   if (mask_kind == 2 && bias_out_of_range) failure(context + ": accepted a bias above 2^126");
   if (specials || (mask_kind == 2 && bias_nan)) return;  // non-finite data: canaries only
   if (options.scale && *options.scale > kComparedScale) return;
-  if (runs == AttentionBackend::int8) return expect_within_v(out, v, context);
+  if (ran.backend == AttentionBackend::int8) return expect_within_v(out, v, context);
 
   test::AttentionRefProblem p;
   p.batch = b;
@@ -245,9 +242,9 @@ void dense(Input& in) {
       }
     }
   }
-  check_close(out, expected, tolerance_of<T>(runs), context);
+  check_close(out, expected, test::attention_tolerance<T>(ran.backend), context);
   if (options.lse.data == lse.view().data) {
-    check_lse(lse, ref, runs == AttentionBackend::flash_bf16 ? 1e-2 : test::kLseTolerance, context);
+    check_lse(lse, ref, test::attention_lse_tolerance(ran.backend), context);
   }
   if (in.rarely(8)) {
     const AttentionChoice choice = select_attention(q_view, k_view, v_view, options);
@@ -279,8 +276,11 @@ void varlen(Input& in) {
   options.causal = in.flag();
   options.scale = pick_scale(in);
   options.backend = pick_backend(in);
-  AttentionBackend runs = resolve_automatic(in, options.backend);
-  keep_sparse_refusals_rare(in, options.backend, runs, false);  // varlen calls it refuses
+  std::optional<test::ScopedEnv> forced_by_env;  // until the call returns
+  resolve_automatic(in, options.backend, forced_by_env);
+  keep_sparse_refusals_rare(in, options.backend, false);  // varlen calls it refuses
+  AttentionChoice ran{};
+  options.ran = &ran;
   if (in.flag()) options.lse = lse.view();
   bool broken = false;
   if (in.rarely(6)) {  // offsets that do not describe the tensors
@@ -297,8 +297,9 @@ void varlen(Input& in) {
     attention_forward_varlen(q.view(), k.view(), v.view(), cu_q, cu_k, out.view(), options);
   });
   const std::string context = std::string("attention_forward_varlen ") +
-                              dtype_name(q.view().dtype) + " backend " +
-                              std::to_string(static_cast<int>(runs));
+                              dtype_name(q.view().dtype) + " asked for " +
+                              backend_name(options.backend) + ", ran " +
+                              (ok ? ran.detail : "nothing");
   if (!ok) return expect_unchanged(out, out_before, context);
   expect_canaries(out, context + " out");
   expect_canaries(lse, context + " lse");
@@ -311,7 +312,7 @@ void varlen(Input& in) {
     return;
   }
   if (options.scale && *options.scale > kComparedScale) return;
-  if (runs == AttentionBackend::int8) return expect_within_v(out, v, context);
+  if (ran.backend == AttentionBackend::int8) return expect_within_v(out, v, context);
   // Each sequence against the oracle on its own.
   std::vector<double> expected(static_cast<std::size_t>(out.size()));
   for (std::size_t s = 0; s + 1 < cu_q.size(); ++s) {
@@ -337,7 +338,7 @@ void varlen(Input& in) {
       }
     }
   }
-  check_close(out, expected, tolerance_of<T>(runs), context);
+  check_close(out, expected, test::attention_tolerance<T>(ran.backend), context);
 }
 
 }  // namespace
@@ -347,6 +348,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   using namespace ditops;
   fuzz::Input in(data, size);
   fuzz::set_threads(in);
+  // Nothing carries over from one input to the next: choices tuned for earlier inputs (timed
+  // under whatever load there was) are forgotten; DITOPS_TUNE_CACHE, where set, is read again.
+  forget_attention_tuning();
   const bool packed = in.rarely(4);
   switch (in.size(0, 2)) {
     case 0:

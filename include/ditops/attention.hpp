@@ -12,6 +12,8 @@ namespace ditops {
 
 enum class AttentionBackend { automatic, reference, flash, flash_bf16, int8, sparse };
 
+struct AttentionChoice;
+
 struct AttentionOptions {
   std::optional<float> scale;  ///< default 1/sqrt(Dk); finite, > 0 and <= 65536
   bool causal = false;         ///< bottom-right aligned when Sq != Sk
@@ -23,6 +25,10 @@ struct AttentionOptions {
   TensorView lse{};            ///< optional output, f32 [B, N, Sq], natural-log log-sum-exp
   AttentionBackend backend = AttentionBackend::automatic;
   int int8_chunk = 2;  ///< int8 backend only: 1, 2 or 4
+  /// Optional output: when set, a call that succeeds stores what ran there (the backend, its
+  /// configuration, whether the tuning cache chose it, and why a requested backend was refused):
+  /// a refused or automatic call runs the tuner's choice, whose numerics may differ.
+  AttentionChoice* ran = nullptr;
 };
 
 /// q: [B,Sq,N,Dk]; k: [B,Sk,Nkv,Dk]; v: [B,Sk,Nkv,Dv]; out: [B,Sq,N,Dv]; N % Nkv == 0.
@@ -36,6 +42,7 @@ struct VarlenOptions {
   bool causal = false;  ///< bottom-right aligned per sequence
   TensorView lse{};     ///< optional output, f32 [N, Tq]
   AttentionBackend backend = AttentionBackend::automatic;
+  AttentionChoice* ran = nullptr;  ///< optional output: what ran (as AttentionOptions::ran)
 };
 
 /// q: [Tq,N,Dk]; k: [Tk,Nkv,Dk]; v: [Tk,Nkv,Dv]; out: [Tq,N,Dv];
@@ -51,9 +58,14 @@ struct AttentionChoice {
   bool from_cache;     ///< true when an earlier tuning result was reused
 };
 
-/// What attention_forward would run for these arguments (tunes on a cache miss).
+/// What attention_forward would run for these arguments (tunes on a cache miss; options.ran is
+/// not written).
 AttentionChoice select_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                                  const AttentionOptions& options = {});
+
+/// Forgets every tuning choice this process holds, so that each key is tuned again (after the
+/// machine's load changed, say); the DITOPS_TUNE_CACHE file is left as it is and read again.
+void forget_attention_tuning();
 
 /// "reference", "flash", ... (the names DITOPS_ATTN_BACKEND accepts).
 const char* backend_name(AttentionBackend backend) noexcept;

@@ -798,7 +798,21 @@ void run_reference(const FlashProblem& p, float scale, int threads) {
 }
 
 namespace {
-void run_call(const Call& call) { choose(call, core::thread_count(), true); }
+
+/// What the caller sees of a choice: select_attention's answer, and AttentionOptions::ran.
+AttentionChoice report(const Call& call, const Choice& choice) {
+  std::string detail = find_backend(choice.config.backend)->describe(call, choice.config);
+  detail += " kv_block=" + std::to_string(kKvBlock) + " isa=" + core::isa_name(core::active_isa());
+  if (choice.forced) detail += " (forced)";
+  if (!choice.refused.empty()) detail += " (" + choice.refused + ")";
+  return AttentionChoice{choice.config.backend, detail, choice.from_cache};
+}
+
+void run_call(const Call& call, AttentionChoice* ran) {
+  const Choice choice = choose(call, core::thread_count(), true);
+  if (ran != nullptr) *ran = report(call, choice);
+}
+
 }  // namespace
 
 }  // namespace attention
@@ -808,7 +822,7 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
   const core::CallScope scope("attention_forward");
   const attention::Call call =
       attention::validate_dense("attention_forward", q, k, v, &out, options);
-  attention::run_call(call);
+  attention::run_call(call, options.ran);
 }
 
 void attention_forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -818,7 +832,7 @@ void attention_forward_varlen(const TensorView& q, const TensorView& k, const Te
   const core::CallScope scope("attention_forward_varlen");
   const attention::Call call =
       attention::validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, out, options);
-  attention::run_call(call);
+  attention::run_call(call, options.ran);
 }
 
 AttentionChoice select_attention(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -837,14 +851,9 @@ AttentionChoice select_attention(const TensorView& q, const TensorView& k, const
     p.lse = lse.get();
     p.lse_strides = attention::Strides{p.heads * p.q_len, 1, p.q_len};
   }
-  const auto choice = attention::choose(call, core::thread_count(), false);
-  std::string detail =
-      attention::find_backend(choice.config.backend)->describe(call, choice.config);
-  detail += " kv_block=" + std::to_string(attention::kKvBlock) +
-            " isa=" + core::isa_name(core::active_isa());
-  if (choice.forced) detail += " (forced)";
-  if (!choice.refused.empty()) detail += " (" + choice.refused + ")";
-  return AttentionChoice{choice.config.backend, detail, choice.from_cache};
+  return attention::report(call, attention::choose(call, core::thread_count(), false));
 }
+
+void forget_attention_tuning() { attention::forget_tuning(); }
 
 }  // namespace ditops

@@ -218,6 +218,13 @@ class TuneCache {
     return order_.size();
   }
 
+  void clear() {
+    std::lock_guard lock(mutex_);
+    index_.clear();
+    order_.clear();
+    loaded_path_.clear();
+  }
+
  private:
   void insert(const std::string& key, const Config& config) {
     const auto it = index_.find(key);
@@ -322,6 +329,7 @@ void store_config(const std::string& key, const Config& config) {
   TuneCache::get().store(key, config);
 }
 std::size_t cache_size() { return TuneCache::get().size(); }
+void forget_tuning() { TuneCache::get().clear(); }
 
 void warn_once(const std::string& message) {
   static std::mutex mutex;

@@ -26,6 +26,8 @@ struct Config {
 std::optional<Config> cached_config(const std::string& key);
 /// Stores (and, with DITOPS_TUNE_CACHE, persists) the choice for `key`.
 void store_config(const std::string& key, const Config& config);
+/// Empties the in-process cache; the DITOPS_TUNE_CACHE file is read again on the next lookup.
+void forget_tuning();
 /// Entries currently cached (tests).
 std::size_t cache_size();
 inline constexpr std::size_t kTuneCacheCapacity = 512;

@@ -19,12 +19,6 @@ namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-// flash_bf16: Q·K^T from bf16-rounded scaled Q (2^-9 relative per product), so a score of a
-// few units is off by ~1e-2 and the softmax weights by ~1 %; outputs of |v| ~ 1 move by 1e-2.
-constexpr Tolerance kFlashBf16Dot{3e-2, 1.5e-2};
-// flash_bf16: the score errors above (~1e-2 on a few units) average out in the log-sum-exp.
-constexpr double kLseToleranceBf16Dot = 1e-2;
-
 enum class MaskCase {
   none,
   key_padding,     ///< bool [B, 1, 1, Sk]
@@ -168,8 +162,7 @@ struct DenseCase {
     std::int64_t lse_failures = 0;
     for (std::int64_t i = 0; i < lse.size(); ++i) {
       const double want = ref.lse[i], got = lse.value(i);
-      const double lse_tol =
-          backend == AttentionBackend::flash_bf16 ? kLseToleranceBf16Dot : kLseTolerance;
+      const double lse_tol = attention_lse_tolerance(backend);
       const bool ok = std::isinf(want) ? got == want : std::fabs(got - want) <= lse_tol;
       lse_failures += !ok;
       if (!ok && lse_failures == 1) {

@@ -23,31 +23,12 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/scoped_env.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/tolerance.hpp"
 
 namespace ditops::test {
 namespace {
-
-/// Sets an environment variable for the scope of one test.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 struct Tensors {
   TestTensor<float> q, k, v, out;
@@ -82,6 +63,15 @@ TEST(AttentionTuner, SecondSelectionComesFromTheCache) {
   AttentionOptions causal;
   causal.causal = true;  // another key
   EXPECT_FALSE(select_attention(t.q.view(), t.k.view(), t.v.view(), causal).from_cache);
+  // Forgotten choices are tuned again, and attention_forward says whether a choice was cached.
+  forget_attention_tuning();
+  AttentionChoice ran{};
+  causal.ran = &ran;
+  attention_forward(t.q.view(), t.k.view(), t.v.view(), t.out.view(), causal);
+  EXPECT_FALSE(ran.from_cache) << ran.detail;
+  attention_forward(t.q.view(), t.k.view(), t.v.view(), t.out.view(), causal);
+  EXPECT_TRUE(ran.from_cache) << ran.detail;
+  EXPECT_EQ(ran.backend, select_attention(t.q.view(), t.k.view(), t.v.view(), causal).backend);
 }
 
 TEST(AttentionTuner, EnvironmentForcesABackendOrFallsBackWithOneWarning) {

@@ -5,17 +5,30 @@
 #include <ditops/runtime.hpp>
 #include <limits>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "tests/reference/attention_ref.hpp"
 #include "tests/support/expect_rejected.hpp"
+#include "tests/support/scoped_env.hpp"
+#include "tests/support/temp_dir.hpp"
 #include "tests/support/tolerance.hpp"
 
 namespace ditops::test {
 namespace {
 
+struct VarlenRun {
+  AttentionChoice ran;              ///< what the library says ran (VarlenOptions::ran)
+  std::int64_t beyond_flash_tolerance = 0;  ///< outputs outside flash's fp32 tolerance
+};
+
+/// One varlen call against the fp64 reference of each sequence, checked with the tolerance of
+/// the backend that ran.
 template <class T>
-void check_varlen(const std::vector<std::int32_t>& q_lens, const std::vector<std::int32_t>& k_lens,
-                  std::int64_t n, std::int64_t nkv, std::int64_t dk, std::int64_t dv, bool causal,
-                  int threads, Tolerance tol, std::mt19937& rng) {
+VarlenRun check_varlen(const std::vector<std::int32_t>& q_lens,
+                       const std::vector<std::int32_t>& k_lens, std::int64_t n, std::int64_t nkv,
+                       std::int64_t dk, std::int64_t dv, bool causal, int threads,
+                       std::mt19937& rng, AttentionBackend backend = AttentionBackend::flash) {
   set_num_threads(threads);
   std::vector<std::int32_t> cu_q{0}, cu_k{0};
   for (std::size_t i = 0; i < q_lens.size(); ++i) {
@@ -31,7 +44,9 @@ void check_varlen(const std::vector<std::int32_t>& q_lens, const std::vector<std
   VarlenOptions options;
   options.causal = causal;
   options.lse = lse.view();
-  options.backend = AttentionBackend::flash;
+  options.backend = backend;
+  VarlenRun run;
+  options.ran = &run.ran;
   attention_forward_varlen(q.view(), k.view(), v.view(), cu_q, cu_k, out.view(), options);
 
   std::vector<double> expected(out.size()), expected_lse(lse.size());
@@ -55,16 +70,22 @@ void check_varlen(const std::vector<std::int32_t>& q_lens, const std::vector<std
   }
   const std::string context = std::string("varlen ") + dtype_name(detail::dtype_of<T>()) +
                               (causal ? " causal" : "") + " threads " + std::to_string(threads) +
-                              " isa " + active_isa_name();
-  expect_close(out, expected, tol, context);
+                              " isa " + active_isa_name() + ", ran " + run.ran.detail;
+  expect_close(out, expected, attention_tolerance<T>(run.ran.backend), context);
   for (std::int64_t i = 0; i < lse.size(); ++i) {
     const double want = expected_lse[i], got = lse.value(i);
     if (std::isinf(want)) {
       EXPECT_EQ(got, want) << context << " lse " << i;
     } else {
-      EXPECT_NEAR(got, want, kLseTolerance) << context << " lse " << i;
+      EXPECT_NEAR(got, want, attention_lse_tolerance(run.ran.backend)) << context << " lse " << i;
     }
   }
+  const Tolerance flash = flash_tolerance<T>();
+  for (std::int64_t i = 0; i < out.size(); ++i) {
+    const double error = std::fabs(out.value(i) - expected[static_cast<std::size_t>(i)]);
+    run.beyond_flash_tolerance += error > flash.rtol * std::fabs(expected[i]) + flash.atol;
+  }
+  return run;
 }
 
 TEST(AttentionVarlen, MatchesPerSequenceReference) {
@@ -75,11 +96,50 @@ TEST(AttentionVarlen, MatchesPerSequenceReference) {
   const std::vector<std::int32_t> k_lens = {9, 4, 300, 70, 64, 0, 100, 0};
   for (bool causal : {false, true}) {
     for (int threads : {1, 2}) {
-      check_varlen<float>(q_lens, k_lens, 4, 2, 64, 64, causal, threads, kFlashF32, rng);
+      check_varlen<float>(q_lens, k_lens, 4, 2, 64, 64, causal, threads, rng);
     }
   }
-  check_varlen<float>({1, 1, 1}, {900, 3, 700}, 8, 1, 72, 40, false, 2, kFlashF32, rng);
-  check_varlen<bf16>(q_lens, k_lens, 8, 8, 80, 80, true, 2, kFlashBf16, rng);
+  check_varlen<float>({1, 1, 1}, {900, 3, 700}, 8, 1, 72, 40, false, 2, rng);
+  check_varlen<bf16>(q_lens, k_lens, 8, 8, 80, 80, true, 2, rng);
+}
+
+// A requested backend that refuses the call (sparse serves no varlen call) runs the tuner's
+// choice for the call's key, and on a CPU with AVX512-BF16 that may be flash_bf16 with its bf16
+// dot products, whose error is flash_bf16's, not flash's. Two calls in a row: the first tunes
+// the key into the cache file, which is then made to hold flash_bf16 (as tuning may choose);
+// the second asks for sparse. VarlenOptions::ran says what ran, and its tolerance holds.
+TEST(AttentionVarlen, RefusedBackendRunsTheTunedChoiceAndSaysWhich) {
+  std::mt19937 rng(43);
+  const TempDir dir;
+  const std::string path = dir.path() + "/tune.json";
+  const ScopedEnv cache("DITOPS_TUNE_CACHE", path), forced("DITOPS_ATTN_BACKEND", std::nullopt);
+  forget_attention_tuning();
+  const std::vector<std::int32_t> q_lens = {40, 25}, k_lens = {70, 33};
+  const VarlenRun tuned = check_varlen<bf16>(q_lens, k_lens, 4, 2, 64, 64, false, 1, rng,
+                                             AttentionBackend::automatic);
+  EXPECT_FALSE(tuned.ran.from_cache) << tuned.ran.detail;
+
+  nlohmann::json document = nlohmann::json::parse(std::ifstream(path));
+  ASSERT_EQ(document["entries"].size(), 1u) << document.dump();
+  document["entries"][0]["config"] = "flash_bf16 k=packed row_group=16";
+  std::ofstream(path) << document.dump();
+  forget_attention_tuning();  // else the process keeps what it tuned
+
+  testing::internal::CaptureStderr();
+  const VarlenRun refused =
+      check_varlen<bf16>(q_lens, k_lens, 4, 2, 64, 64, false, 1, rng, AttentionBackend::sparse);
+  testing::internal::GetCapturedStderr();
+  EXPECT_EQ(refused.ran.backend, AttentionBackend::flash_bf16) << refused.ran.detail;
+  EXPECT_TRUE(refused.ran.from_cache);
+  EXPECT_NE(refused.ran.detail.find(
+                "(options.backend=sparse: it serves attention_forward, not varlen calls)"),
+            std::string::npos)
+      << refused.ran.detail;
+  // Where the bf16 dot products ran, flash's tolerance (what a caller checking against the
+  // backend it asked for would use) does not hold: the report is what makes the check right.
+  if (refused.ran.detail.find("no AVX512-BF16") == std::string::npos) {
+    EXPECT_GT(refused.beyond_flash_tolerance, 0) << refused.ran.detail;
+  }
 }
 
 TEST(AttentionVarlen, BadCuSeqlensThrowBeforeWriting) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <ditops/attention.hpp>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,26 @@ inline constexpr double kLseTolerance = 2e-4;
 template <class T>
 constexpr Tolerance flash_tolerance() {
   return by_dtype<T>(kFlashF32, kFlashBf16, kFlashF16);
+}
+
+// flash_bf16 where the CPU has AVX512-BF16 (K packed): Q·Kᵀ from scaled Q rounded to bf16 and K
+// in bf16 (bf16 inputs exactly; f32 and f16 inputs rounded), each product exact and summed in
+// fp32. Rounding Q (and K) costs up to 2^-9 relative per factor, so a score of a few units moves
+// by ~1e-2 and the softmax weights by ~1 %: outputs of |v| ~ 1 move by ~1e-2. P·V, the softmax and the LSE stay in fp32. Elsewhere flash_bf16 has
+// flash's numerics on its inputs rounded to bf16, well inside this.
+inline constexpr Tolerance kFlashBf16Dot{3e-2, 1.5e-2};
+// flash_bf16: the score errors above (~1e-2 on a few units) average out in the log-sum-exp.
+inline constexpr double kLseToleranceBf16Dot = 1e-2;
+
+/// The tolerance of the attention backend that ran (AttentionOptions::ran): flash_bf16's
+/// bf16 dot products, or an fp32 computation (reference, flash, sparse). int8 is lossy by
+/// design and checked otherwise (tests/attention/int8_test.cpp).
+template <class T>
+constexpr Tolerance attention_tolerance(AttentionBackend ran) {
+  return ran == AttentionBackend::flash_bf16 ? kFlashBf16Dot : flash_tolerance<T>();
+}
+constexpr double attention_lse_tolerance(AttentionBackend ran) {
+  return ran == AttentionBackend::flash_bf16 ? kLseToleranceBf16Dot : kLseTolerance;
 }
 
 /// Checks every element and that no canary around `got` was touched; reports the worst element.
