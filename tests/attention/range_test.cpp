@@ -32,8 +32,9 @@ constexpr AttentionBackend kDenseBackends[] = {AttentionBackend::reference, Atte
 // masked row's zeros against the mean of V, NaN, one key's value).
 constexpr Tolerance kInt8Loose{5e-2, 5e-2};
 
-Tolerance tolerance_of(AttentionBackend backend) {
-  return backend == AttentionBackend::int8 ? kInt8Loose : kFlashF32;
+Tolerance tolerance_of(AttentionBackend backend, const AttentionRefResult& ref) {
+  return backend == AttentionBackend::int8 ? kInt8Loose
+                                           : attention_tolerance<float>(backend, ref.magnitudes);
 }
 
 /// q [1, 3, 2, 32], k/v [1, 16, 1, 32] f32 (BSND, GQA 2:1), small normal values.
@@ -73,13 +74,16 @@ struct Dense {
       }
     }
     const std::string context = what + " " + backend_name(backend) + " isa " + active_isa_name();
-    expect_close(out, expected, tolerance_of(backend), context);
+    expect_close(out, expected, tolerance_of(backend, ref), context);
     for (std::int64_t i = 0; i < lse.size(); ++i) {
       const double want = ref.lse[i], got = lse.value(i);
       if (std::isinf(want)) {
         EXPECT_EQ(got, want) << context << " lse " << i;
       } else {
-        EXPECT_NEAR(got, want, backend == AttentionBackend::int8 ? 5e-2 : kLseTolerance)
+        EXPECT_NEAR(got, want,
+                    backend == AttentionBackend::int8
+                        ? 5e-2
+                        : attention_lse_tolerance(backend, ref.magnitudes))
             << context << " lse " << i;
       }
     }

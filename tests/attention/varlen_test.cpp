@@ -50,6 +50,7 @@ VarlenRun check_varlen(const std::vector<std::int32_t>& q_lens,
   attention_forward_varlen(q.view(), k.view(), v.view(), cu_q, cu_k, out.view(), options);
 
   std::vector<double> expected(out.size()), expected_lse(lse.size());
+  AttentionMagnitudes magnitudes;
   for (std::size_t s = 0; s < q_lens.size(); ++s) {
     const std::int64_t q0 = cu_q[s], k0 = cu_k[s];
     AttentionRefProblem p{
@@ -59,6 +60,7 @@ VarlenRun check_varlen(const std::vector<std::int32_t>& q_lens,
     p.k = [&](auto, auto j, auto h, auto d) { return k.value(((k0 + j) * nkv + h) * dk + d); };
     p.v = [&](auto, auto j, auto h, auto d) { return v.value(((k0 + j) * nkv + h) * dv + d); };
     const AttentionRefResult ref = attention_reference(p);
+    magnitudes.include(ref.magnitudes);
     for (std::int64_t i = 0; i < q_lens[s]; ++i) {
       for (std::int64_t h = 0; h < n; ++h) {
         for (std::int64_t d = 0; d < dv; ++d) {
@@ -71,13 +73,13 @@ VarlenRun check_varlen(const std::vector<std::int32_t>& q_lens,
   const std::string context = std::string("varlen ") + dtype_name(detail::dtype_of<T>()) +
                               (causal ? " causal" : "") + " threads " + std::to_string(threads) +
                               " isa " + active_isa_name() + ", ran " + run.ran.detail;
-  expect_close(out, expected, attention_tolerance<T>(run.ran.backend), context);
+  expect_close(out, expected, attention_tolerance<T>(run.ran.backend, magnitudes), context);
   for (std::int64_t i = 0; i < lse.size(); ++i) {
     const double want = expected_lse[i], got = lse.value(i);
     if (std::isinf(want)) {
       EXPECT_EQ(got, want) << context << " lse " << i;
     } else {
-      EXPECT_NEAR(got, want, attention_lse_tolerance(run.ran.backend)) << context << " lse " << i;
+      EXPECT_NEAR(got, want, attention_lse_tolerance(run.ran.backend, magnitudes)) << context << " lse " << i;
     }
   }
   const Tolerance flash = flash_tolerance<T>();

@@ -1,6 +1,7 @@
 #pragma once
 // fp64 oracle for attention: materialized scores, exact softmax, any layout via accessors.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -36,9 +37,22 @@ struct AttentionRefProblem {
   std::function<double(std::int64_t, std::int64_t, std::int64_t, std::int64_t)> bias;
 };
 
+/// The magnitudes that bound how far rounding Q and K moves a result (tests/support/tolerance.hpp):
+/// over every attended (query, key) pair, the largest scale·Σ_d |q_d k_d| and
+/// scale·sqrt(Σ_d (q_d k_d)²); the largest |v|.
+struct AttentionMagnitudes {
+  double score_l1 = 0, score_l2 = 0, v_max = 0;
+  void include(const AttentionMagnitudes& other) {
+    score_l1 = std::max(score_l1, other.score_l1);
+    score_l2 = std::max(score_l2, other.score_l2);
+    v_max = std::max(v_max, other.v_max);
+  }
+};
+
 struct AttentionRefResult {
   std::vector<double> out;  ///< [B, Sq, N, Dv]
   std::vector<double> lse;  ///< [B, N, Sq]; -inf for rows with no attended key
+  AttentionMagnitudes magnitudes;
   double at(const AttentionRefProblem& p, std::int64_t b, std::int64_t s, std::int64_t n,
             std::int64_t d) const {
     return out[((b * p.q_len + s) * p.heads + n) * p.dv + d];
@@ -57,7 +71,10 @@ inline AttentionRefResult attention_reference(const AttentionRefProblem& p) {
       const std::int64_t kvh = h / group;
       for (std::int64_t j = 0; j < p.kv_len; ++j) {
         for (std::int64_t d = 0; d < p.dk; ++d) keys[j * p.dk + d] = p.k(b, j, kvh, d);
-        for (std::int64_t d = 0; d < p.dv; ++d) values[j * p.dv + d] = p.v(b, j, kvh, d);
+        for (std::int64_t d = 0; d < p.dv; ++d) {
+          values[j * p.dv + d] = p.v(b, j, kvh, d);
+          result.magnitudes.v_max = std::max(result.magnitudes.v_max, std::fabs(values[j * p.dv + d]));
+        }
       }
       for (std::int64_t i = 0; i < p.q_len; ++i) {
         for (std::int64_t d = 0; d < p.dk; ++d) query[d] = p.q(b, i, h, d);
@@ -68,8 +85,17 @@ inline AttentionRefResult attention_reference(const AttentionRefProblem& p) {
           double s = minus_inf;
           if (ok) {
             s = 0;
-            for (std::int64_t d = 0; d < p.dk; ++d) s += query[d] * keys[j * p.dk + d];
+            double l1 = 0, l2 = 0;
+            for (std::int64_t d = 0; d < p.dk; ++d) {
+              const double product = query[d] * keys[j * p.dk + d];
+              s += product;
+              l1 += std::fabs(product);
+              l2 += product * product;
+            }
             s *= p.scale;
+            AttentionMagnitudes& m = result.magnitudes;
+            m.score_l1 = std::max(m.score_l1, std::fabs(p.scale) * l1);
+            m.score_l2 = std::max(m.score_l2, std::fabs(p.scale) * std::sqrt(l2));
             // A bias below -2^126 excludes its key like -inf (ditops' additive-mask rule).
             if (p.bias) {
               const double bias = p.bias(b, h, i, j);
