@@ -71,7 +71,10 @@ void check_lse(const TestTensor<float>& lse, const test::AttentionRefResult& ref
     const bool ok = std::isinf(want) ? got == want : std::fabs(got - want) <= lse_tolerance;
     if (!ok) {
       failure(context + ": lse " + std::to_string(i) + " is " + std::to_string(got) +
-              ", the reference " + std::to_string(want));
+              ", the reference " + std::to_string(want) + ", tolerance " +
+              std::to_string(lse_tolerance) + " (scores up to " +
+              std::to_string(ref.magnitudes.score_l1) + " in l1, " +
+              std::to_string(ref.magnitudes.score_l2) + " in l2)");
     }
   }
 }
@@ -175,7 +178,12 @@ void dense(Input& in) {
   const bool ok = accepted([&] { attention_forward(q_view, k_view, v_view, out_view, options); });
   // What ran decides the tolerance: a refused forced backend runs the tuned choice.
   const std::string context = std::string("attention_forward ") + dtype_name(q.view().dtype) +
-                              " asked for " + backend_name(options.backend) + ", ran " +
+                              " [" + std::to_string(b) + ", " + std::to_string(sq) + "/" +
+                              std::to_string(sk) + ", " + std::to_string(n) + "/" +
+                              std::to_string(kv_heads) + ", " + std::to_string(dk) + "/" +
+                              std::to_string(dv) + "] mask " + std::to_string(mask_kind) +
+                              (options.causal ? " causal" : "") + " scale " +
+                              std::to_string(options.scale.value_or(0.f)) + " asked for " + backend_name(options.backend) + ", ran " +
                               (ok ? ran.detail : "nothing");
   if (!ok) {
     expect_unchanged(out, out_before, context + " out");
