@@ -717,4 +717,111 @@ inline void for_each_piece(const T* dst, std::size_t dim, bool stream, const Pai
   for (; i < dim; i += kLanes) single(i, std::min(kLanes, dim - i), ordinary);
 }
 
+// ---- streaming rows that share cache lines -------------------------------------------------
+
+/// Rows of at most this many bytes are staged by LineStager; in longer ones the two partial lines
+/// at the ends are a small share of the row's lines.
+inline constexpr std::size_t kMaxStagedRowBytes = 4096;
+
+/// Streams the outputs of rows that share cache lines with their neighbours. A row that does
+/// not start on a line, or does not fill whole lines (a row of 128 f32 16 bytes past a line, as
+/// malloc and numpy place large arrays), begins and ends in lines that neighbouring rows write
+/// too; streaming its whole lines and writing those partial lines with ordinary stores mixes the
+/// two kinds of store on neighbouring lines and loses the write-combining (measured: RoPE f32
+/// over such rows at half the speed of line-aligned ones). Such a row is computed instead into a
+/// line-aligned staging buffer, at the same offset within a line as its destination, with
+/// ordinary stores (L1); then every line of it that is complete is streamed to its destination,
+/// and its last, incomplete line stays in the buffer for the next row, which completes it when
+/// it continues in memory (else it is written with ordinary stores). The first line of a
+/// thread's range and the last one are written with ordinary stores.
+///
+/// Rows that start on a line and fill whole lines are written in place (begin_row returns dst),
+/// as are rows longer than kMaxStagedRowBytes and every row when not streaming: the caller
+/// streams those itself when streams_in_place() says so. The values a row computes do not depend on
+/// where they are written, so staged and direct rows are bit for bit the same.
+template <class Arch, class T>
+class LineStager {
+ public:
+  LineStager(std::size_t dim, bool stream) noexcept
+      : row_bytes_(dim * sizeof(T)), stream_(stream) {}
+  LineStager(const LineStager&) = delete;
+  LineStager& operator=(const LineStager&) = delete;
+  ~LineStager() { finish(); }
+
+  /// Where to compute the row that will be stored at `dst` (dst itself, or the staging buffer).
+  T* begin_row(T* dst) noexcept {
+    const auto address = reinterpret_cast<std::uintptr_t>(dst);
+    const std::size_t phase = address % kCacheLineBytes;
+    dst_ = dst;
+    staged_ = stream_ && row_bytes_ <= kMaxStagedRowBytes && address % alignof(T) == 0 &&
+              (phase != 0 || row_bytes_ % kCacheLineBytes != 0);
+    if (!staged_) {
+      flush();
+      return dst;
+    }
+    // The pending bytes are the start of this row's first line when the row continues them.
+    if (pending_ != 0 && pending_line_ + pending_to_ != address) flush();
+    valid_from_ = pending_ != 0 ? pending_from_ : phase;
+    pending_ = 0;
+    line_ = address - phase;
+    return reinterpret_cast<T*>(buffer_ + phase);
+  }
+
+  /// Whether the caller streams the current row itself (a row written in place while streaming).
+  bool streams_in_place() const noexcept { return stream_ && !staged_; }
+
+  /// Streams the complete lines of a staged row and keeps its incomplete last line pending.
+  void end_row() noexcept {
+    if (!staged_) return;
+    const std::size_t valid_to = reinterpret_cast<std::uintptr_t>(dst_) - line_ + row_bytes_;
+    const std::size_t whole_end = valid_to / kCacheLineBytes * kCacheLineBytes;
+    auto* target = reinterpret_cast<std::byte*>(line_);
+    for (std::size_t at = 0; at < whole_end; at += kCacheLineBytes) {
+      if (at >= valid_from_) {
+        stream_line(target + at, buffer_ + at);
+      } else {  // the row's first line, begun by bytes this stager does not hold
+        std::memcpy(target + valid_from_, buffer_ + valid_from_, kCacheLineBytes - valid_from_);
+      }
+    }
+    if (whole_end < valid_to) {
+      pending_from_ = std::max(valid_from_, whole_end) - whole_end;
+      pending_to_ = valid_to - whole_end;
+      pending_line_ = line_ + whole_end;
+      std::memmove(buffer_ + pending_from_, buffer_ + whole_end + pending_from_,
+                   pending_to_ - pending_from_);
+      pending_ = 1;
+    }
+  }
+
+  /// Writes the pending bytes, if any (ordinary stores). Call before stream_fence.
+  void finish() noexcept { flush(); }
+
+ private:
+  void flush() noexcept {
+    if (pending_ == 0) return;
+    std::memcpy(reinterpret_cast<std::byte*>(pending_line_) + pending_from_,
+                buffer_ + pending_from_, pending_to_ - pending_from_);
+    pending_ = 0;
+  }
+
+  static void stream_line(std::byte* dst, const std::byte* src) noexcept {
+    constexpr std::size_t kVectorBytes = F32<Arch>::size * sizeof(float);
+    for (std::size_t at = 0; at < kCacheLineBytes; at += kVectorBytes) {
+      store_stream<Arch>(reinterpret_cast<float*>(dst + at),
+                         F32<Arch>::load_aligned(reinterpret_cast<const float*>(src + at)));
+    }
+  }
+
+  std::size_t row_bytes_;
+  bool stream_;
+  T* dst_ = nullptr;
+  bool staged_ = false;
+  std::uintptr_t line_ = 0;  ///< the line of the current row's first byte
+  std::size_t valid_from_ = 0;
+  int pending_ = 0;  ///< 1 when buffer_[pending_from_, pending_to_) awaits pending_line_
+  std::size_t pending_from_ = 0, pending_to_ = 0;
+  std::uintptr_t pending_line_ = 0;
+  alignas(kCacheLineBytes) std::byte buffer_[kMaxStagedRowBytes + 2 * kCacheLineBytes];
+};
+
 }  // namespace ditops::simd

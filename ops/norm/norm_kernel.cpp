@@ -56,12 +56,13 @@ float sum_squares(const T* x, std::size_t dim) {
 }
 
 /// Fused pass 1 of one row: h = x + residual to sum_out (rounded to T) and, when `h` is another
-/// buffer, to h in fp32 for pass 2; returns the sum of the squares of h.
+/// buffer, to h in fp32 for pass 2. Its sum of squares is taken from h afterwards (in L1), not on
+/// the way: the pieces here follow sum_out's cache lines, and a sum split along them would round
+/// differently wherever sum_out starts.
 template <class Arch, class T>
-float add_and_sum_squares(const RowOperands<T>& row, std::size_t dim, bool stream, float* h,
-                          bool h_is_sum_out) {
+void add_row(const RowOperands<T>& row, std::size_t dim, bool stream, float* h,
+             bool h_is_sum_out) {
   constexpr std::size_t kLanes = B<Arch>::size;
-  B<Arch> even(0.f), odd(0.f);
   simd::for_each_piece<Arch>(
       row.sum_out, dim, stream,
       [&](std::size_t i, auto whole_lines) {
@@ -70,17 +71,13 @@ float add_and_sum_squares(const RowOperands<T>& row, std::size_t dim, bool strea
             simd::load<Arch>(row.x + i + kLanes) + simd::load<Arch>(row.residual + i + kLanes);
         simd::store_pair<Arch>(row.sum_out + i, a, b, whole_lines);
         if (!h_is_sum_out) simd::store_pair<Arch>(h + i, a, b, false);
-        even = simd::fmadd<Arch>(a, a, even);
-        odd = simd::fmadd<Arch>(b, b, odd);
       },
       [&](std::size_t i, std::size_t count, auto whole_line) {
         const B<Arch> a = simd::load_chunk<Arch>(row.x, i, count) +
                           simd::load_chunk<Arch>(row.residual, i, count);
         simd::store_chunk<Arch>(row.sum_out, i, count, a, whole_line);
         if (!h_is_sum_out) simd::store_chunk<Arch>(h, i, count, a, false);
-        even = simd::fmadd<Arch>(a, a, even);
       });
-  return simd::reduce_add<Arch>(even + odd);
 }
 
 /// Pass 2 of one row: out = src * inv_rms (* weight when kWeighted). src is x, or h in fp32 when
@@ -184,9 +181,18 @@ void scale_row(const S* src, T* out, const float* weight, float inv_rms, std::si
 
 /// Normalizes the Rows rows at the walker and moves it past them; `more_rows`: rows follow in
 /// this thread's range (worth prefetching for long rows).
+/// Where the outputs of rows go: sum_out (the fused residual sum) and out, each through its own
+/// stager (rows that share cache lines are streamed from its buffer).
+template <class Arch, class T>
+struct RowTargets {
+  simd::LineStager<Arch, T> sum_out, out;
+  RowTargets(std::size_t dim, const NormProblem& p)
+      : sum_out(dim, p.stream && p.residual), out(dim, p.stream) {}
+};
+
 template <class Arch, class T, int Rows>
 void normalize_rows(const NormProblem& p, core::RowWalker<4>& walker, bool more_rows,
-                    float* scratch) {
+                    float* scratch, RowTargets<Arch, T>& targets) {
   const auto dim = static_cast<std::size_t>(p.dim);
   RowOperands<T> rows[Rows];
   for (int r = 0; r < Rows; ++r, walker.next()) {
@@ -209,8 +215,15 @@ void normalize_rows(const NormProblem& p, core::RowWalker<4>& walker, bool more_
   // The rows are read one after the other, in memory order (interleaving short rows vector by
   // vector measured ~15% slower at D = 128 f32: the hardware prefetcher follows one stream).
   for (int r = 0; r < Rows; ++r) {
-    sums[r] = p.residual ? add_and_sum_squares<Arch>(rows[r], dim, p.stream, h_of(r), h_is_sum_out)
-                         : sum_squares<Arch>(rows[r].x, dim);
+    if (p.residual) {
+      RowOperands<T> row = rows[r];
+      row.sum_out = targets.sum_out.begin_row(rows[r].sum_out);
+      add_row<Arch>(row, dim, targets.sum_out.streams_in_place(), h_of(r), h_is_sum_out);
+      targets.sum_out.end_row();
+      sums[r] = sum_squares<Arch>(static_cast<const float*>(h_of(r)), dim);
+    } else {
+      sums[r] = sum_squares<Arch>(rows[r].x, dim);
+    }
   }
   float inv_rms[Rows];
   for (int r = 0; r < Rows; ++r) {
@@ -225,31 +238,36 @@ void normalize_rows(const NormProblem& p, core::RowWalker<4>& walker, bool more_
     if (p.residual) next_residual = static_cast<const T*>(p.residual) + walker.offset(kResidual);
   }
   for (int r = 0; r < Rows; ++r) {
+    T* out = targets.out.begin_row(rows[r].out);
+    const bool stream = targets.out.streams_in_place();
     if (sum_out_of_range(sums[r], p.eps, dim)) {
       if (p.residual) {
-        normalize_row_in_double(static_cast<const float*>(h_of(r)), rows[r].out, p.weight, p.eps,
-                                dim);
+        normalize_row_in_double(static_cast<const float*>(h_of(r)), out, p.weight, p.eps, dim);
       } else {
-        normalize_row_in_double(rows[r].x, rows[r].out, p.weight, p.eps, dim);
+        normalize_row_in_double(rows[r].x, out, p.weight, p.eps, dim);
       }
     } else if (p.residual) {  // in range: the row is finite
-      scale_row<Arch>(static_cast<const float*>(h_of(r)), rows[r].out, p.weight, inv_rms[r], dim,
-                      p.stream, next_x, next_residual, !p.weight_finite);
+      scale_row<Arch>(static_cast<const float*>(h_of(r)), out, p.weight, inv_rms[r], dim, stream,
+                      next_x, next_residual, !p.weight_finite);
     } else {
-      scale_row<Arch>(rows[r].x, rows[r].out, p.weight, inv_rms[r], dim, p.stream, next_x,
-                      next_residual, !p.weight_finite);
+      scale_row<Arch>(rows[r].x, out, p.weight, inv_rms[r], dim, stream, next_x, next_residual,
+                      !p.weight_finite);
     }
+    targets.out.end_row();
   }
 }
 
 template <class Arch, class T, int Rows>
 void norm_rows(const NormProblem& p, std::int64_t begin, std::int64_t end, float* scratch) {
   core::RowWalker<4> walker(p.rows, begin);
+  RowTargets<Arch, T> targets(static_cast<std::size_t>(p.dim), p);
   std::int64_t row = begin;
   for (; row + Rows <= end; row += Rows) {
-    normalize_rows<Arch, T, Rows>(p, walker, row + Rows < end, scratch);
+    normalize_rows<Arch, T, Rows>(p, walker, row + Rows < end, scratch, targets);
   }
-  for (; row < end; ++row) normalize_rows<Arch, T, 1>(p, walker, row + 1 < end, scratch);
+  for (; row < end; ++row) normalize_rows<Arch, T, 1>(p, walker, row + 1 < end, scratch, targets);
+  targets.sum_out.finish();
+  targets.out.finish();
   if (p.stream) simd::stream_fence<Arch>();
 }
 

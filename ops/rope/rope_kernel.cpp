@@ -104,17 +104,21 @@ template <class Arch, class T, class C>
 void rope_rows_typed(const RopeProblem& p, std::int64_t begin, std::int64_t end) {
   const auto dim = static_cast<std::size_t>(p.dim);
   core::RowWalker<4> walker(p.rows, begin);
+  // Rows that share cache lines are computed into the stager's buffer and streamed from there.
+  simd::LineStager<Arch, T> stager(dim, p.stream);
   for (std::int64_t row = begin; row < end; ++row, walker.next()) {
     const T* x = static_cast<const T*>(p.x) + walker.offset(kX);
-    T* out = static_cast<T*>(p.out) + walker.offset(kOut);
+    T* out = stager.begin_row(static_cast<T*>(p.out) + walker.offset(kOut));
     const C* cos = static_cast<const C*>(p.cos) + walker.offset(kCos);
     const C* sin = static_cast<const C*>(p.sin) + walker.offset(kSin);
     if (p.mode == RotatedMode::rotated_half) {
-      rotate_half<Arch>(x, cos, sin, out, dim, p.stream);
+      rotate_half<Arch>(x, cos, sin, out, dim, stager.streams_in_place());
     } else {
-      rotate_interleaved<Arch>(x, cos, sin, out, dim, p.stream);
+      rotate_interleaved<Arch>(x, cos, sin, out, dim, stager.streams_in_place());
     }
+    stager.end_row();
   }
+  stager.finish();
   if (p.stream) simd::stream_fence<Arch>();
 }
 

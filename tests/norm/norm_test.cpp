@@ -3,12 +3,17 @@
 
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <ditops/norm.hpp>
 #include <ditops/runtime.hpp>
 #include <limits>
+#include <random>
+#include <utility>
+#include <vector>
 
 #include "tests/reference/norm_ref.hpp"
 #include "tests/support/expect_rejected.hpp"
+#include "tests/support/line_offsets.hpp"
 #include "tests/support/tolerance.hpp"
 
 namespace ditops::test {
@@ -423,6 +428,67 @@ TYPED_TEST(NormTest, LargeOutputsUseStreamingStoresCorrectly) {
     for (bool fused : {false, true}) {
       NormCase<TypeParam>{{rows, dim}, 0, WeightKind::f32, 2, fused, false}.run_and_check(rng);
     }
+  }
+}
+
+// Buffers as users allocate them: every tensor starting at every offset within a cache line
+// (16 bytes past one is where malloc and numpy put large arrays). Outputs above 32 MiB are
+// streamed; rows of 136 elements share lines with their neighbours whatever the offset, rows of
+// 3072 do from any offset but 0. The bits of out (and sum_out) must be those of the
+// line-aligned run, 2 threads splitting the rows, with nothing written outside them.
+template <class T>
+void expect_every_line_offset_equal(std::int64_t dim, bool fused) {
+  set_num_threads(2);
+  const std::int64_t rows = (std::int64_t{33} << 20) / (dim * sizeof(T)) + 3;
+  const auto count = static_cast<std::size_t>(rows * dim);
+  std::vector<T> x0(count), residual0(count);
+  std::vector<float> weight(static_cast<std::size_t>(dim));
+  std::mt19937 rng(14);
+  std::normal_distribution<float> normal;
+  for (T& value : x0) value = from_float<T>(normal(rng));
+  for (T& value : residual0) value = from_float<T>(normal(rng));
+  for (float& value : weight) value = 1.f + 0.1f * normal(rng);
+  OffsetBuffer<T> x(count), residual(count), out(count), sum_out(count);
+  std::vector<T> aligned_out(count), aligned_sum(count);
+  const auto run = [&](std::size_t offset) {
+    T* xs = x.place(offset);
+    T* rs = residual.place(offset);
+    std::memcpy(xs, x0.data(), x.bytes());
+    std::memcpy(rs, residual0.data(), residual.bytes());
+    T* o = out.place(offset);
+    T* so = sum_out.place(offset);
+    if (fused) {
+      add_rms_norm(view(xs, {rows, dim}), view(rs, {rows, dim}), view(weight.data(), {dim}), 1e-6f,
+                   view(o, {rows, dim}), view(so, {rows, dim}));
+    } else {
+      rms_norm(view(xs, {rows, dim}), view(weight.data(), {dim}), 1e-6f, view(o, {rows, dim}));
+    }
+    EXPECT_TRUE(out.guards_intact() && sum_out.guards_intact()) << "offset " << offset;
+    return std::pair<const T*, const T*>{o, so};
+  };
+  const auto [o0, so0] = run(0);
+  std::memcpy(aligned_out.data(), o0, out.bytes());
+  std::memcpy(aligned_sum.data(), so0, sum_out.bytes());
+  for (std::size_t offset = sizeof(T); offset < kLineBytes; offset += sizeof(T)) {
+    const auto [o, so] = run(offset);
+    const std::string context = std::string(dtype_name(detail::dtype_of<T>())) + " D " +
+                                std::to_string(dim) + (fused ? " add_rms_norm" : " rms_norm") +
+                                ", tensors " + std::to_string(offset) +
+                                " bytes past a line, isa " + active_isa_name();
+    EXPECT_EQ(std::memcmp(o, aligned_out.data(), out.bytes()), 0) << context << ": out differs";
+    if (fused) {
+      EXPECT_EQ(std::memcmp(so, aligned_sum.data(), sum_out.bytes()), 0)
+          << context << ": sum_out differs";
+    }
+  }
+}
+
+TEST(NormLineOffsets, LargeOutputsAtEveryOffsetEqualTheAlignedRun) {
+  for (const bool fused : {false, true}) {
+    expect_every_line_offset_equal<float>(136, fused);
+    expect_every_line_offset_equal<bf16>(136, fused);
+    expect_every_line_offset_equal<f16>(136, fused);
+    expect_every_line_offset_equal<float>(3072, fused);  // rows longer than the stager's
   }
 }
 

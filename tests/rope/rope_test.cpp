@@ -3,12 +3,16 @@
 // 1 and 2 threads; properties; and every class of bad input.
 
 #include <cmath>
+#include <cstring>
 #include <ditops/rope.hpp>
 #include <ditops/runtime.hpp>
 #include <limits>
+#include <random>
+#include <vector>
 
 #include "tests/reference/rope_ref.hpp"
 #include "tests/support/expect_rejected.hpp"
+#include "tests/support/line_offsets.hpp"
 #include "tests/support/tolerance.hpp"
 
 namespace ditops::test {
@@ -268,6 +272,61 @@ TYPED_TEST(RopeTest, LargeOutputsUseStreamingStoresCorrectly) {
           rng);
     }
   }
+}
+
+// Buffers as users allocate them: x and out starting at every offset within a cache line
+// (16 bytes past one is where malloc and numpy put large arrays). Outputs above 32 MiB are
+// streamed, and rows of D = 128 then share lines with their neighbours; whatever the offset,
+// the bits must be those of the line-aligned run, 2 threads splitting the rows, nothing written
+// outside out, also in place.
+template <class T>
+void expect_every_line_offset_equal() {
+  set_num_threads(2);
+  constexpr std::int64_t kHeads = 8, kDim = 128;
+  const std::int64_t seq = (std::int64_t{33} << 20) / (kHeads * kDim * sizeof(T)) + 1;
+  const auto count = static_cast<std::size_t>(seq * kHeads * kDim);
+  std::vector<T> cos_t(static_cast<std::size_t>(seq * kDim)), sin_t(cos_t.size()), x0(count);
+  std::mt19937 rng(12);
+  std::normal_distribution<float> normal;
+  for (T& value : x0) value = from_float<T>(normal(rng));
+  for (RotatedMode mode : {RotatedMode::rotated_half, RotatedMode::rotated_interleaved}) {
+    for (std::int64_t s = 0; s < seq; ++s) {
+      for (std::int64_t k = 0; k < kDim; ++k) {
+        const double a = angle(0, 0, s, k, kDim, mode);
+        cos_t[s * kDim + k] = from_float<T>(static_cast<float>(std::cos(a)));
+        sin_t[s * kDim + k] = from_float<T>(static_cast<float>(std::sin(a)));
+      }
+    }
+    const TensorView cos_view = view(cos_t.data(), {seq, kDim});
+    const TensorView sin_view = view(sin_t.data(), {seq, kDim});
+    OffsetBuffer<T> x(count), out(count);
+    std::vector<T> aligned(count);
+    // Returns the output of a run with x and out `offset` bytes past a line.
+    const auto run = [&](std::size_t offset, bool in_place) {
+      T* src = x.place(offset);
+      T* dst = in_place ? src : out.place(offset);
+      std::memcpy(src, x0.data(), x.bytes());
+      rotary_position_embedding(view(src, {1, seq, kHeads, kDim}), cos_view, sin_view,
+                                view(dst, {1, seq, kHeads, kDim}), mode);
+      EXPECT_TRUE(x.guards_intact() && out.guards_intact()) << "offset " << offset;
+      return dst;
+    };
+    std::memcpy(aligned.data(), run(0, false), x.bytes());
+    for (std::size_t offset = sizeof(T); offset < kLineBytes; offset += sizeof(T)) {
+      EXPECT_EQ(std::memcmp(run(offset, false), aligned.data(), x.bytes()), 0)
+          << dtype_name(detail::dtype_of<T>()) << " mode " << static_cast<int>(mode)
+          << ": x and out " << offset << " bytes past a line differ from the aligned run, isa "
+          << active_isa_name();
+    }
+    EXPECT_EQ(std::memcmp(run(16, true), aligned.data(), x.bytes()), 0)
+        << "in place, 16 bytes past a line, isa " << active_isa_name();
+  }
+}
+
+TEST(RopeLineOffsets, LargeOutputsAtEveryOffsetEqualTheAlignedRun) {
+  expect_every_line_offset_equal<float>();
+  expect_every_line_offset_equal<bf16>();
+  expect_every_line_offset_equal<f16>();
 }
 
 // Non-finite data is the caller's choice: it propagates to the elements it touches and never
