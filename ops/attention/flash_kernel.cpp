@@ -171,11 +171,14 @@ class TaskRunner {
     rows_per_head_ = task.q_end - task.q_begin;
     kv_end_ = std::min(task.kv_end, seq_.kv_len);
     const std::int64_t kh = task.kv_head;
-    k_base_ = static_cast<const T*>(p.k) + task.seq * p.k_strides.batch +
-              seq_.k_row0 * p.k_strides.seq + kh * p.k_strides.head;
+    // K and V without keys may have no data at all (null): no offset is applied to null.
+    if (p.k != nullptr) {
+      k_base_ = static_cast<const T*>(p.k) + task.seq * p.k_strides.batch +
+                seq_.k_row0 * p.k_strides.seq + kh * p.k_strides.head;
+    }
     if (p.v_packed) {
       v_packed_ = p.v_packed + p.v_packed_offset[task.seq * p.kv_heads + kh];
-    } else {
+    } else if (p.v != nullptr) {
       v_base_ = static_cast<const T*>(p.v) + task.seq * p.v_strides.batch +
                 seq_.k_row0 * p.v_strides.seq + kh * p.v_strides.head;
     }

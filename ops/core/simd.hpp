@@ -787,8 +787,7 @@ class LineStager {
       pending_from_ = std::max(valid_from_, whole_end) - whole_end;
       pending_to_ = valid_to - whole_end;
       pending_line_ = line_ + whole_end;
-      std::memmove(buffer_ + pending_from_, buffer_ + whole_end + pending_from_,
-                   pending_to_ - pending_from_);
+      copy_line(buffer_, buffer_ + whole_end);  // a whole line: no call, no byte count
       pending_ = 1;
     }
   }
@@ -802,6 +801,14 @@ class LineStager {
     std::memcpy(reinterpret_cast<std::byte*>(pending_line_) + pending_from_,
                 buffer_ + pending_from_, pending_to_ - pending_from_);
     pending_ = 0;
+  }
+
+  static void copy_line(std::byte* dst, const std::byte* src) noexcept {
+    constexpr std::size_t kVectorBytes = F32<Arch>::size * sizeof(float);
+    for (std::size_t at = 0; at < kCacheLineBytes; at += kVectorBytes) {
+      F32<Arch>::load_aligned(reinterpret_cast<const float*>(src + at))
+          .store_aligned(reinterpret_cast<float*>(dst + at));
+    }
   }
 
   static void stream_line(std::byte* dst, const std::byte* src) noexcept {
