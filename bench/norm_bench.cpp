@@ -22,15 +22,6 @@ struct Shape {
 };
 const Shape kShapes[] = {{8192, 3072}, {4608 * 24, 128}, {4096, 5120}};
 constexpr int kShapeCount = 3;
-/// Bytes past a cache line where the misaligned = 1 runs' tensors start.
-constexpr std::int64_t kMisalignBytes = 16;
-
-/// Elements to skip at the start of each buffer copy (the buffers hold that many more).
-template <class T>
-std::int64_t skip_elements(benchmark::State& state, int arg) {
-  return state.range(arg) != 0 ? kMisalignBytes / static_cast<std::int64_t>(sizeof(T)) : 0;
-}
-
 template <class T>
 using EigenScalar =
     std::conditional_t<std::is_same_v<T, bf16>, Eigen::bfloat16,

@@ -56,9 +56,10 @@ void BM_rope(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(2));
   const bool eigen = state.range(3) != 0;
   const bool head_first = state.range(4) != 0;
+  const std::int64_t skip = skip_elements<T>(state, 5);
   const std::int64_t elements = seq * kHeads * kDim;
   const std::int64_t bytes = 2 * elements * static_cast<std::int64_t>(sizeof(T));
-  ColdBuffers<T> x(elements, bytes), out(elements, bytes, 2);
+  ColdBuffers<T> x(elements + skip, bytes), out(elements + skip, bytes, 2);
   std::vector<float> cos(seq * kDim), sin(seq * kDim);
   for (std::int64_t i = 0; i < seq * kDim; ++i) {
     const double angle = (i / kDim) * std::pow(10000.0, -2.0 * (i % (kDim / 2)) / kDim);
@@ -70,8 +71,8 @@ void BM_rope(benchmark::State& state) {
       interleaved ? RotatedMode::rotated_interleaved : RotatedMode::rotated_half;
   int iteration = 0;
   for (auto _ : state) {
-    T* xs = x.copy(iteration);
-    T* ys = out.copy(iteration++);
+    T* xs = x.copy(iteration) + skip;
+    T* ys = out.copy(iteration++) + skip;
     if (eigen) {
       eigen_rope(xs, cos.data(), sin.data(), ys, seq, interleaved, threads);
     } else {
@@ -87,20 +88,23 @@ void BM_rope(benchmark::State& state) {
   state.SetLabel(std::string(eigen ? "eigen " : "ditops ") + dtype_name(detail::dtype_of<T>()) +
                  (interleaved ? " interleaved" : " half") +
                  (head_first ? " BNSD [1, 24, " + std::to_string(seq) + ", 128]"
-                             : " BSND [1, " + std::to_string(seq) + ", 24, 128]"));
+                             : " BSND [1, " + std::to_string(seq) + ", 24, 128]") +
+                 (skip ? " misaligned" : ""));
   // x read and out written; the [S, D] tables are reused across 24 heads and are not counted.
   report_bandwidth(state, static_cast<double>(bytes), threads);
 }
 
 // Args: sequence index, interleaved, threads, baseline (0 = ditops, 1 = Eigen), layout
-// (0 = BSND, 1 = BNSD; the Eigen baseline is BSND only).
+// (0 = BSND, 1 = BNSD; the Eigen baseline is BSND only), misaligned (x and out 16 bytes past a
+// cache line, as allocators put them; ditops BSND at FLUX's length).
 void rope_args(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"seq", "interleaved", "threads", "eigen", "head_first"});
+  b->ArgNames({"seq", "interleaved", "threads", "eigen", "head_first", "misaligned"});
   for (int seq = 0; seq < 2; ++seq) {
     for (int interleaved : {0, 1}) {
       for (int threads : {1, 2}) {
-        for (int eigen : {0, 1}) b->Args({seq, interleaved, threads, eigen, 0});
-        b->Args({seq, interleaved, threads, 0, 1});
+        for (int eigen : {0, 1}) b->Args({seq, interleaved, threads, eigen, 0, 0});
+        b->Args({seq, interleaved, threads, 0, 1, 0});
+        if (seq == 0) b->Args({seq, interleaved, threads, 0, 0, 1});
       }
     }
   }

@@ -18,6 +18,17 @@
 
 namespace ditops::bench {
 
+/// Bytes past a cache line where the misaligned = 1 runs' tensors start: where glibc's malloc,
+/// std::vector and numpy put large arrays.
+constexpr std::int64_t kMisalignBytes = 16;
+
+/// Elements to skip at the start of each buffer copy (the buffers hold that many more) when the
+/// benchmark argument `arg` asks for misaligned tensors.
+template <class T>
+std::int64_t skip_elements(benchmark::State& state, int arg) {
+  return state.range(arg) != 0 ? kMisalignBytes / static_cast<std::int64_t>(sizeof(T)) : 0;
+}
+
 /// Copies of a buffer of `elements` T, cycled so each iteration touches memory that is not in
 /// any cache (copies_to_defeat_cache). Filled with N(0, 1) values. Each copy starts on a
 /// 64-byte boundary, as framework allocators (PyTorch, ONNX Runtime) align tensors.
