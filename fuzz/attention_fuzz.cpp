@@ -9,8 +9,8 @@
 #include <optional>
 
 #include "fuzz/support.hpp"
-#include "tests/support/scoped_env.hpp"
 #include "tests/reference/attention_ref.hpp"
+#include "tests/support/scoped_env.hpp"
 
 namespace ditops::fuzz {
 namespace {
@@ -31,8 +31,7 @@ AttentionBackend pick_backend(Input& in) {
 /// input (seven runs each on a cache miss), so the harness names a backend that accepts every
 /// call in DITOPS_ATTN_BACKEND, for this call only, and the library runs it untimed through the
 /// variable's path. Cached and tuned choices are tune_cache_fuzz's subject.
-void resolve_automatic(Input& in, AttentionBackend requested,
-                       std::optional<test::ScopedEnv>& env) {
+void resolve_automatic(Input& in, AttentionBackend requested, std::optional<test::ScopedEnv>& env) {
   if (requested != AttentionBackend::automatic) return;
   const AttentionBackend backend =
       in.pick({AttentionBackend::flash, AttentionBackend::flash_bf16, AttentionBackend::reference});
@@ -177,14 +176,13 @@ void dense(Input& in) {
   const auto lse_before = lse.snapshot();
   const bool ok = accepted([&] { attention_forward(q_view, k_view, v_view, out_view, options); });
   // What ran decides the tolerance: a refused forced backend runs the tuned choice.
-  const std::string context = std::string("attention_forward ") + dtype_name(q.view().dtype) +
-                              " [" + std::to_string(b) + ", " + std::to_string(sq) + "/" +
-                              std::to_string(sk) + ", " + std::to_string(n) + "/" +
-                              std::to_string(kv_heads) + ", " + std::to_string(dk) + "/" +
-                              std::to_string(dv) + "] mask " + std::to_string(mask_kind) +
-                              (options.causal ? " causal" : "") + " scale " +
-                              std::to_string(options.scale.value_or(0.f)) + " asked for " + backend_name(options.backend) + ", ran " +
-                              (ok ? ran.detail : "nothing");
+  const std::string context =
+      std::string("attention_forward ") + dtype_name(q.view().dtype) + " [" + std::to_string(b) +
+      ", " + std::to_string(sq) + "/" + std::to_string(sk) + ", " + std::to_string(n) + "/" +
+      std::to_string(kv_heads) + ", " + std::to_string(dk) + "/" + std::to_string(dv) + "] mask " +
+      std::to_string(mask_kind) + (options.causal ? " causal" : "") + " scale " +
+      std::to_string(options.scale.value_or(0.f)) + " asked for " + backend_name(options.backend) +
+      ", ran " + (ok ? ran.detail : "nothing");
   if (!ok) {
     expect_unchanged(out, out_before, context + " out");
     expect_unchanged(lse, lse_before, context + " lse");
@@ -304,10 +302,9 @@ void varlen(Input& in) {
   const bool ok = accepted([&] {
     attention_forward_varlen(q.view(), k.view(), v.view(), cu_q, cu_k, out.view(), options);
   });
-  const std::string context = std::string("attention_forward_varlen ") +
-                              dtype_name(q.view().dtype) + " asked for " +
-                              backend_name(options.backend) + ", ran " +
-                              (ok ? ran.detail : "nothing");
+  const std::string context =
+      std::string("attention_forward_varlen ") + dtype_name(q.view().dtype) + " asked for " +
+      backend_name(options.backend) + ", ran " + (ok ? ran.detail : "nothing");
   if (!ok) return expect_unchanged(out, out_before, context);
   expect_canaries(out, context + " out");
   expect_canaries(lse, context + " lse");

@@ -158,7 +158,7 @@ void check_close(const TestTensor<T>& got, const std::vector<double>& ref, Toler
   for (std::int64_t i = 0; i < got.size(); ++i) {
     const double value = got.value(i), want = ref[static_cast<std::size_t>(i)];
     if (std::isnan(want) && std::isnan(value)) continue;
-    if (!(std::fabs(value - want) <= tol.atol + tol.rtol * std::fabs(want))) {
+    if (!test::within(value, want, tol)) {
       failure(context + ": element " + std::to_string(i) + " is " + std::to_string(value) +
               ", the reference " + std::to_string(want));
     }

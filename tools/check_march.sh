@@ -20,7 +20,11 @@ database=$build/compile_commands.json
 # selected here hold no quotes or backslashes of their own, so unescaping those two suffices.
 mapfile -t commands < <(sed -n 's/^ *"command": "\(.*\)",\{0,1\}$/\1/p' "$database" |
   sed 's/\\"/"/g; s/\\\\/\\/g' | grep -E -- ' -march=native | -DDITOPS_ISA_LEVEL=| -m(avx|sse)')
-[ ${#commands[@]} -gt 0 ] || { echo "check_march: no CPU-specific command in $database" >&2; exit 2; }
+if [ ${#commands[@]} -eq 0 ]; then
+  echo "check_march: no CPU-specific command in $database" >&2
+  exit 2
+fi
+compiler=${commands[0]%% *}
 
 # The flags that target a CPU. A GCC older than the CPU (GCC 12.2 and znver4) gets what its
 # -march=native gives on that CPU: the nearest older -march and the CPU's AVX-512 extensions.
@@ -50,7 +54,7 @@ isa_macros() {
 
 declare -A march_of=() seen=()
 for march in "${targets[@]}"; do
-  march_of[$march]=$(march_flags "$(read -r -a w <<<"${commands[0]}"; echo "${w[0]}")" "$march")
+  march_of[$march]=$(march_flags "$compiler" "$march")
 done
 jobs=()
 for command in "${commands[@]}"; do
@@ -65,10 +69,10 @@ for command in "${commands[@]}"; do
   done
   # The compile without its ISA flags (defines included: kernel variants differ in those too).
   file="${words[-1]} $(printf '%s\n' "${flags[@]}" | grep -v '^-m' | tr '\n' ' ')"
-  seen["$file $(isa_macros "${words[0]}" "${native[@]}" "${flags[@]}")"]=1
+  seen["$file $(isa_macros "$compiler" "${native[@]}" "${flags[@]}")"]=1
   for march in "${targets[@]}"; do
     # shellcheck disable=SC2206 # the target's flags are words
-    line=("${words[0]}" ${march_of[$march]} "${flags[@]}")
+    line=("$compiler" ${march_of[$march]} "${flags[@]}")
     key="$file $(isa_macros "${line[@]}")"
     [ -z "${seen[$key]:-}" ] || continue
     seen[$key]=1

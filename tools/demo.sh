@@ -215,8 +215,10 @@ peers_venv=${DITOPS_PEERS_VENV:-build/peers-venv}
 section_peers() {
   if ! "$peers_venv/bin/python" -c 'import torch, onnxruntime, onnx, numpy' 2>/dev/null; then
     # Headed like bench-peers.sh's report, whose first two lines the summary drops.
-    printf '# Peers\n\n%s %s\n' "PyTorch and ONNX Runtime are not installed in $peers_venv: run" \
-      "tools/bench-peers.sh once (it installs them from PyPI into that virtual environment) to compare." \
+    printf '# Peers\n\n%s %s %s\n' \
+      "PyTorch and ONNX Runtime are not installed in $peers_venv: run" \
+      "tools/bench-peers.sh once (it installs them from PyPI into that virtual environment)" \
+      "to compare." \
       >"$out/peers.md"
     note "skipped: PyTorch and ONNX Runtime are not installed in $peers_venv" \
       "(tools/bench-peers.sh installs them from PyPI)"
@@ -329,12 +331,20 @@ else
 fi
 run_section machine section_machine
 run_section benchmarks section_benchmarks
-if [ "$mode" = tiny ]; then sections+=("sparse: not in --tiny"); else run_section sparse section_sparse; fi
+if [ "$mode" = tiny ]; then
+  sections+=("sparse: not in --tiny")
+else
+  run_section sparse section_sparse
+fi
 run_section linear section_linear
 run_section dit section_dit
 run_section simulator section_simulator
 run_section cpu-vs-simulator section_cpu_vs_simulator
-if [ "$mode" = tiny ]; then sections+=("peers: not in --tiny"); else run_section peers section_peers; fi
+if [ "$mode" = tiny ]; then
+  sections+=("peers: not in --tiny")
+else
+  run_section peers section_peers
+fi
 run_section summary section_summary
 
 {

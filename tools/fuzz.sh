@@ -41,13 +41,17 @@ info=build/asan-ubsan/tools/ditops-info
 # The kernel variant a cap selects on this CPU ("kernel variant" in ditops-info); caps that
 # select a variant already listed (a level the CPU lacks is capped to one it has) are dropped.
 variant_of() { DITOPS_ISA=$1 "$info" | sed -n 's/^ *kernel variant *//p'; }
-declare -A variants=()
+declare -A variant_of_cap=() cap_of_variant=()
 isas=()
 for cap in $(echo "${caps:-avx512,avx512bw,avx2,sse4.2,scalar}" | tr ',' ' '); do
   variant=$(variant_of "$cap")
-  [ -n "$variant" ] || { echo "tools/fuzz.sh: DITOPS_ISA=$cap selects no kernel variant" >&2; exit 2; }
-  [ -z "${variants[$variant]:-}" ] || continue
-  variants[$variant]=$cap
+  if [ -z "$variant" ]; then
+    echo "tools/fuzz.sh: DITOPS_ISA=$cap selects no kernel variant" >&2
+    exit 2
+  fi
+  [ -z "${cap_of_variant[$variant]:-}" ] || continue
+  cap_of_variant[$variant]=$cap
+  variant_of_cap[$cap]=$variant
   isas+=("$cap")
 done
 if [ ${#harnesses[@]} -eq 0 ]; then
@@ -59,7 +63,7 @@ summary=()
 for name in "${harnesses[@]}"; do
   [ -x "build/asan-ubsan/fuzz/$name" ] || { echo "tools/fuzz.sh: no harness $name" >&2; exit 2; }
   for cap in "${isas[@]}"; do
-    variant=$(variant_of "$cap")
+    variant=${variant_of_cap[$cap]}
     log=build/asan-ubsan/runs/$name.$cap.log
     mkdir -p build/asan-ubsan/runs
     echo "== $name, DITOPS_ISA=$cap ($variant; ${limit[*]})"
@@ -70,7 +74,8 @@ for name in "${harnesses[@]}"; do
     executions=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
     line=$(awk -v name="$name" -v variant="$variant" -v runs="${executions:-0}" \
       -v ns=$(($(date +%s%N) - start)) 'BEGIN { s = ns / 1e9
-        printf "%-18s %-17s %10d executions %8.1f s %8.0f exec/s", name, variant, runs, s, runs / s }')
+        printf "%-18s %-17s %10d executions %8.1f s %8.0f exec/s",
+          name, variant, runs, s, runs / s }')
     echo "$line"
     summary+=("$line")
     if [ "$status" -ne 0 ]; then

@@ -737,8 +737,8 @@ inline constexpr std::size_t kMaxStagedRowBytes = 4096;
 ///
 /// Rows that start on a line and fill whole lines are written in place (begin_row returns dst),
 /// as are rows longer than kMaxStagedRowBytes and every row when not streaming: the caller
-/// streams those itself when streams_in_place() says so. The values a row computes do not depend on
-/// where they are written, so staged and direct rows are bit for bit the same.
+/// streams those itself when streams_in_place() says so. The values a row computes do not
+/// depend on where they are written, so staged and direct rows are bit for bit the same.
 template <class Arch, class T>
 class LineStager {
  public:
@@ -752,7 +752,6 @@ class LineStager {
   T* begin_row(T* dst) noexcept {
     const auto address = reinterpret_cast<std::uintptr_t>(dst);
     const std::size_t phase = address % kCacheLineBytes;
-    dst_ = dst;
     staged_ = stream_ && row_bytes_ <= kMaxStagedRowBytes && address % alignof(T) == 0 &&
               (phase != 0 || row_bytes_ % kCacheLineBytes != 0);
     if (!staged_) {
@@ -760,9 +759,10 @@ class LineStager {
       return dst;
     }
     // The pending bytes are the start of this row's first line when the row continues them.
-    if (pending_ != 0 && pending_line_ + pending_to_ != address) flush();
-    valid_from_ = pending_ != 0 ? pending_from_ : phase;
-    pending_ = 0;
+    if (pending_ && pending_line_ + pending_to_ != address) flush();
+    valid_from_ = pending_ ? pending_from_ : phase;
+    valid_to_ = phase + row_bytes_;
+    pending_ = false;
     line_ = address - phase;
     return reinterpret_cast<T*>(buffer_ + phase);
   }
@@ -773,22 +773,21 @@ class LineStager {
   /// Streams the complete lines of a staged row and keeps its incomplete last line pending.
   void end_row() noexcept {
     if (!staged_) return;
-    const std::size_t valid_to = reinterpret_cast<std::uintptr_t>(dst_) - line_ + row_bytes_;
-    const std::size_t whole_end = valid_to / kCacheLineBytes * kCacheLineBytes;
+    const std::size_t whole_end = valid_to_ / kCacheLineBytes * kCacheLineBytes;
     auto* target = reinterpret_cast<std::byte*>(line_);
     for (std::size_t at = 0; at < whole_end; at += kCacheLineBytes) {
       if (at >= valid_from_) {
-        stream_line(target + at, buffer_ + at);
+        move_line<true>(target + at, buffer_ + at);
       } else {  // the row's first line, begun by bytes this stager does not hold
         std::memcpy(target + valid_from_, buffer_ + valid_from_, kCacheLineBytes - valid_from_);
       }
     }
-    if (whole_end < valid_to) {
+    if (whole_end < valid_to_) {
       pending_from_ = std::max(valid_from_, whole_end) - whole_end;
-      pending_to_ = valid_to - whole_end;
+      pending_to_ = valid_to_ - whole_end;
       pending_line_ = line_ + whole_end;
-      copy_line(buffer_, buffer_ + whole_end);  // a whole line: no call, no byte count
-      pending_ = 1;
+      move_line<false>(buffer_, buffer_ + whole_end);  // a whole line: no call, no byte count
+      pending_ = true;
     }
   }
 
@@ -797,35 +796,33 @@ class LineStager {
 
  private:
   void flush() noexcept {
-    if (pending_ == 0) return;
+    if (!pending_) return;
     std::memcpy(reinterpret_cast<std::byte*>(pending_line_) + pending_from_,
                 buffer_ + pending_from_, pending_to_ - pending_from_);
-    pending_ = 0;
+    pending_ = false;
   }
 
-  static void copy_line(std::byte* dst, const std::byte* src) noexcept {
+  /// Copies one line-aligned line (its bits, as floats), streamed to memory or not.
+  template <bool kStream>
+  static void move_line(std::byte* dst, const std::byte* src) noexcept {
     constexpr std::size_t kVectorBytes = F32<Arch>::size * sizeof(float);
     for (std::size_t at = 0; at < kCacheLineBytes; at += kVectorBytes) {
-      F32<Arch>::load_aligned(reinterpret_cast<const float*>(src + at))
-          .store_aligned(reinterpret_cast<float*>(dst + at));
-    }
-  }
-
-  static void stream_line(std::byte* dst, const std::byte* src) noexcept {
-    constexpr std::size_t kVectorBytes = F32<Arch>::size * sizeof(float);
-    for (std::size_t at = 0; at < kCacheLineBytes; at += kVectorBytes) {
-      store_stream<Arch>(reinterpret_cast<float*>(dst + at),
-                         F32<Arch>::load_aligned(reinterpret_cast<const float*>(src + at)));
+      const auto v = F32<Arch>::load_aligned(reinterpret_cast<const float*>(src + at));
+      if constexpr (kStream) {
+        store_stream<Arch>(reinterpret_cast<float*>(dst + at), v);
+      } else {
+        v.store_aligned(reinterpret_cast<float*>(dst + at));
+      }
     }
   }
 
   std::size_t row_bytes_;
   bool stream_;
-  T* dst_ = nullptr;
   bool staged_ = false;
   std::uintptr_t line_ = 0;  ///< the line of the current row's first byte
-  std::size_t valid_from_ = 0;
-  int pending_ = 0;  ///< 1 when buffer_[pending_from_, pending_to_) awaits pending_line_
+  /// The current row's bytes in the buffer (from valid_from_ when earlier bytes are pending).
+  std::size_t valid_from_ = 0, valid_to_ = 0;
+  bool pending_ = false;  ///< buffer_[pending_from_, pending_to_) awaits pending_line_
   std::size_t pending_from_ = 0, pending_to_ = 0;
   std::uintptr_t pending_line_ = 0;
   alignas(kCacheLineBytes) std::byte buffer_[kMaxStagedRowBytes + 2 * kCacheLineBytes];

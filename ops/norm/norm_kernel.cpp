@@ -60,8 +60,7 @@ float sum_squares(const T* x, std::size_t dim) {
 /// the way: the pieces here follow sum_out's cache lines, and a sum split along them would round
 /// differently wherever sum_out starts.
 template <class Arch, class T>
-void add_row(const RowOperands<T>& row, std::size_t dim, bool stream, float* h,
-             bool h_is_sum_out) {
+void add_row(const RowOperands<T>& row, std::size_t dim, bool stream, float* h, bool h_is_sum_out) {
   constexpr std::size_t kLanes = B<Arch>::size;
   simd::for_each_piece<Arch>(
       row.sum_out, dim, stream,
@@ -179,8 +178,6 @@ void scale_row(const S* src, T* out, const float* weight, float inv_rms, std::si
   scale_row<Arch, true>(src, out, weight, inv_rms, dim, stream, next_x, next_residual);
 }
 
-/// Normalizes the Rows rows at the walker and moves it past them; `more_rows`: rows follow in
-/// this thread's range (worth prefetching for long rows).
 /// Where the outputs of rows go: sum_out (the fused residual sum) and out, each through its own
 /// stager (rows that share cache lines are streamed from its buffer).
 template <class Arch, class T>
@@ -190,6 +187,8 @@ struct RowTargets {
       : sum_out(dim, p.stream && p.residual), out(dim, p.stream) {}
 };
 
+/// Normalizes the Rows rows at the walker and moves it past them; `more_rows`: rows follow in
+/// this thread's range (worth prefetching for long rows).
 template <class Arch, class T, int Rows>
 void normalize_rows(const NormProblem& p, core::RowWalker<4>& walker, bool more_rows,
                     float* scratch, RowTargets<Arch, T>& targets) {
@@ -220,7 +219,7 @@ void normalize_rows(const NormProblem& p, core::RowWalker<4>& walker, bool more_
       row.sum_out = targets.sum_out.begin_row(rows[r].sum_out);
       add_row<Arch>(row, dim, targets.sum_out.streams_in_place(), h_of(r), h_is_sum_out);
       targets.sum_out.end_row();
-      sums[r] = sum_squares<Arch>(static_cast<const float*>(h_of(r)), dim);
+      sums[r] = sum_squares<Arch>(h_of(r), dim);
     } else {
       sums[r] = sum_squares<Arch>(rows[r].x, dim);
     }

@@ -473,8 +473,8 @@ void expect_every_line_offset_equal(std::int64_t dim, bool fused) {
     const auto [o, so] = run(offset);
     const std::string context = std::string(dtype_name(detail::dtype_of<T>())) + " D " +
                                 std::to_string(dim) + (fused ? " add_rms_norm" : " rms_norm") +
-                                ", tensors " + std::to_string(offset) +
-                                " bytes past a line, isa " + active_isa_name();
+                                ", tensors " + std::to_string(offset) + " bytes past a line, isa " +
+                                active_isa_name();
     EXPECT_EQ(std::memcmp(o, aligned_out.data(), out.bytes()), 0) << context << ": out differs";
     if (fused) {
       EXPECT_EQ(std::memcmp(so, aligned_sum.data(), sum_out.bytes()), 0)

@@ -73,7 +73,8 @@ inline AttentionRefResult attention_reference(const AttentionRefProblem& p) {
         for (std::int64_t d = 0; d < p.dk; ++d) keys[j * p.dk + d] = p.k(b, j, kvh, d);
         for (std::int64_t d = 0; d < p.dv; ++d) {
           values[j * p.dv + d] = p.v(b, j, kvh, d);
-          result.magnitudes.v_max = std::max(result.magnitudes.v_max, std::fabs(values[j * p.dv + d]));
+          result.magnitudes.v_max =
+              std::max(result.magnitudes.v_max, std::fabs(values[j * p.dv + d]));
         }
       }
       for (std::int64_t i = 0; i < p.q_len; ++i) {

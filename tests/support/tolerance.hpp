@@ -88,11 +88,17 @@ inline double bf16_score_error(const AttentionMagnitudes& m) {
 template <class T>
 Tolerance attention_tolerance(AttentionBackend ran, const AttentionMagnitudes& m) {
   Tolerance tol = flash_tolerance<T>();
-  if (ran == AttentionBackend::flash_bf16) tol.atol += std::expm1(2 * bf16_score_error(m)) * m.v_max;
+  if (ran == AttentionBackend::flash_bf16)
+    tol.atol += std::expm1(2 * bf16_score_error(m)) * m.v_max;
   return tol;
 }
 inline double attention_lse_tolerance(AttentionBackend ran, const AttentionMagnitudes& m) {
   return kLseTolerance + (ran == AttentionBackend::flash_bf16 ? bf16_score_error(m) : 0.0);
+}
+
+/// |got - want| <= atol + rtol |want|: false for a NaN.
+inline bool within(double got, double want, Tolerance tol) {
+  return std::fabs(got - want) <= tol.atol + tol.rtol * std::fabs(want);
 }
 
 /// Checks every element and that no canary around `got` was touched; reports the worst element.
