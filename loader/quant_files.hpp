@@ -21,7 +21,11 @@ inline constexpr std::string_view kInputScale = ".input_scale";
 inline constexpr std::string_view kInputOffset = ".input_offset";
 inline constexpr std::string_view kWeightScale = ".weight_scale";
 inline constexpr std::string_view kWeightOffset = ".weight_offset";
+/// SmoothQuant's per-input-feature factors of layer `name`: `name.div.mul_scale`, described as
+/// FLOAT. msmodelslim's non-fused SmoothQuant wraps the layer: the factors go under `name.div`
+/// and the layer's own tensors under `name.linear` (`name.linear.weight`, ...).
 inline constexpr std::string_view kSmoothScale = ".div.mul_scale";
+inline constexpr std::string_view kSmoothedLinear = ".linear";
 /// A description key that names a layer's algorithm without naming a tensor.
 inline constexpr std::string_view kQuantType = ".quant_type";
 

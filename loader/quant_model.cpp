@@ -36,22 +36,38 @@ using loader::SafetensorsTensor;
 
 /// Where a layer's description entry is, and so where its tensors are.
 struct LayerKey {
-  std::string prefix;  ///< of the layer's tensors: `name`, or `name.linear` for that key form
+  std::string prefix;  ///< of the layer's tensors: `name`, or `name.linear` when smoothed
   QuantAlgo algo;
 };
 
+std::string concat(std::string_view a, std::string_view b) {
+  std::string joined(a);
+  joined += b;
+  return joined;
+}
+
+/// Whether layer `name` has SmoothQuant factors (`name.div.mul_scale`), in the description or
+/// in the weights file.
+bool has_smoothing(const QuantModel::Files& files, std::string_view name) {
+  const std::string factors = concat(name, loader::kSmoothScale);
+  return files.keys.contains(factors) || files.weights.find(factors) != nullptr;
+}
+
 std::optional<LayerKey> find_layer(const QuantModel::Files& files, std::string_view name) {
   const std::string base(name);
-  // The key forms a layer may be described under; the first present wins (a description holds
-  // one of them per layer).
-  const std::pair<std::string, std::string> forms[] = {
-      {base + ".linear" + std::string(loader::kWeight), base + ".linear"},
-      {base + std::string(loader::kWeight), base},
-      {base, base},
-      {base + std::string(loader::kQuantType), base}};
-  for (const auto& [key, prefix] : forms) {
+  // A smoothed layer's entry is `name.linear.weight`; without factors that key belongs to a
+  // layer named `name.linear` (diffusers' AdaLayerNorm has such modules).
+  if (has_smoothing(files, name)) {
+    const std::string wrapped = concat(name, loader::kSmoothedLinear);
+    const auto it = files.keys.find(concat(wrapped, loader::kWeight));
+    if (it != files.keys.end()) return LayerKey{wrapped, it->second};
+  }
+  // The other key forms a layer may be described under; the first present wins (a
+  // description holds one of them per layer).
+  for (const std::string& key :
+       {concat(name, loader::kWeight), base, concat(name, loader::kQuantType)}) {
     const auto it = files.keys.find(key);
-    if (it != files.keys.end()) return LayerKey{prefix, it->second};
+    if (it != files.keys.end()) return LayerKey{base, it->second};
   }
   return std::nullopt;
 }
@@ -66,12 +82,18 @@ bool is_auxiliary_key(std::string_view key) {
   return false;
 }
 
-std::vector<std::string> layer_names_of(const std::map<std::string, QuantAlgo, std::less<>>& keys) {
+std::vector<std::string> layer_names_of(const QuantModel::Files& files) {
   std::set<std::string> names;
-  for (const auto& entry : keys) {
+  for (const auto& entry : files.keys) {
     const std::string_view key = entry.first;
     if (key.ends_with(loader::kWeight)) {
-      names.emplace(key.substr(0, key.size() - loader::kWeight.size()));
+      std::string_view name = key.substr(0, key.size() - loader::kWeight.size());
+      if (name.ends_with(loader::kSmoothedLinear)) {
+        const std::string_view unwrapped =
+            name.substr(0, name.size() - loader::kSmoothedLinear.size());
+        if (has_smoothing(files, unwrapped)) name = unwrapped;
+      }
+      names.emplace(name);
     } else if (key.ends_with(loader::kQuantType)) {
       names.emplace(key.substr(0, key.size() - loader::kQuantType.size()));
     } else if (!is_auxiliary_key(key)) {
@@ -79,6 +101,21 @@ std::vector<std::string> layer_names_of(const std::map<std::string, QuantAlgo, s
     }
   }
   return {names.begin(), names.end()};
+}
+
+/// The tensors a layer of `algo` reads, for messages about one it does not.
+const char* tensors_read(QuantAlgo algo) {
+  switch (algo) {
+    case QuantAlgo::float_linear:
+      return "weight, bias";
+    case QuantAlgo::w8a8_static:
+      return "weight, quant_bias, deq_scale, input_scale, input_offset, bias";
+    case QuantAlgo::w8a8_dynamic:
+      return "weight, weight_scale, weight_offset, bias";
+    case QuantAlgo::w8a8_timestep:
+      return "weight, weight_scale, weight_offset, input_scale, input_offset, bias";
+  }
+  return "";
 }
 
 /// Reads one layer's tensors from the weights file into W8A8Tensors (or a FLOAT layer's weight
@@ -92,8 +129,9 @@ class LayerTensors {
     const auto key = find_layer(files, name);
     if (!key) {
       throw Error(std::string(call) + ": no layer \"" + name_ + "\" in " + files.description_path +
-                  " (none of the keys " + name_ + ".linear.weight, " + name_ + ".weight, " + name_ +
-                  ", " + name_ + ".quant_type)");
+                  " (none of the keys " + name_ + ".weight, " + name_ + ", " + name_ +
+                  ".quant_type, or " + name_ + ".linear.weight beside " + name_ +
+                  ".div.mul_scale)");
     }
     prefix_ = key->prefix;
     algo_ = key->algo;
@@ -127,23 +165,35 @@ class LayerTensors {
       }
     }
     tensors.bias = optional_f32(loader::kBias, out);
-    tensors.smooth_scale = optional_f32(loader::kSmoothScale, in, Values::positive);
+    tensors.smooth_scale = smoothing(in);
+    check_all_read();
     return tensors;
   }
 
-  /// A FLOAT layer's weight (f32 or bf16 [out, in]) and bias (f32 [out] or empty).
+  /// A FLOAT layer's weight (f32 or bf16 [out, in]) and bias (f32 [out] or empty). SmoothQuant
+  /// factors, where a layer that fell back to FLOAT kept them, are folded into an f32 weight:
+  /// (x · m) · Wᵀ = x · (W · diag(m))ᵀ.
   std::pair<TensorView, TensorView> float_weights() {
     const SafetensorsTensor& weight = required(loader::kWeight);
     check_dtype(weight, {"F32", "F16", "BF16"});
     check_rank2(weight);
+    const TensorView factors = smoothing(weight.shape[1]);
     TensorView weight_view;
-    if (weight.dtype == "BF16") {
+    if (weight.dtype == "BF16" && factors.empty()) {
       weight_view = aligned_or_copy<std::uint16_t>(weight);
       weight_view.dtype = DType::bf16;
     } else {
       weight_view = f32_copy(weight, weight.shape, Values::any);
+      auto* values = static_cast<float*>(weight_view.data);
+      const auto* scale = static_cast<const float*>(factors.data);
+      const std::int64_t in = weight.shape[1];
+      for (std::int64_t i = 0; !factors.empty() && i < weight.numel(); ++i) {
+        values[i] *= scale[i % in];
+      }
     }
-    return {weight_view, optional_f32(loader::kBias, weight.shape[0])};
+    const TensorView bias = optional_f32(loader::kBias, weight.shape[0]);
+    check_all_read();
+    return {weight_view, bias};
   }
 
  private:
@@ -156,11 +206,51 @@ class LayerTensors {
                 "): tensor \"" + tensor + "\" in " + files_.weights.path() + " " + problem);
   }
 
-  const SafetensorsTensor& required(std::string_view suffix) const {
-    const std::string tensor = tensor_name(suffix);
+  /// The tensor of that name, or null; remembered as read (check_all_read).
+  const SafetensorsTensor* find(const std::string& tensor) {
     const SafetensorsTensor* found = files_.weights.find(tensor);
+    if (found) read_.insert(tensor);
+    return found;
+  }
+
+  const SafetensorsTensor& required(std::string_view suffix) {
+    const std::string tensor = tensor_name(suffix);
+    const SafetensorsTensor* found = find(tensor);
     if (!found) fail(tensor, "is missing");
     return *found;
+  }
+
+  /// The layer's SmoothQuant factors, f32 [in], or an empty view. They belong to the layer's
+  /// name, not to its tensors' prefix (`name.div.mul_scale` beside `name.linear.weight`).
+  TensorView smoothing(std::int64_t in) {
+    const std::string name = concat(name_, loader::kSmoothScale);
+    const SafetensorsTensor* factors = find(name);
+    if (!factors) {
+      if (files_.keys.contains(name)) fail(name, "is missing (the description lists it)");
+      return {};
+    }
+    return f32_copy(*factors, {in}, Values::positive);
+  }
+
+  /// A tensor under the layer's name that the layer did not read is an Error: a name the
+  /// loader does not understand (another algorithm's parameter, a misspelling, the other key
+  /// form's copy) would otherwise be dropped and the layer computed without it. Tensors of
+  /// modules below the layer (`name.proj.weight`) are theirs, not the layer's.
+  void check_all_read() const {
+    const std::string scope = name_ + ".";
+    for (const std::string& tensor : files_.weights.names_with_prefix(scope)) {
+      if (read_.contains(tensor)) continue;
+      std::string_view rest = std::string_view(tensor).substr(scope.size());
+      if (prefix_ != name_ && rest.starts_with(loader::kSmoothedLinear.substr(1))) {
+        rest.remove_prefix(loader::kSmoothedLinear.size());
+      }
+      const bool layers = rest.find('.') == std::string_view::npos || rest.starts_with("div.");
+      if (layers) {
+        fail(tensor, std::string("is not used by a ") + quant_algo_name(algo_) +
+                         " layer, which reads " + prefix_ + ".{" + tensors_read(algo_) + "} and " +
+                         concat(name_, loader::kSmoothScale));
+      }
+    }
   }
 
   void check_dtype(const SafetensorsTensor& tensor,
@@ -236,7 +326,7 @@ class LayerTensors {
 
   TensorView optional_f32(std::string_view suffix, std::int64_t count,
                           Values values = Values::finite) {
-    const SafetensorsTensor* tensor = files_.weights.find(tensor_name(suffix));
+    const SafetensorsTensor* tensor = find(tensor_name(suffix));
     return tensor ? f32_copy(*tensor, {count}, values) : TensorView{};
   }
 
@@ -269,7 +359,7 @@ class LayerTensors {
   /// Dynamic and timestep layers compute with symmetric weights: a weight_offset, where
   /// msmodelslim writes one, must be all zeros.
   void check_symmetric_weights(std::int64_t out) {
-    const SafetensorsTensor* offset = files_.weights.find(tensor_name(loader::kWeightOffset));
+    const SafetensorsTensor* offset = find(tensor_name(loader::kWeightOffset));
     if (!offset) return;
     const TensorView values = f32_copy(*offset, {out}, Values::finite);
     for (std::int64_t i = 0; i < out; ++i) {
@@ -314,6 +404,7 @@ class LayerTensors {
   std::string name_;
   std::string prefix_;
   QuantAlgo algo_ = QuantAlgo::float_linear;
+  std::set<std::string> read_;  ///< names of the tensors looked up and found
   // Copies the views point into: a deque never moves its elements as it grows.
   std::deque<std::vector<float>> owned_floats_;
   struct AlignedBytes {
@@ -389,10 +480,13 @@ QuantModel QuantModel::load(const std::string& description_path, QuantModelOptio
     }
     weights_path = (description.parent_path() / *weights_name).string();
   }
-  std::vector<std::string> layer_names = layer_names_of(keys);
-  const auto files = std::make_shared<const Files>(
-      Files{description_path, *global_algo, std::move(keys), std::move(layer_names),
-            loader::SafetensorsFile::open(weights_path)});
+  Files loaded{description_path,
+               *global_algo,
+               std::move(keys),
+               {},
+               loader::SafetensorsFile::open(weights_path)};
+  loaded.layer_names = layer_names_of(loaded);
+  const auto files = std::make_shared<const Files>(std::move(loaded));
 
   // Every quantized layer's tensors are checked now, so a broken file fails here and not at
   // the first linear(). FLOAT entries name every other tensor of the model too (norms,

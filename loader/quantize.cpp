@@ -100,6 +100,9 @@ void quantize_layer(const Layer& layer, const SafetensorsFile& weights,
   const bool needs_input = options.algo == QuantAlgo::w8a8_static || options.smooth_alpha;
   if (needs_input) input = calibration_input(*calibration, layer);
 
+  // msmodelslim's layout of a smoothed layer: the factors as `name.div.mul_scale` (FLOAT), the
+  // layer's tensors under `name.linear`.
+  std::string prefix = layer.name;
   if (options.smooth_alpha) {
     const std::vector<float> factors = smooth_factors(weight, input, layer, *options.smooth_alpha);
     std::vector<float> mul_scale(cols);
@@ -108,7 +111,8 @@ void quantize_layer(const Layer& layer, const SafetensorsFile& weights,
     // The layer multiplies x by mul_scale before quantizing: calibrate on what it quantizes.
     for (std::size_t i = 0; i < input.size(); ++i) input[i] *= mul_scale[i % cols];
     output.add(layer.name + std::string(kSmoothScale), "F32", {layer.in}, bytes_of(mul_scale),
-               options.algo);
+               QuantAlgo::float_linear);
+    prefix += kSmoothedLinear;
   }
 
   std::vector<float> weight_scale(rows);
@@ -135,8 +139,7 @@ void quantize_layer(const Layer& layer, const SafetensorsFile& weights,
     }
   }
   const QuantAlgo algo = options.algo;
-  output.add(layer.name + std::string(kWeight), "I8", {layer.out, layer.in}, bytes_of(weight_q),
-             algo);
+  output.add(prefix + std::string(kWeight), "I8", {layer.out, layer.in}, bytes_of(weight_q), algo);
 
   if (algo == QuantAlgo::w8a8_static) {
     // The range holds 0, as PyTorch's observers make it: zero inputs (padding) stay exact.
@@ -163,19 +166,18 @@ void quantize_layer(const Layer& layer, const SafetensorsFile& weights,
       quant_bias[n] =
           static_cast<std::int32_t>(-static_cast<std::int64_t>(input_offset) * row_sums[n]);
     }
-    output.add(layer.name + std::string(kDeqScale), "I64", {layer.out}, bytes_of(deq_scale), algo);
-    output.add(layer.name + std::string(kQuantBias), "I32", {layer.out}, bytes_of(quant_bias),
-               algo);
-    output.add(layer.name + std::string(kInputScale), "F32", {1},
+    output.add(prefix + std::string(kDeqScale), "I64", {layer.out}, bytes_of(deq_scale), algo);
+    output.add(prefix + std::string(kQuantBias), "I32", {layer.out}, bytes_of(quant_bias), algo);
+    output.add(prefix + std::string(kInputScale), "F32", {1},
                bytes_of(std::vector<float>{input_scale}), algo);
-    output.add(layer.name + std::string(kInputOffset), "F32", {1},
+    output.add(prefix + std::string(kInputOffset), "F32", {1},
                bytes_of(std::vector<float>{input_offset}), algo);
   } else {
-    output.add(layer.name + std::string(kWeightScale), "F32", {layer.out}, bytes_of(weight_scale),
+    output.add(prefix + std::string(kWeightScale), "F32", {layer.out}, bytes_of(weight_scale),
                algo);
   }
   if (layer.bias) {
-    output.add(layer.bias->name, "F32", {layer.out},
+    output.add(prefix + std::string(kBias), "F32", {layer.out},
                bytes_of(layer.bias->to_floats(weights.path())), algo);
   }
 }

@@ -335,6 +335,15 @@ std::vector<std::string> SafetensorsFile::names() const {
   return names;
 }
 
+std::vector<std::string> SafetensorsFile::names_with_prefix(std::string_view prefix) const {
+  std::vector<std::string> names;
+  for (auto it = state_->tensors.lower_bound(prefix);
+       it != state_->tensors.end() && it->first.starts_with(prefix); ++it) {
+    names.push_back(it->first);
+  }
+  return names;
+}
+
 const SafetensorsTensor* SafetensorsFile::find(std::string_view name) const noexcept {
   const auto it = state_->tensors.find(name);
   return it == state_->tensors.end() ? nullptr : &it->second;

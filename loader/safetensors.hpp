@@ -68,6 +68,8 @@ class SafetensorsFile {
   const std::string& path() const noexcept;
   /// Tensor names, sorted.
   std::vector<std::string> names() const;
+  /// The names that start with `prefix`, sorted.
+  std::vector<std::string> names_with_prefix(std::string_view prefix) const;
   /// The tensor, or null.
   const SafetensorsTensor* find(std::string_view name) const noexcept;
   /// The tensor; Error naming the file and the tensor if it has none of that name.

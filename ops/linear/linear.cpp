@@ -320,13 +320,13 @@ QuantLinear QuantLinear::w8a8(QuantAlgo algo, const W8A8Tensors& tensors,
         read_floats({kCall, "smooth_scale", tensors.smooth_scale}, definition.k, true);
   }
   if (algo == QuantAlgo::w8a8_static) {
-    definition.deq_scale = read_floats({kCall, "deq_scale", tensors.deq_scale}, n, false);
+    definition.deq_scale = read_floats({kCall, "deq_scale", tensors.deq_scale}, n, true);
     definition.quant_bias =
         read_vector<std::int32_t>({kCall, "quant_bias", tensors.quant_bias}, n, DType::i32);
     definition.input_scale = read_floats({kCall, "input_scale", tensors.input_scale}, 1, true);
     definition.input_offset = read_floats({kCall, "input_offset", tensors.input_offset}, 1, false);
   } else {
-    definition.weight_scale = read_floats({kCall, "weight_scale", tensors.weight_scale}, n, false);
+    definition.weight_scale = read_floats({kCall, "weight_scale", tensors.weight_scale}, n, true);
   }
   if (algo == QuantAlgo::w8a8_timestep) {
     definition.input_scale = read_floats({kCall, "input_scale", tensors.input_scale}, -1, true);

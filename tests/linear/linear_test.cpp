@@ -10,6 +10,7 @@
 #include <cmath>
 #include <ditops/linear.hpp>
 #include <ditops/runtime.hpp>
+#include <functional>
 #include <limits>
 #include <random>
 #include <thread>
@@ -650,6 +651,84 @@ TEST(QuantLinear, RejectsBadLayers) {
     const QuantLinear c = QuantLinear::w8a8(QuantAlgo::w8a8_dynamic, layer.tensors());
     expect_error([&] { QuantLinear::concat_outputs({a, c}); }, "parts[1]");
   }
+}
+
+// Every value linear.hpp promises to check, one violation at a time, on the algorithms that
+// read the value: each is refused naming the argument and the element.
+TEST(QuantLinear, RejectsEveryValueOutsideItsPromise) {
+  std::mt19937 rng(31);
+  Int8Layer good = random_layer(4, 6, rng, true, true);
+  good.input_scale = {0.1f};
+  good.input_offset = {2.f};
+  const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    std::vector<QuantAlgo> algos;
+    std::function<void(Int8Layer&)> change;
+    std::string needle;
+  };
+  const QuantAlgo st = QuantAlgo::w8a8_static, dyn = QuantAlgo::w8a8_dynamic,
+                  ts = QuantAlgo::w8a8_timestep;
+  const std::vector<Case> cases = {
+      {{dyn, ts}, [](Int8Layer& l) { l.weight_scale[1] = -0.5f; }, "weight_scale[1]"},
+      {{dyn, ts}, [](Int8Layer& l) { l.weight_scale[2] = 0.f; }, "weight_scale[2]"},
+      {{dyn, ts}, [&](Int8Layer& l) { l.weight_scale[0] = inf; }, "weight_scale[0]"},
+      {{st}, [](Int8Layer& l) { l.deq_scale[2] = -0.01f; }, "deq_scale[2]"},
+      {{st}, [](Int8Layer& l) { l.deq_scale[0] = 0.f; }, "deq_scale[0]"},
+      {{st, ts}, [](Int8Layer& l) { l.input_scale[0] = -0.1f; }, "input_scale[0]"},
+      {{st, ts}, [&](Int8Layer& l) { l.input_offset[0] = nan; }, "input_offset[0]"},
+      {{st, dyn, ts}, [](Int8Layer& l) { l.smooth[5] = -1.f; }, "smooth_scale[5]"},
+      {{st, dyn, ts}, [](Int8Layer& l) { l.smooth[3] = 0.f; }, "smooth_scale[3]"},
+      {{st, dyn, ts}, [&](Int8Layer& l) { l.smooth[0] = nan; }, "smooth_scale[0]"},
+      {{st, dyn, ts}, [&](Int8Layer& l) { l.bias[3] = inf; }, "bias[3]"},
+      {{st, dyn, ts}, [&](Int8Layer& l) { l.bias[1] = nan; }, "bias[1]"},
+  };
+  for (const Case& c : cases) {
+    for (const QuantAlgo algo : c.algos) {
+      SCOPED_TRACE(std::string(quant_algo_name(algo)) + " " + c.needle);
+      Int8Layer bad = good;
+      c.change(bad);
+      std::shared_ptr<const Timestep> timestep;
+      if (algo == ts) timestep = std::make_shared<Timestep>();
+      ASSERT_NO_THROW(QuantLinear::w8a8(algo, good.tensors(), timestep));
+      try {
+        QuantLinear::w8a8(algo, bad.tensors(), timestep);
+        ADD_FAILURE() << "accepted";
+      } catch (const Error& error) {
+        const std::string message = error.what();
+        EXPECT_NE(message.find("QuantLinear::w8a8"), std::string::npos) << message;
+        EXPECT_NE(message.find(c.needle), std::string::npos) << message;
+      }
+    }
+  }
+  // Types and shapes: quant_bias i32, a static layer's one input_scale, float weights.
+  {
+    W8A8Tensors tensors = good.tensors();
+    std::vector<float> float_bias(4);
+    tensors.quant_bias = view(float_bias.data(), {4});
+    EXPECT_THROW(QuantLinear::w8a8(st, tensors), Error);
+  }
+  {
+    Int8Layer two_steps = good;
+    two_steps.input_scale = {0.1f, 0.2f};
+    two_steps.input_offset = {0.f, 1.f};
+    EXPECT_THROW(QuantLinear::w8a8(st, two_steps.tensors()), Error);
+  }
+  std::vector<float> weight(4 * 6, 1.f), bias(4, 0.f);
+  bias[2] = nan;
+  EXPECT_THROW(QuantLinear::float_linear(view(weight.data(), {4, 6}), view(bias.data(), {4})),
+               Error);
+  std::vector<std::int32_t> int_weight(4 * 6);
+  EXPECT_THROW(QuantLinear::float_linear(view(int_weight.data(), {4, 6}), {}), Error);
+  EXPECT_THROW(TimestepPolicy().set(-1, 2, TimestepMode::dynamic), Error);
+  // Fused parts must quantize x alike: another smooth_scale or another model's timestep.
+  const QuantLinear a = QuantLinear::w8a8(dyn, good.tensors());
+  Int8Layer other_smooth = good;
+  other_smooth.smooth[0] *= 2;
+  EXPECT_THROW(QuantLinear::concat_outputs({a, QuantLinear::w8a8(dyn, other_smooth.tensors())}),
+               Error);
+  const QuantLinear t1 = QuantLinear::w8a8(ts, good.tensors(), std::make_shared<Timestep>());
+  const QuantLinear t2 = QuantLinear::w8a8(ts, good.tensors(), std::make_shared<Timestep>());
+  EXPECT_THROW(QuantLinear::concat_outputs({t1, t2}), Error);
 }
 
 TEST(QuantLinear, RejectsBadForwardArguments) {

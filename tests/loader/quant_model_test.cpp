@@ -72,6 +72,26 @@ struct HandModel {
     description[layer + suffix] = quant_algo_name(algo);
   }
 
+  /// msmodelslim's non-fused SmoothQuant layout: the layer's tensors (and their description
+  /// keys) move to `layer.linear.*`, the factors go to `layer.div.mul_scale`, described FLOAT.
+  void smooth(const std::vector<float>& factors) {
+    const std::string from = layer + ".", to = layer + ".linear.";
+    std::map<std::string, SafetensorsEntry> moved;
+    for (auto& [name, entry] : tensors) {
+      const std::string renamed = name.starts_with(from) ? to + name.substr(from.size()) : name;
+      entry.name = renamed;
+      moved[renamed] = entry;
+      if (renamed != name) {
+        description[renamed] = description[name];
+        description.erase(name);
+      }
+    }
+    tensors = std::move(moved);
+    add_tensor(layer + ".div.mul_scale", "F32", {static_cast<std::int64_t>(factors.size())},
+               bytes_of(factors));
+    description[layer + ".div.mul_scale"] = "FLOAT";
+  }
+
   void add_tensor(const std::string& name, const char* dtype, std::vector<std::int64_t> shape,
                   std::string bytes) {
     // Each entry's bytes live in `storage`, where growing never moves them.
@@ -186,7 +206,9 @@ TEST(QuantModel, KeyFormsNameALayer) {
   hand.description.erase("b");
   hand.description.erase("c.quant_type");
   const QuantModel model = QuantModel::load(hand.write(dir));
-  EXPECT_EQ(model.layer_algo("a"), QuantAlgo::float_linear);
+  // Without SmoothQuant factors `a.div.mul_scale`, `a.linear.weight` is a layer "a.linear"
+  // (diffusers' AdaLayerNorm has such modules), not a smoothed layer "a".
+  EXPECT_THROW(model.layer_algo("a"), Error);
   EXPECT_EQ(model.layer_algo("a.linear"), QuantAlgo::float_linear);
   EXPECT_EQ(model.layer_names(),
             (std::vector<std::string>{"a.linear", "blocks.0.attn.to_q", "norm"}));
@@ -378,11 +400,62 @@ TEST(QuantModel, LayerTensorsAreCheckedAtLoad) {
       ".input_offset", "has 3 steps but blocks.0.attn.to_q.input_scale has 4");
 }
 
+TEST(QuantModel, TensorsALayerDoesNotReadAreRefused) {
+  // Every tensor kind of the layouts, on each algorithm that does not read it, and parameters
+  // of msmodelslim algorithms ditops does not run: none may be dropped silently.
+  const std::vector<std::pair<QuantAlgo, std::vector<std::string>>> unread = {
+      {QuantAlgo::w8a8_static, {".weight_scale", ".weight_offset", ".scale", ".kv_cache_scale"}},
+      {QuantAlgo::w8a8_dynamic,
+       {".deq_scale", ".quant_bias", ".input_scale", ".input_offset", ".scale_bias"}},
+      {QuantAlgo::w8a8_timestep, {".deq_scale", ".quant_bias", ".left_trans", ".div.other"}},
+  };
+  for (const auto& [algo, suffixes] : unread) {
+    for (const std::string& suffix : suffixes) {
+      SCOPED_TRACE(std::string(quant_algo_name(algo)) + suffix);
+      expect_layer_refused(
+          algo,
+          [&](HandModel& hand) {
+            hand.add(suffix, "F32", {2}, bytes_of(std::vector<float>{1.f, 1.f}));
+          },
+          suffix, std::string("is not used by a ") + quant_algo_name(algo) + " layer");
+    }
+  }
+  // A smoothed layer's tensors are under `.linear`: a copy under the other key form is stray.
+  expect_layer_refused(
+      QuantAlgo::w8a8_dynamic,
+      [&](HandModel& hand) {
+        hand.smooth({1.f, 1.f, 1.f});
+        hand.add_tensor(hand.layer + ".weight_scale", "F32", {2},
+                        bytes_of(std::vector<float>{1.f, 1.f}));
+      },
+      ".weight_scale", "blocks.0.attn.to_q.linear.{weight, weight_scale");
+  // Tensors of modules below the layer are theirs: accepted.
+  const TempDir dir("ditops_quant_model");
+  HandModel hand(QuantAlgo::w8a8_dynamic);
+  hand.add_tensor(hand.layer + ".proj.weight", "F32", {2}, bytes_of(std::vector<float>{1, 1}));
+  EXPECT_NO_THROW(QuantModel::load(hand.write(dir)));
+}
+
+TEST(QuantModel, SmoothedLayersAreNamedAsMsmodelslimWrapsThem) {
+  const TempDir dir("ditops_quant_model");
+  HandModel hand(QuantAlgo::w8a8_static);
+  hand.smooth({1.5f, 0.5f, 2.f});
+  const QuantModel model = QuantModel::load(hand.write(dir));
+  // Neither the wrapper's `.div` nor its `.linear` is a layer of its own.
+  EXPECT_EQ(model.layer_names(), (std::vector<std::string>{"blocks.0.attn.to_q", "norm"}));
+  EXPECT_EQ(model.layer_algo("blocks.0.attn.to_q"), QuantAlgo::w8a8_static);
+  EXPECT_THROW(model.layer_algo("blocks.0.attn.to_q.div"), Error);
+
+  // Factors the description lists must be in the weights file.
+  hand.tensors.erase(hand.layer + ".div.mul_scale");
+  expect_load_fails(hand.write(dir), {"tensor \"blocks.0.attn.to_q.div.mul_scale\"",
+                                      "is missing (the description lists it)"});
+}
+
 TEST(QuantModel, AcceptedVariantsOfLayerTensors) {
   const TempDir dir("ditops_quant_model");
   HandModel hand(QuantAlgo::w8a8_static);
-  // deq_scale as F32, scalar input_scale, BF16 offset, smooth scale, an all-zero weight_offset
-  // (ignored by a static layer).
+  // deq_scale as F32, scalar input_scale, BF16 offset, F16 smooth scale, [2, 1] quant_bias.
   hand.add(".deq_scale", "F32", {2}, bytes_of(std::vector<float>{0.01f, 0.02f}));
   hand.add(".input_scale", "F32", {}, bytes_of(std::vector<float>{0.05f}));
   hand.add(".input_offset", "BF16", {1, 1}, bytes_of(std::vector<std::uint16_t>{0xc040}));
@@ -511,6 +584,70 @@ TEST(QuantModelLayers, ComputeTheirAlgorithm) {
         expect_near(run(layer), expected_y(dynamic, {0.1f, 0.2f}, {0, 0}));
       }
     }
+  }
+}
+
+TEST(QuantModelLayers, SmoothedLayersMultiplyXByTheirFactors) {
+  const std::vector<float> factors = {1.5f, 0.25f, 4.f};
+  for (const QuantAlgo algo :
+       {QuantAlgo::w8a8_static, QuantAlgo::w8a8_dynamic, QuantAlgo::w8a8_timestep}) {
+    SCOPED_TRACE(quant_algo_name(algo));
+    const TempDir dir("ditops_quant_model");
+    HandModel hand(algo);
+    hand.smooth(factors);
+    QuantModelOptions options;
+    options.timestep_policy.set(0, TimestepMode::static_params);
+    const QuantModel model = QuantModel::load(hand.write(dir), options);
+    const std::vector<float> y = run(model.linear("blocks.0.attn.to_q"));
+    RefQuant quant, unsmoothed;
+    if (algo == QuantAlgo::w8a8_static) {
+      quant.scale = 0.05f;
+      quant.offset = -3.f;
+    } else if (algo == QuantAlgo::w8a8_dynamic) {
+      quant.dynamic = true;
+    } else {
+      quant.scale = 0.1f;  // step 0: static, input_scale[0], input_offset[0] = 0
+    }
+    unsmoothed = quant;
+    quant.smooth = &factors;
+    const auto expected = [&](const RefQuant& q) {
+      return algo == QuantAlgo::w8a8_static ? expected_y(q, {0.01f, 0.02f}, {3, -4}, true)
+                                            : expected_y(q, {0.1f, 0.2f}, {0, 0});
+    };
+    expect_near(y, expected(quant));
+    // The factors matter for these inputs: without them the output is far off.
+    const EpilogueRef without = expected(unsmoothed);
+    double largest_miss = 0;
+    for (std::size_t i = 0; i < y.size(); ++i) {
+      largest_miss = std::max(largest_miss, std::fabs(y[i] - without.expected[i]) /
+                                                (std::fabs(without.expected[i]) + 1e-3));
+    }
+    EXPECT_GT(largest_miss, 0.1);
+  }
+}
+
+TEST(QuantModelLayers, FloatLayerFoldsKeptSmoothingFactors) {
+  // A layer left in floating point after smoothing keeps the wrapper: y = (x · m) · Wᵀ + b.
+  const std::vector<float> weight = {0.5f, -1.f, 2.f, 0.25f, 1.5f, -0.75f};
+  const std::vector<float> factors = {2.f, 0.5f, 4.f};  // powers of two: the fold is exact
+  for (const char* dtype : {"F32", "BF16"}) {
+    SCOPED_TRACE(dtype);
+    const TempDir dir("ditops_quant_model");
+    HandModel hand(QuantAlgo::w8a8_dynamic);
+    std::vector<std::uint16_t> half;
+    for (const float value : weight) half.push_back(bf16::from_float(value).bits);
+    hand.add_tensor("proj_out.linear.weight", dtype, {2, 3},
+                    std::string(dtype) == "F32" ? bytes_of(weight) : bytes_of(half));
+    hand.add_tensor("proj_out.linear.bias", "F32", {2}, bytes_of(kBias));
+    hand.add_tensor("proj_out.div.mul_scale", "F32", {3}, bytes_of(factors));
+    hand.description["proj_out.linear.weight"] = "FLOAT";
+    hand.description["proj_out.div.mul_scale"] = "FLOAT";
+    const QuantModel model = QuantModel::load(hand.write(dir));
+    std::vector<float> smoothed_x = kX;
+    for (std::size_t i = 0; i < kX.size(); ++i) smoothed_x[i] *= factors[i % 3];
+    const std::vector<double> expected = float_matmul_ref(smoothed_x, weight, kBias, 2, 2, 3);
+    const std::vector<float> y = run(model.linear("proj_out"));
+    for (std::size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], expected[i], 1e-5) << i;
   }
 }
 

@@ -104,17 +104,20 @@ std::vector<float> floats(const SafetensorsFile& file, const std::string& name) 
 }
 
 /// The layer of linear.hpp computed from the written tensors (as QuantLinear must compute it).
-std::vector<double> emulate(const SafetensorsFile& file, const std::string& layer, QuantAlgo algo,
+/// A smoothed layer has its factors at `<name>.div.mul_scale`, its tensors at `<name>.linear.*`.
+std::vector<double> emulate(const SafetensorsFile& file, const std::string& name, QuantAlgo algo,
                             const std::vector<float>& x) {
+  std::vector<float> smooth;
+  RefQuant quant;
+  std::string layer = name;
+  if (const auto* smooth_tensor = file.find(name + ".div.mul_scale")) {
+    smooth = smooth_tensor->to_floats(file.path());
+    quant.smooth = &smooth;
+    layer += ".linear";
+  }
   const auto& weight_tensor = file.get(layer + ".weight");
   const auto* weight_data = reinterpret_cast<const std::int8_t*>(weight_tensor.data);
   const std::vector<std::int8_t> weight(weight_data, weight_data + weight_tensor.bytes);
-  std::vector<float> smooth;
-  RefQuant quant;
-  if (const auto* smooth_tensor = file.find(layer + ".div.mul_scale")) {
-    smooth = smooth_tensor->to_floats(file.path());
-    quant.smooth = &smooth;
-  }
   quant.dynamic = algo == QuantAlgo::w8a8_dynamic;
   if (!quant.dynamic) {
     quant.scale = floats(file, layer + ".input_scale")[0];
@@ -176,11 +179,13 @@ TEST(Quantize, WritesMsmodelslimNamesDtypesAndShapes) {
   EXPECT_EQ(q.report.quantized_layers.size(), 3u);
 
   const SafetensorsFile file = SafetensorsFile::open(q.report.weights_path);
+  // msmodelslim's names for a smoothed layer: the factors at `<name>.div.mul_scale` (FLOAT),
+  // the layer's own tensors at `<name>.linear.*`.
   const std::string to_q = "blocks.0.attn.to_q";
   const std::map<std::string, std::pair<std::string, std::vector<std::int64_t>>> expected = {
-      {".weight", {"I8", {kOut, kIn}}},   {".deq_scale", {"I64", {kOut}}},
-      {".quant_bias", {"I32", {kOut}}},   {".input_scale", {"F32", {1}}},
-      {".input_offset", {"F32", {1}}},    {".bias", {"F32", {kOut}}},
+      {".linear.weight", {"I8", {kOut, kIn}}}, {".linear.deq_scale", {"I64", {kOut}}},
+      {".linear.quant_bias", {"I32", {kOut}}}, {".linear.input_scale", {"F32", {1}}},
+      {".linear.input_offset", {"F32", {1}}},  {".linear.bias", {"F32", {kOut}}},
       {".div.mul_scale", {"F32", {kIn}}},
   };
   std::ifstream description_file(q.report.description_path);
@@ -190,10 +195,12 @@ TEST(Quantize, WritesMsmodelslimNamesDtypesAndShapes) {
     const auto& tensor = file.get(to_q + suffix);
     EXPECT_EQ(tensor.dtype, dtype_shape.first) << suffix;
     EXPECT_EQ(tensor.shape, dtype_shape.second) << suffix;
-    EXPECT_EQ(description[to_q + suffix], "W8A8") << suffix;
+    EXPECT_EQ(description[to_q + suffix], suffix == ".div.mul_scale" ? "FLOAT" : "W8A8") << suffix;
   }
+  EXPECT_EQ(file.find(to_q + ".weight"), nullptr);
+  EXPECT_EQ(file.find(to_q + ".linear.div.mul_scale"), nullptr);
   // Weights in [-127, 127]; each row reaches 127 in magnitude (per-channel max scaling).
-  const auto* w = reinterpret_cast<const std::int8_t*>(file.get(to_q + ".weight").data);
+  const auto* w = reinterpret_cast<const std::int8_t*>(file.get(to_q + ".linear.weight").data);
   for (std::int64_t n = 0; n < kOut; ++n) {
     int max = 0;
     for (std::int64_t k = 0; k < kIn; ++k) {
