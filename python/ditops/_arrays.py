@@ -1,0 +1,62 @@
+"""What every call shares: telling torch tensors from numpy arrays, making outputs of the
+caller's kind, refusing calls that would need a gradient."""
+
+import numpy as np
+
+try:
+    import torch
+except ImportError:  # numpy-only use
+    torch = None
+
+
+def is_torch(value):
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def torch_compiling(value):
+    """Whether torch.compile is tracing a call on `value` (a torch tensor)."""
+    return is_torch(value) and torch.compiler.is_compiling()
+
+
+def empty(like, shape, dtype=None):
+    """An uninitialized output of `like`'s kind (torch tensor or numpy array) and device.
+    `dtype` None: like's; else a numpy dtype name ("float32", "int32", "bool")."""
+    if is_torch(like):
+        torch_dtype = like.dtype if dtype is None else getattr(torch, dtype)
+        return torch.empty(shape, dtype=torch_dtype, device=like.device)
+    return np.empty(shape, dtype=like.dtype if dtype is None else dtype)
+
+
+def int32_vector(values, like):
+    """cu_seqlens / seq_lens: a contiguous int32 vector of `like`'s kind, from a list, a numpy
+    array or a tensor (copied only when not already that)."""
+    if is_torch(like):
+        values = torch.as_tensor(values, dtype=torch.int32, device="cpu")
+        return values.contiguous()
+    return np.ascontiguousarray(np.asarray(values, dtype=np.int32))
+
+
+def float32_mask(mask):
+    """An additive mask of another float dtype as float32 (the kernels take f32 or bool)."""
+    if mask is None:
+        return None
+    if is_torch(mask):
+        if mask.dtype in (torch.bool, torch.float32):
+            return mask
+        return mask.to(torch.float32)
+    if mask.dtype in (np.bool_, np.float32):
+        return mask
+    return mask.astype(np.float32)
+
+
+def forbid_grad(call, *tensors):
+    """ditops computes forward passes only: a call that autograd would have to differentiate
+    raises here instead of returning outputs without a gradient."""
+    if torch is None or not torch.is_grad_enabled():
+        return
+    for tensor in tensors:
+        if is_torch(tensor) and tensor.requires_grad:
+            raise RuntimeError(
+                f"ditops.{call} is forward-only (no gradient); an input requires grad: call it "
+                "under torch.no_grad() or torch.inference_mode(), or detach the inputs"
+            )

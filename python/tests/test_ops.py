@@ -1,0 +1,330 @@
+"""Every operator against torch's own math in float64 (conftest.reference_attention and the
+formulas of docs/operators.md): dtypes, layouts, masks, strided and sliced inputs, out=, numpy
+arrays, bad inputs (ValueError, nothing written), the torch.library registrations (opcheck),
+the gradient refusal and the GIL released while a kernel runs."""
+
+import math
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import ditops
+from conftest import close, reference_attention
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape).to(dtype)
+
+
+# ---- attention -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_first", [False, True], ids=["BSND", "BNSD"])
+def test_attention_matches_reference(dtype, head_first, threads):
+    b, sq, sk, n, d = 2, 67, 131, 3, 64
+    shape = (b, n, sq, d) if head_first else (b, sq, n, d)
+    kv_shape = (b, n, sk, d) if head_first else (b, sk, n, d)
+    q, k, v = randn(*shape, dtype=dtype), randn(*kv_shape, dtype=dtype), randn(*kv_shape,
+                                                                             dtype=dtype)
+    out, lse = ditops.attention_forward(q, k, v, head_first=head_first, return_lse=True)
+    want, want_lse = reference_attention(q, k, v, head_first=head_first)
+    assert out.dtype == dtype and out.shape == q.shape
+    close(out, want)
+    torch.testing.assert_close(lse.double(), want_lse, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_masks_scale_gqa(causal):
+    b, sq, sk, n, kv_n, d = 1, 40, 72, 4, 2, 32
+    q, k, v = randn(b, sq, n, d), randn(b, sk, kv_n, d), randn(b, sk, kv_n, d)
+    keep = torch.rand(sq, sk) > 0.3
+    keep[:, -1] = True  # every row keeps a key (causal keeps the last one too)
+    broadcast = torch.rand(1, n, sq, sk) > 0.3
+    broadcast[..., -1] = True
+    additive = torch.randn(b, 1, sq, sk)
+    for mask in (None, keep, broadcast, additive, additive.to(torch.bfloat16)):
+        out = ditops.attention_forward(q, k, v, mask, scale=0.3, causal=causal)
+        want, _ = reference_attention(q, k, v, mask, scale=0.3, causal=causal)
+        close(out, want)
+
+
+def test_attention_on_views_and_numpy():
+    # q, k and v as slices of one fused projection (strided rows), a BSND view of a BNSD tensor.
+    qkv = randn(2, 50, 3, 4, 32)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    assert not q.is_contiguous()
+    want, _ = reference_attention(q, k, v)
+    close(ditops.attention_forward(q, k, v), want)
+    bnsd = randn(2, 4, 50, 32)
+    close(ditops.attention_forward(bnsd.transpose(1, 2), k, v),
+          reference_attention(bnsd.transpose(1, 2), k, v)[0])
+    # numpy in, numpy out
+    out = ditops.attention_forward(q.numpy(), k.numpy(), v.numpy())
+    assert isinstance(out, np.ndarray)
+    close(torch.from_numpy(out), want)
+
+
+def test_attention_out_is_written_in_place():
+    q, k, v = randn(1, 33, 2, 16), randn(1, 33, 2, 16), randn(1, 33, 2, 16)
+    out = torch.empty_like(q)
+    pointer = out.data_ptr()
+    result = ditops.attention_forward(q, k, v, out=out)
+    assert result is out and out.data_ptr() == pointer
+    close(out, reference_attention(q, k, v)[0])
+    # An output row slice of a larger buffer: written where it lies.
+    wide = torch.zeros(1, 33, 4, 16)
+    ditops.attention_forward(q, k, v, out=wide[:, :, 1:3])
+    close(wide[:, :, 1:3], reference_attention(q, k, v)[0])
+    assert torch.all(wide[:, :, 0] == 0) and torch.all(wide[:, :, 3] == 0)
+
+
+def test_attention_backends_and_reference_math():
+    q, k, v = randn(1, 64, 2, 32), randn(1, 64, 2, 32), randn(1, 64, 2, 32)
+    want, _ = reference_attention(q, k, v)
+    for backend in ("reference", "flash"):
+        close(ditops.attention_forward(q, k, v, backend=backend), want)
+    close(ditops.attention_forward(q, k, v, fused=False), want)
+    chosen, detail, _ = ditops.select_attention(q, k, v)
+    assert chosen in ditops.backend_names() and detail
+
+
+def test_bad_arguments_raise_and_write_nothing():
+    q, k, v = randn(1, 16, 2, 8), randn(1, 16, 2, 8), randn(1, 16, 2, 8)
+    out = torch.full_like(q, 7.0)
+    with pytest.raises(ValueError, match="attention_forward"):
+        ditops.attention_forward(q, k[:, :, :1], v[:, :, :1].expand(1, 16, 2, 8).clone()[:, :5],
+                                 out=out)
+    assert torch.all(out == 7.0)
+    with pytest.raises(ValueError, match="overlap"):
+        ditops.attention_forward(q, k, v, out=q)
+    with pytest.raises(ValueError, match="backend"):
+        ditops.attention_forward(q, k, v, backend="fastest")
+    with pytest.raises(ValueError):
+        ditops.attention_forward(q.to(torch.float64), k, v)
+    with pytest.raises(ValueError, match="rank 4|shape"):
+        ditops.attention_forward(q[0], k[0], v[0], return_lse=True)
+    with pytest.raises(TypeError):
+        ditops.attention_forward(q, k, v, window=3)
+    assert issubclass(ditops.Error, ValueError)
+
+
+def test_varlen_matches_each_sequence():
+    lengths_q, lengths_k = [5, 17, 1], [9, 17, 30]
+    n, kv_n, d = 4, 2, 32
+    q, k, v = randn(sum(lengths_q), n, d), randn(sum(lengths_k), kv_n, d), randn(
+        sum(lengths_k), kv_n, d)
+    cu_q = np.cumsum([0] + lengths_q)
+    cu_k = np.cumsum([0] + lengths_k)
+    for causal in (False, True):
+        out = ditops.attention_forward_varlen(q, k, v, cu_q, cu_k, max(lengths_q),
+                                              max(lengths_k), causal=causal)
+        for i in range(3):
+            rows = slice(cu_q[i], cu_q[i + 1])
+            keys = slice(cu_k[i], cu_k[i + 1])
+            want, _ = reference_attention(q[None, rows], k[None, keys], v[None, keys],
+                                          causal=causal)
+            close(out[rows], want[0])
+    with pytest.raises(ValueError, match="dropout_p"):
+        ditops.attention_forward_varlen(q, k, v, cu_q, cu_k, dropout_p=0.1)
+
+
+# ---- rope, norms, guidance ---------------------------------------------------------------------
+
+
+def rope_reference(x, cos, sin, interleaved, head_first):
+    x64 = x.double()
+    if interleaved:
+        rotated = torch.stack((-x64[..., 1::2], x64[..., 0::2]), dim=-1).flatten(-2)
+    else:
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x64[..., half:], x64[..., :half]), dim=-1)
+    shape = (1, 1, *cos.shape) if head_first else (1, cos.shape[0], 1, cos.shape[1])
+    return x64 * cos.double().reshape(shape) + rotated * sin.double().reshape(shape)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mode", ["rotated_half", "rotated_interleaved"])
+@pytest.mark.parametrize("head_first", [False, True], ids=["BSND", "BNSD"])
+def test_rope_matches_formula(dtype, mode, head_first):
+    s, n, d = 37, 3, 64
+    x = randn(*((2, n, s, d) if head_first else (2, s, n, d)), dtype=dtype)
+    angles = torch.rand(s, d // 2) * 6
+    if mode == "rotated_half":
+        angles = torch.cat((angles, angles), dim=-1)
+    else:
+        angles = angles.repeat_interleave(2, dim=-1)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    out = ditops.rotary_position_embedding(x, cos, sin, rotated_mode=mode, head_first=head_first)
+    close(out, rope_reference(x, cos, sin, mode == "rotated_interleaved", head_first))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rms_norms_match_formula(dtype, threads):
+    x, residual = randn(3, 29, 200, dtype=dtype), randn(3, 29, 200, dtype=dtype)
+    weight = randn(200, dtype=dtype)
+
+    def reference(h):
+        h = h.double()
+        return h / torch.sqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.double()
+
+    close(ditops.rms_norm(x, weight), reference(x))
+    out, total = ditops.add_rms_norm(x, residual, weight)
+    close(total, x.double() + residual.double())
+    close(out, reference(x.double() + residual.double()), dtype)
+    module = ditops.RMSNorm(200, eps=1e-6, dtype=dtype)
+    module.weight.copy_(weight)
+    close(module(x), reference(x))
+    # A strided input: every other row.
+    close(ditops.rms_norm(x[:, ::2], weight), reference(x[:, ::2]))
+
+
+def test_cfg_combine():
+    cond, uncond = randn(2, 16, 300), randn(2, 16, 300)
+    want = uncond.double() + 4.5 * (cond.double() - uncond.double())
+    close(ditops.cfg_combine(cond, uncond, 4.5), want)
+    out = torch.empty_like(cond)
+    assert ditops.cfg_combine(cond, uncond, 4.5, out=out) is out
+    close(out, want)
+
+
+# ---- sparse attention ----------------------------------------------------------------------------
+
+
+def test_block_sparse_attention_equals_the_expanded_mask():
+    b, s, n, d, block = 1, 300, 2, 64, 64
+    q, k, v = randn(b, s, n, d), randn(b, s, n, d), randn(b, s, n, d)
+    blocks = math.ceil(s / block)
+    block_mask = torch.rand(b, n, blocks, blocks) > 0.5
+    block_mask[..., 0] = True
+    tokens = block_mask.repeat_interleave(block, -1).repeat_interleave(block, -2)[..., :s, :s]
+    out = ditops.block_sparse_attention(q, k, v, block_mask, block)
+    close(out, reference_attention(q, k, v, tokens)[0])
+
+
+def test_sparse_attention_rf_v2():
+    frames, height, width, text = 3, 8, 12, 40
+    s = frames * height * width + text
+    q, k, v = randn(1, 2, s, 64), randn(1, 2, s, 64), randn(1, 2, s, 64)
+    dense = reference_attention(q, k, v, head_first=True)[0]
+    kwargs = dict(sparse_type="rf_v2", txt_len=text, latent_shape_q=[frames, height, width],
+                  block_size=64)
+    # Sparsity 0 keeps every block: dense attention.
+    close(ditops.sparse_attention(q, k, v, sparsity=0.0, **kwargs), dense)
+    # Sparsity 0.5: every query block keeps the forced (text, first-frame) blocks and the
+    # highest-scoring others by pooled q·k, as the documented rule says.
+    out = ditops.sparse_attention(q, k, v, sparsity=0.5, **kwargs)
+    blocks = math.ceil(s / 64)
+    pooled = [torch.stack([t[0, h, i * 64:(i + 1) * 64].double().mean(0) for i in range(blocks)])
+              for t in (q, k) for h in range(2)]
+    forced = torch.zeros(blocks, dtype=torch.bool)
+    token_forced = torch.zeros(s, dtype=torch.bool)
+    token_forced[:text + height * width] = True  # text first, then frame 0
+    for i in range(blocks):
+        forced[i] = token_forced[i * 64:(i + 1) * 64].any()
+    keep_count = math.ceil(0.5 * blocks)
+    mask = torch.zeros(1, 2, blocks, blocks, dtype=torch.bool)
+    for h in range(2):
+        scores = pooled[h] @ pooled[2 + h].T / 8.0
+        for i in range(blocks):
+            if forced[i]:
+                mask[0, h, i] = True
+                continue
+            mask[0, h, i, forced] = True
+            others = [j for j in torch.argsort(-scores[i], stable=True).tolist() if not forced[j]]
+            for j in others[:max(0, keep_count - int(forced.sum()))]:
+                mask[0, h, i, j] = True
+    mask[0, :, :, forced] = True
+    tokens = mask.repeat_interleave(64, -1).repeat_interleave(64, -2)[..., :s, :s]
+    close(out, reference_attention(q, k, v, tokens, head_first=True)[0])
+    # Dense through sparse_type None.
+    close(ditops.sparse_attention(q, k, v), dense)
+
+
+def test_rainfusion_dense_heads_are_dense_attention():
+    frames, height, width = 3, 6, 8
+    s = frames * height * width
+    q, k, v = randn(1, s, 2, 32), randn(1, s, 2, 32), randn(1, s, 2, 32)
+    out = ditops.rainfusion_attention(q, k, v, [frames, height, width],
+                                      patterns=["dense", "dense"])
+    close(out, reference_attention(q, k, v)[0])
+    classified = ditops.rainfusion_attention(q, k, v, [frames, height, width], sparsity=0.5)
+    assert classified.shape == q.shape and torch.isfinite(classified).all()
+
+
+# ---- torch integration ---------------------------------------------------------------------------
+
+
+def test_custom_ops_pass_opcheck():
+    q, k, v = randn(1, 24, 2, 16), randn(1, 24, 2, 16), randn(1, 24, 2, 16)
+    x, w = randn(2, 5, 48), randn(48)
+    angles = torch.rand(24, 16)
+    checks = [
+        (torch.ops.ditops.attention_forward, (q, k, v, None, None, False, False, "automatic",
+                                              True, 2)),
+        (torch.ops.ditops.rms_norm, (x, w, 1e-6)),
+        (torch.ops.ditops.add_rms_norm, (x, x, w, 1e-6)),
+        (torch.ops.ditops.rotary_position_embedding, (q, angles.cos(), angles.sin(),
+                                                      "rotated_half", False)),
+        (torch.ops.ditops.cfg_combine, (x, x, 2.0)),
+    ]
+    for op, args in checks:
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_gradients_are_refused():
+    with torch.enable_grad():
+        q = randn(1, 8, 2, 16).requires_grad_()
+        with pytest.raises(RuntimeError, match="forward-only"):
+            ditops.attention_forward(q, q.detach(), q.detach())
+        x = randn(2, 32).requires_grad_()
+        with pytest.raises(RuntimeError, match="forward-only"):
+            ditops.rms_norm(x, torch.ones(32))
+        # Through the registered op, autograd refuses the backward pass.
+        y = torch.ops.ditops.rms_norm(x, torch.ones(32), 1e-6)
+        with pytest.raises(RuntimeError, match="forward-only"):
+            y.sum().backward()
+
+
+def test_compiled_function_agrees():
+    def block(x, w, q, k, v, cos, sin):
+        h = ditops.rms_norm(x, w)
+        qr = ditops.rotary_position_embedding(q, cos, sin)
+        return h, ditops.attention_forward(qr, k, v)
+
+    args = (randn(2, 40, 64), randn(64), randn(2, 40, 2, 32), randn(2, 40, 2, 32),
+            randn(2, 40, 2, 32), torch.rand(40, 32).cos(), torch.rand(40, 32).sin())
+    compiled = torch.compile(block, fullgraph=True, backend="eager")
+    for got, want in zip(compiled(*args), block(*args)):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_gil_is_released_while_a_kernel_runs():
+    # Another Python thread records the time while the main thread is inside one C++ call: had
+    # the call kept the GIL, no record could fall inside it.
+    q = randn(1, 2048, 4, 64)
+    out = torch.empty_like(q)
+    stamps = []
+    running = threading.Event()
+
+    def record():
+        running.wait()
+        while running.is_set():
+            stamps.append(time.perf_counter())
+
+    recorder = threading.Thread(target=record)
+    recorder.start()
+    running.set()
+    start = time.perf_counter()
+    ditops._ditops.attention_forward(q, q, q, out, None, None, None, False, False, "reference",
+                                     2)
+    end = time.perf_counter()
+    running.clear()
+    recorder.join()
+    margin = (end - start) / 4
+    assert any(start + margin < t < end - margin for t in stamps)
