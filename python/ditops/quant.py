@@ -4,15 +4,18 @@ built from the export's tensors (MindIE-SD's quantize). TimestepPolicyConfig pic
 denoising steps that use static activation parameters in W8A8_TIMESTEP layers, and
 set_timestep(model, step) moves one model's step."""
 
+import atexit
+
 import torch
 
 from . import _ditops
 from ._op import Op, call
 from ._arrays import forbid_grad
 
-# The layers built so far, by id: a custom op takes the id (an int the graph can hold), not
-# the C++ object.
+# The layers of the live QuantLinear modules, by id: a custom op takes the id (an int the graph
+# can hold), not the C++ object. Emptied at exit, before the module's types go.
 _LAYERS = {}
+atexit.register(_LAYERS.clear)
 
 
 def _linear_shape(x, layer_id, activation):
@@ -40,6 +43,9 @@ class QuantLinear(torch.nn.Module):
         self.name = name
         self.in_features = layer.in_features
         self.out_features = layer.out_features
+
+    def __del__(self):
+        _LAYERS.pop(self.layer_id, None)
 
     def forward(self, x):
         forbid_grad("QuantLinear", x)

@@ -1,0 +1,381 @@
+"""ditops inside diffusers: `enable(model)` routes every attention of a diffusers transformer
+(FLUX, Wan 2.x, CogVideoX, HunyuanVideo, and any model whose processors call diffusers'
+attention dispatcher) through ditops, and its q/k RMSNorms and rotary embeddings too;
+`disable(model)` restores diffusers' own.
+
+How: ditops registers attention backends in diffusers' dispatcher registry under the names
+"ditops" (dense), "ditops_int8" and "ditops_rainfusion" and selects one on the model's
+processors (model.set_attention_backend). CogVideoX's processors call torch's SDPA directly, so
+they are replaced by one that calls the dispatcher. The q/k RMSNorm modules become ditops
+RMSNorms over the same weights. diffusers' `apply_rotary_emb` (FLUX, HunyuanVideo, CogVideoX) is
+replaced, while any model is enabled, by the same math on ditops' kernel (falling back to
+diffusers' own for the forms the kernel does not take); Wan's self-attention processor, whose
+rotary embedding is local to it, is replaced by one that applies it on ditops."""
+
+import contextlib
+
+import torch
+
+from . import ops
+
+_BACKENDS = {"dense": "ditops", "int8": "ditops_int8", "rainfusion": "ditops_rainfusion"}
+
+# The options of the RainFusion backend and the video layout of the model running now (set by
+# a forward pre-hook from the model's input: the backend function sees only q, k and v).
+_rainfusion = {"sparsity": 0.75, "block_size": 128, "layout": None}
+
+
+def _diffusers():
+    import diffusers.models.attention_dispatch as dispatch
+    import diffusers.models.embeddings as embeddings
+
+    return dispatch, embeddings
+
+
+# ---- attention backends ------------------------------------------------------------------------
+
+
+def _key_padding(attn_mask, query, key):
+    """diffusers passes a 2-D mask [B, S_kv] as key padding (as its native backend reads it)."""
+    if attn_mask is not None and attn_mask.ndim == 2 and tuple(attn_mask.shape) == (
+            query.shape[0], key.shape[1]):
+        return attn_mask[:, None, None, :]
+    return attn_mask
+
+
+def _checked(dropout_p, _parallel_config):
+    if dropout_p:
+        raise ValueError(f"ditops attention: dropout_p ({dropout_p}) must be 0 (inference)")
+    if _parallel_config is not None:
+        raise NotImplementedError("ditops attention: diffusers' context parallelism is not "
+                                  "supported by the ditops backends")
+
+
+def _lse_for_diffusers(result, return_lse):
+    if not return_lse:
+        return result
+    out, lse = result
+    return out, lse.transpose(1, 2)  # diffusers' lse is [B, S, N]
+
+
+def _dense(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+           enable_gqa=False, return_lse=False, _parallel_config=None):
+    _checked(dropout_p, _parallel_config)
+    mask = _key_padding(attn_mask, query, key)
+    return _lse_for_diffusers(ops.attention_forward(query, key, value, mask, scale,
+                                                    causal=is_causal, return_lse=return_lse),
+                              return_lse)
+
+
+def _int8(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+          enable_gqa=False, return_lse=False, _parallel_config=None):
+    _checked(dropout_p, _parallel_config)
+    mask = _key_padding(attn_mask, query, key)
+    return _lse_for_diffusers(ops.attention_forward(query, key, value, mask, scale,
+                                                    causal=is_causal, return_lse=return_lse,
+                                                    backend="int8"), return_lse)
+
+
+def _rainfusion_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                          scale=None, enable_gqa=False, return_lse=False, _parallel_config=None):
+    """RainFusion's adaptive blocks on self-attention over the model's whole token layout;
+    every other attention (cross-attention, masked, causal) is dense."""
+    _checked(dropout_p, _parallel_config)
+    layout = _rainfusion["layout"]
+    tokens = None if layout is None else (
+        layout["frames"] * layout["height"] * layout["width"] + layout["text"])
+    if (tokens is None or attn_mask is not None or is_causal or return_lse
+            or query.shape[1] != tokens or key.shape[1] != tokens):
+        return _dense(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                      return_lse, _parallel_config)
+    return ops.sparse_attention(
+        query, key, value, scale=scale, input_layout="BSND", sparse_type="rf_v2",
+        txt_len=layout["text"], text_first=layout["text_first"],
+        latent_shape_q=[layout["frames"], layout["height"], layout["width"]],
+        block_size=_rainfusion["block_size"], sparsity=_rainfusion["sparsity"])
+
+
+_FUNCTIONS = {"ditops": _dense, "ditops_int8": _int8, "ditops_rainfusion": _rainfusion_attention}
+
+
+def _backend_member(name):
+    """The dispatcher's AttentionBackendName member `name`, added to the enum (whose members
+    set_attention_backend accepts) and registered on first use."""
+    dispatch, _ = _diffusers()
+    names = dispatch.AttentionBackendName
+    if name not in names._value2member_map_:
+        member = str.__new__(names, name)
+        member._name_, member._value_ = name.upper(), name
+        setattr(names, name.upper(), member)
+        names._member_map_[name.upper()] = member
+        names._member_names_.append(name.upper())
+        names._value2member_map_[name] = member
+    member = names(name)
+    registry = dispatch._AttentionBackendRegistry
+    if member not in registry._backends:
+        registry.register(member, constraints=[dispatch._check_device, dispatch._check_shape])(
+            _FUNCTIONS[name])
+    return member
+
+
+# ---- q/k RMSNorm ---------------------------------------------------------------------------------
+
+
+class _RMSNorm(torch.nn.Module):
+    """A model's torch.nn.RMSNorm or diffusers RMSNorm, on ditops: the same weight (shared,
+    not copied) and eps."""
+
+    def __init__(self, original):
+        super().__init__()
+        self.original = [original]  # not a submodule: state_dict keeps the model's own names
+        self.weight = original.weight
+        self.eps = original.eps  # None: torch.nn.RMSNorm's default, the input dtype's epsilon
+
+    def forward(self, x):
+        weight = self.weight
+        if weight.dtype not in (x.dtype, torch.float32):
+            weight = weight.to(x.dtype)
+        eps = torch.finfo(x.dtype).eps if self.eps is None else float(self.eps)
+        return ops.rms_norm(x, weight, eps)
+
+
+def _is_rms_norm(module):
+    from diffusers.models.normalization import RMSNorm
+
+    return isinstance(module, (torch.nn.RMSNorm, RMSNorm)) and getattr(
+        module, "weight", None) is not None
+
+
+_QK_NORMS = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")
+
+
+# ---- rotary embeddings ---------------------------------------------------------------------------
+
+_rope_users = 0
+_original_rope = {}
+
+
+def _ditops_apply_rotary_emb(x, freqs_cis, use_real=True, use_real_unbind_dim=-1,
+                             sequence_dim=2):
+    """diffusers' apply_rotary_emb on ditops for its common form (real cos/sin [S, D],
+    interleaved pairs, sequence dim 1 or 2): the same fp32 math, rounded once."""
+    original = _original_rope["function"]
+    if (not use_real or use_real_unbind_dim != -1 or sequence_dim not in (1, 2)
+            or not isinstance(freqs_cis, (tuple, list)) or x.ndim != 4
+            or x.dtype not in (torch.float32, torch.bfloat16, torch.float16)):
+        return original(x, freqs_cis, use_real, use_real_unbind_dim, sequence_dim)
+    cos, sin = freqs_cis
+    if cos.ndim != 2 or cos.dtype not in (torch.float32, x.dtype):
+        return original(x, freqs_cis, use_real, use_real_unbind_dim, sequence_dim)
+    return ops.rotary_position_embedding(x, cos, sin, rotated_mode="rotated_interleaved",
+                                         head_first=sequence_dim == 2)
+
+
+def _rope_modules():
+    import diffusers.models.attention_processor as processors
+    import diffusers.models.transformers.transformer_flux as flux
+
+    _, embeddings = _diffusers()
+    return [embeddings, flux, processors]
+
+
+def _patch_rope(enable):
+    global _rope_users
+    _rope_users += 1 if enable else -1
+    modules = _rope_modules()
+    if enable and _rope_users == 1:
+        _original_rope["function"] = modules[0].apply_rotary_emb
+        for module in modules:
+            module.apply_rotary_emb = _ditops_apply_rotary_emb
+    elif not enable and _rope_users == 0:
+        for module in modules:
+            module.apply_rotary_emb = _original_rope["function"]
+
+
+def _wan_processor_class():
+    from diffusers.models.transformers.transformer_wan import WanAttnProcessor
+
+    class WanDitopsAttnProcessor(WanAttnProcessor):
+        """Wan's self-attention processor with its rotary embedding on ditops (freqs laid out
+        c0, c0, c1, c1, ...: interleaved pairs, computed in fp32). Cross-attention and image
+        (I2V) attention go to Wan's own processor."""
+
+        def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                     rotary_emb=None):
+            if (encoder_hidden_states is not None or rotary_emb is None
+                    or attn.add_k_proj is not None):
+                return super().__call__(attn, hidden_states, encoder_hidden_states,
+                                        attention_mask, rotary_emb)
+            from diffusers.models.transformers.transformer_wan import _get_qkv_projections
+
+            query, key, value = _get_qkv_projections(attn, hidden_states, None)
+            query = attn.norm_q(query).unflatten(2, (attn.heads, -1))
+            key = attn.norm_k(key).unflatten(2, (attn.heads, -1))
+            value = value.unflatten(2, (attn.heads, -1))
+            cos, sin = (f.reshape(f.shape[1], f.shape[3]) for f in rotary_emb)
+            query = ops.rotary_position_embedding(query, cos, sin, "rotated_interleaved")
+            key = ops.rotary_position_embedding(key, cos, sin, "rotated_interleaved")
+            dispatch, _ = _diffusers()
+            hidden_states = dispatch.dispatch_attention_fn(
+                query, key, value, attn_mask=attention_mask, backend=self._attention_backend,
+                parallel_config=self._parallel_config)
+            hidden_states = hidden_states.flatten(2, 3).type_as(query)
+            return attn.to_out[1](attn.to_out[0](hidden_states))
+
+    return WanDitopsAttnProcessor
+
+
+def _cogvideox_processor_class():
+    _, embeddings = _diffusers()
+
+    class CogVideoXDitopsAttnProcessor:
+        """CogVideoX's joint attention (text first, rotary embedding on the video tokens)
+        through diffusers' dispatcher, where the original calls torch's SDPA."""
+
+        _attention_backend = None
+        _parallel_config = None
+
+        def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask=None,
+                     image_rotary_emb=None):
+            dispatch, embeddings = _diffusers()
+            text = encoder_hidden_states.size(1)
+            hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
+            batch, tokens, _ = hidden_states.shape
+            if attention_mask is not None:
+                attention_mask = attn.prepare_attention_mask(attention_mask, tokens, batch)
+                attention_mask = attention_mask.view(batch, attn.heads, -1,
+                                                     attention_mask.shape[-1])
+            query = attn.to_q(hidden_states).unflatten(2, (attn.heads, -1))
+            key = attn.to_k(hidden_states).unflatten(2, (attn.heads, -1))
+            value = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
+            if attn.norm_q is not None:
+                query = attn.norm_q(query)
+            if attn.norm_k is not None:
+                key = attn.norm_k(key)
+            if image_rotary_emb is not None:
+                rope = embeddings.apply_rotary_emb
+                query = torch.cat([query[:, :text],
+                                   rope(query[:, text:], image_rotary_emb, sequence_dim=1)], 1)
+                if not attn.is_cross_attention:
+                    key = torch.cat([key[:, :text],
+                                     rope(key[:, text:], image_rotary_emb, sequence_dim=1)], 1)
+            out = dispatch.dispatch_attention_fn(query, key, value, attn_mask=attention_mask,
+                                                 backend=self._attention_backend,
+                                                 parallel_config=self._parallel_config)
+            out = attn.to_out[1](attn.to_out[0](out.flatten(2, 3).to(query.dtype)))
+            encoder_hidden_states, hidden_states = out.split([text, out.size(1) - text], dim=1)
+            return hidden_states, encoder_hidden_states
+
+    return CogVideoXDitopsAttnProcessor
+
+
+# ---- the video layout RainFusion needs ------------------------------------------------------------
+
+
+def _layout_hook(model):
+    """A forward pre-hook that records the token layout of the model's self-attention from its
+    input (video models: hidden_states [B, C, F, H, W] or CogVideoX's [B, F, C, H, W])."""
+    name = type(model).__name__
+    config = model.config
+
+    def hook(module, args, kwargs):
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        text = kwargs.get("encoder_hidden_states")
+        layout = None
+        if hidden is not None and hidden.ndim == 5:
+            patch = config.patch_size
+            if name == "WanTransformer3DModel":
+                (pt, ph, pw), (f, h, w) = patch, hidden.shape[2:]
+                layout = dict(frames=f // pt, height=h // ph, width=w // pw, text=0,
+                              text_first=True)
+            elif name == "HunyuanVideoTransformer3DModel":
+                pt, (f, h, w) = config.patch_size_t, hidden.shape[2:]
+                layout = dict(frames=f // pt, height=h // patch, width=w // patch,
+                              text=text.shape[1] if text is not None else 0, text_first=False)
+            elif name == "CogVideoXTransformer3DModel":
+                f, (h, w) = hidden.shape[1], hidden.shape[3:]
+                layout = dict(frames=f, height=h // patch, width=w // patch,
+                              text=text.shape[1] if text is not None else 0, text_first=True)
+        _rainfusion["layout"] = layout
+
+    return model.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+# ---- enable / disable ------------------------------------------------------------------------------
+
+
+def enable(model, backend="dense", sparsity=0.75, block_size=128, fuse_rope_and_norms=True):
+    """Routes every attention of the diffusers transformer `model` through ditops: backend
+    "dense" (flash attention), "int8" or "rainfusion" (RainFusion's adaptive blocks at
+    `sparsity` on the self-attention of video models; dense elsewhere). With
+    fuse_rope_and_norms the q/k RMSNorms and rotary embeddings run on ditops too. Returns the
+    model; disable(model) restores diffusers' own."""
+    if backend not in _BACKENDS:
+        raise ValueError(f"ditops.diffusers.enable: backend \"{backend}\" is not one of "
+                         f"{sorted(_BACKENDS)}")
+    if getattr(model, "_ditops_state", None) is not None:
+        disable(model)
+    dispatch, _ = _diffusers()
+    name = _BACKENDS[backend]
+    _backend_member(name)
+    processors = dict(model.attn_processors)
+    state = {"processors": processors,
+             "active": dispatch._AttentionBackendRegistry._active_backend,
+             "backends": {id(p): getattr(p, "_attention_backend", None)
+                          for p in processors.values()},
+             "norms": [], "hooks": [], "rope": False}
+    if type(model).__name__ == "CogVideoXTransformer3DModel":
+        model.set_attn_processor(_cogvideox_processor_class()())
+    if fuse_rope_and_norms and type(model).__name__ == "WanTransformer3DModel":
+        processor_class = _wan_processor_class()
+        model.set_attn_processor({key: processor_class() if key.endswith("attn1.processor")
+                                  else value for key, value in state["processors"].items()})
+    model.set_attention_backend(name)
+    if fuse_rope_and_norms:
+        for module in model.modules():
+            for attribute in _QK_NORMS:
+                norm = getattr(module, attribute, None)
+                if norm is not None and _is_rms_norm(norm):
+                    setattr(module, attribute, _RMSNorm(norm))
+                    state["norms"].append((module, attribute, norm))
+        _patch_rope(True)
+        state["rope"] = True
+    if backend == "rainfusion":
+        _rainfusion.update(sparsity=float(sparsity), block_size=int(block_size))
+        state["hooks"].append(_layout_hook(model))
+    model._ditops_state = state
+    return model
+
+
+def disable(model):
+    """Restores diffusers' processors, attention backend, norms and rotary embedding."""
+    state = getattr(model, "_ditops_state", None)
+    if state is None:
+        return model
+    dispatch, _ = _diffusers()
+    for hook in state["hooks"]:
+        hook.remove()
+    for module, attribute, norm in state["norms"]:
+        setattr(module, attribute, norm)
+    if state["rope"]:
+        _patch_rope(False)
+    model.set_attn_processor(state["processors"])
+    for processor in model.attn_processors.values():
+        if id(processor) in state["backends"]:
+            processor._attention_backend = state["backends"][id(processor)]
+    dispatch._AttentionBackendRegistry.set_active_backend(state["active"])
+    model._ditops_state = None
+    return model
+
+
+@contextlib.contextmanager
+def enabled(model, **options):
+    """`with ditops.diffusers.enabled(model): ...` enables ditops for the block."""
+    enable(model, **options)
+    try:
+        yield model
+    finally:
+        disable(model)
+
+
+__all__ = ["enable", "disable", "enabled"]

@@ -1,0 +1,110 @@
+"""Real models we did not write: diffusers' FLUX, Wan 2.x, CogVideoX and HunyuanVideo
+transformers from small random configurations, run with diffusers' own attention and after
+ditops.diffusers.enable(model): the outputs agree, ditops' kernels were the ones called, and
+disable(model) gives diffusers' output back bit for bit. Also torch.compile(fullgraph=True) of
+an enabled model, and ditops.quantize on a W8A8 export that tools/ditops-quantize wrote."""
+
+import os
+import pathlib
+import subprocess
+
+import pytest
+import torch
+
+import ditops
+import ditops.diffusers
+import models
+
+
+def rel_l2(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts the calls of ditops' attention, RMSNorm and rotary embedding."""
+    calls = {"attention_forward": 0, "rms_norm": 0, "rotary_position_embedding": 0,
+             "sparse_attention": 0}
+    for name in calls:
+        original = getattr(ditops.ops, name)
+
+        def counting(*args, _name=name, _original=original, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(ditops.ops, name, counting)
+    return calls
+
+
+# Agreement with diffusers' own attention. fp32: flash attention's sums differ from SDPA's in
+# rounding only (~1e-6 relative per attention), which the models' few layers keep below 1e-4.
+# bf16: every layer rounds activations to bf16 (2^-8 relative); both paths round differently,
+# so whole-model outputs differ by a few bf16 roundings: 3e-2.
+@pytest.mark.parametrize("name", list(models.MODELS))
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)],
+                         ids=["f32", "bf16"])
+def test_enabled_model_matches_diffusers(name, dtype, tolerance, counted):
+    model, inputs = models.MODELS[name](dtype)
+    want = model(**inputs)[0]
+    ditops.diffusers.enable(model)
+    got = model(**inputs)[0]
+    assert counted["attention_forward"] > 0
+    if name in ("flux", "wan", "hunyuan"):  # q/k RMSNorm (CogVideoX's are LayerNorms)
+        assert counted["rms_norm"] > 0
+    assert counted["rotary_position_embedding"] > 0
+    assert rel_l2(got, want) <= tolerance, rel_l2(got, want)
+    ditops.diffusers.disable(model)
+    assert torch.equal(model(**inputs)[0], want)
+
+
+def test_int8_and_rainfusion_backends_run_on_wan(counted):
+    model, inputs = models.wan(frames=4, height=32, width=32)
+    want = model(**inputs)[0]
+    ditops.diffusers.enable(model, backend="int8")
+    assert rel_l2(model(**inputs)[0], want) < 5e-2  # int8 Q·K and P·V
+    ditops.diffusers.enable(model, backend="rainfusion", sparsity=0.5, block_size=64)
+    sparse = model(**inputs)[0]
+    assert counted["sparse_attention"] > 0
+    assert torch.isfinite(sparse).all() and rel_l2(sparse, want) < 1.0
+    ditops.diffusers.enable(model, backend="rainfusion", sparsity=0.0, block_size=64)
+    assert rel_l2(model(**inputs)[0], want) < 1e-4  # sparsity 0 keeps every block
+    ditops.diffusers.disable(model)
+    assert torch.equal(model(**inputs)[0], want)
+
+
+def test_compiled_enabled_model_agrees():
+    model, inputs = models.flux()
+    want = model(**inputs)[0]
+    ditops.diffusers.enable(model)
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    assert rel_l2(compiled(**inputs)[0], want) <= 1e-4
+    ditops.diffusers.disable(model)
+
+
+def tools_dir():
+    directory = os.environ.get("DITOPS_TOOLS_DIR")
+    if directory is None:
+        directory = pathlib.Path(__file__).resolve().parents[2] / "build" / "release" / "tools"
+    return pathlib.Path(directory)
+
+
+def test_quantize_runs_a_w8a8_export_of_the_model(tmp_path):
+    from safetensors.torch import save_file
+
+    model, inputs = models.flux(layers=1)
+    want = model(**inputs)[0]
+    weights = tmp_path / "model.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
+    quantize = tools_dir() / "ditops-quantize"
+    assert quantize.exists(), f"{quantize} is not built (set DITOPS_TOOLS_DIR)"
+    subprocess.run([str(quantize), "--weights", str(weights), "--out", str(tmp_path),
+                    "--algo", "W8A8_DYNAMIC"], check=True, capture_output=True)
+    description = tmp_path / "quant_model_description_w8a8_dynamic.json"
+    ditops.quantize(model, description)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert model._ditops_quantized_layers > 10 and linears == 0
+    got = model(**inputs)[0]
+    # Per-channel int8 weights and per-token int8 activations through a few layers.
+    assert rel_l2(got, want) < 5e-2, rel_l2(got, want)
+    with ditops.diffusers.enabled(model):
+        assert rel_l2(model(**inputs)[0], want) < 5e-2
