@@ -8,12 +8,17 @@ ditops_packages=(g++ cmake make pkg-config libomp-dev libxsimd-dev libhwloc-dev 
 ditops_fuzz_packages=(clang libclang-rt-dev)
 # The demo's benchmark peer for the int8 linear layers (oneDNN's int8 matmul).
 ditops_demo_packages=(libdnnl-dev)
+# The Python package (python/): the interpreter, its headers for the module, venv for PyPI.
+ditops_python_packages=(python3 python3-dev python3-venv)
 
-# Usage: ditops_ensure_packages [fuzz | demo]
+# Usage: ditops_ensure_packages [fuzz | demo | python]...
 ditops_ensure_packages() {
-  local missing=() wanted=("${ditops_packages[@]}")
-  [ "${1:-}" = fuzz ] && wanted+=("${ditops_fuzz_packages[@]}")
-  [ "${1:-}" = demo ] && wanted+=("${ditops_demo_packages[@]}")
+  local missing=() wanted=("${ditops_packages[@]}") group
+  for group in "$@"; do
+    [ "$group" = fuzz ] && wanted+=("${ditops_fuzz_packages[@]}")
+    [ "$group" = demo ] && wanted+=("${ditops_demo_packages[@]}")
+    [ "$group" = python ] && wanted+=("${ditops_python_packages[@]}")
+  done
   for package in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
       missing+=("$package")
@@ -28,4 +33,19 @@ ditops_ensure_packages() {
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q
   apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+# The one virtual environment of the Python work (build/venv; DITOPS_VENV overrides), with what
+# the package, its tests and the model benchmarks need from PyPI. pip keeps its cache
+# (~/.cache/pip), so a second run, or a fresh clone on the same machine, downloads nothing.
+ditops_python_requirements=(numpy safetensors torch diffusers nanobind scikit-build-core pytest)
+ditops_venv=${DITOPS_VENV:-build/venv}
+ditops_ensure_venv() {
+  [ -x "$ditops_venv/bin/python" ] || python3 -m venv "$ditops_venv"
+  if ! "$ditops_venv/bin/python" -c 'import numpy, safetensors, torch, diffusers, nanobind,
+import scikit_build_core, pytest' 2>/dev/null; then
+    echo "ditops: installing ${ditops_python_requirements[*]} into $ditops_venv"
+    "$ditops_venv/bin/pip" install -q "${ditops_python_requirements[@]}"
+  fi
+  ditops_python="$(cd "$ditops_venv" && pwd)/bin/python"
 }

@@ -5,17 +5,33 @@
 # again and the fuzz harnesses (a fixed number of inputs each from their seed corpora;
 # tools/fuzz.sh runs them long). One sanitizer build, not two, keeps a clean clone's run within
 # CI's 30 minutes on 2 cores.
+# The Release build also builds the Python module (python/) against a virtual environment with
+# torch and diffusers from PyPI (build/venv) and runs its tests; then `pip install .` into that
+# environment is checked as a user would run it.
 # Usage: tools/test.sh [--quick]   (--quick skips the sanitizer build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # First, before any package or build: nothing tracked may refer outside the repository.
 tools/check_isolation.sh
 source tools/setup.sh
-ditops_ensure_packages fuzz
+ditops_ensure_packages fuzz python
+ditops_ensure_venv
 
-cmake --preset release
+cmake --preset release -DDITOPS_PYTHON=ON -DPython_EXECUTABLE="$ditops_python"
 cmake --build --preset release
 ctest --preset release -j2
+
+# pip install . as a user runs it (no build isolation: the venv has the build requirements;
+# the build directory under build/ is reused by the next run), then the installed package,
+# imported from outside the source tree, runs an attention.
+"$ditops_python" -m pip install -q . --no-build-isolation -Cbuild-dir=build/pip
+(cd /tmp && "$ditops_python" -c '
+import ditops, torch
+q = torch.randn(1, 64, 2, 32)
+out = ditops.attention_forward(q, q, q)
+ref = torch.nn.functional.scaled_dot_product_attention(*(q.transpose(1, 2),) * 3).transpose(1, 2)
+assert ditops.__file__.find("site-packages") > 0 and (out - ref).abs().max() < 1e-5
+print("pip install .: ditops", ditops.__version__, "imports and runs from", ditops.__file__)')
 
 if [ "${1:-}" != "--quick" ]; then
   cmake --preset asan-ubsan
