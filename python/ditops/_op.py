@@ -8,8 +8,8 @@ REGISTRY = {}
 
 
 class Op:
-    """`outputs(*args)` gives each output's (shape, dtype): dtype None is args[0]'s, else a
-    numpy dtype name; `run(*args, *outputs)` fills them. `schema` is the torch.library
+    """`outputs(*args)` gives each output's (shape, dtype): shape None and dtype None are
+    args[0]'s, else a tuple and a numpy dtype name; `run(*args, *outputs)` fills them. `schema` is the torch.library
     signature of args -> outputs."""
 
     def __init__(self, name, schema, outputs, run):
@@ -21,15 +21,18 @@ class Op:
 
     def allocate(self, args, out=None):
         """The outputs; `out` (the caller's array) stands in for the first."""
-        return [
-            out if i == 0 and out is not None else _arrays.empty(args[0], shape, dtype)
-            for i, (shape, dtype) in enumerate(self.outputs(*args))
-        ]
+        like, specs = args[0], self.outputs(*args)
+        if out is None:
+            return [_arrays.empty(like, shape, dtype) for shape, dtype in specs]
+        return [out] + [_arrays.empty(like, shape, dtype) for shape, dtype in specs[1:]]
 
     def __call__(self, *args, out=None):
         outs = self.allocate(args, out)
+        if len(outs) == 1:  # the common case, without building a tuple
+            self.run(*args, outs[0])
+            return outs[0]
         self.run(*args, *outs)
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        return tuple(outs)
 
     def fake(self, *args):
         outs = self.allocate(args)

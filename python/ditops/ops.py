@@ -4,8 +4,21 @@ kind, or are written into `out=`; ditops.Error (a ValueError) carries the C++ me
 nothing is written when a call is refused."""
 
 from . import _arrays
-from . import _ditops
+from . import _ditops as _module
 from ._op import Op, call
+
+
+class _Native:
+    """The C++ module's functions, each taking torch tensors as DLPack capsules."""
+
+    def __init__(self):
+        for name in dir(_module):
+            value = getattr(_module, name)
+            is_function = callable(value) and not isinstance(value, type)
+            setattr(self, name, _arrays.native(value) if is_function else value)
+
+
+_ditops = _Native()
 
 # ---- shapes ---------------------------------------------------------------------------------
 
@@ -21,30 +34,38 @@ def _attention_dims(call_name, q, head_first):
     return (b, second, third) if head_first else (b, third, second)
 
 
-def _attention_out(q, v):
-    return tuple(q.shape[:-1]) + (v.shape[-1],)
-
-
 def _lse_shape(call_name, q, head_first, wanted):
     return _attention_dims(call_name, q, head_first) if wanted else (0,)
 
 
 # ---- operator definitions (one per C++ call) ------------------------------------------------
 
+def _attention_out(q, v):
+    """attention's output: q's shape with v's head size (None: q's own, the cheapest)."""
+    return None if v.shape[-1] == q.shape[-1] else tuple(q.shape[:-1]) + (v.shape[-1],)
+
+
+_ATTENTION_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? mask, float? scale, bool causal, "
+                     "bool head_first, str backend, int int8_chunk)")
+
 _attention = Op(
     "attention_forward",
-    "(Tensor q, Tensor k, Tensor v, Tensor? mask, float? scale, bool causal, bool head_first, "
-    "str backend, bool return_lse, int int8_chunk) -> (Tensor, Tensor)",
-    lambda q, k, v, mask, scale, causal, head_first, backend, return_lse, chunk: [
+    _ATTENTION_SCHEMA + " -> Tensor",
+    lambda q, k, v, *rest: [(_attention_out(q, v), None)],
+    lambda q, k, v, mask, scale, causal, head_first, backend, chunk, out: (
+        _ditops.attention_forward(q, k, v, out, mask, None, scale, causal, head_first, backend,
+                                  chunk)),
+)
+
+_attention_lse = Op(
+    "attention_forward_lse",
+    _ATTENTION_SCHEMA + " -> (Tensor, Tensor)",
+    lambda q, k, v, mask, scale, causal, head_first, *rest: [
         (_attention_out(q, v), None),
-        (_lse_shape("attention_forward", q, head_first, return_lse), "float32"),
-    ],
-    lambda q, k, v, mask, scale, causal, head_first, backend, return_lse, chunk, out, lse: (
-        _ditops.attention_forward(
-            q, k, v, out, mask, lse if return_lse else None, scale, causal, head_first, backend,
-            chunk,
-        )
-    ),
+        (_attention_dims("attention_forward", q, head_first), "float32")],
+    lambda q, k, v, mask, scale, causal, head_first, backend, chunk, out, lse: (
+        _ditops.attention_forward(q, k, v, out, mask, lse, scale, causal, head_first, backend,
+                                  chunk)),
 )
 
 _varlen = Op(
@@ -60,7 +81,7 @@ _varlen = Op(
 _rope = Op(
     "rotary_position_embedding",
     "(Tensor x, Tensor cos, Tensor sin, str mode, bool head_first) -> Tensor",
-    lambda x, cos, sin, mode, head_first: [(tuple(x.shape), None)],
+    lambda x, cos, sin, mode, head_first: [(None, None)],
     lambda x, cos, sin, mode, head_first, out: _ditops.rotary_position_embedding(
         x, cos, sin, out, mode, head_first
     ),
@@ -69,14 +90,14 @@ _rope = Op(
 _rms_norm = Op(
     "rms_norm",
     "(Tensor x, Tensor weight, float eps) -> Tensor",
-    lambda x, weight, eps: [(tuple(x.shape), None)],
+    lambda x, weight, eps: [(None, None)],
     lambda x, weight, eps, out: _ditops.rms_norm(x, weight, eps, out),
 )
 
 _add_rms_norm = Op(
     "add_rms_norm",
     "(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)",
-    lambda x, residual, weight, eps: [(tuple(x.shape), None), (tuple(x.shape), None)],
+    lambda x, residual, weight, eps: [(None, None), (None, None)],
     lambda x, residual, weight, eps, out, total: _ditops.add_rms_norm(
         x, residual, weight, eps, out, total
     ),
@@ -85,7 +106,7 @@ _add_rms_norm = Op(
 _cfg_combine = Op(
     "cfg_combine",
     "(Tensor cond, Tensor uncond, float scale) -> Tensor",
-    lambda cond, uncond, scale: [(tuple(cond.shape), None)],
+    lambda cond, uncond, scale: [(None, None)],
     lambda cond, uncond, scale, out: _ditops.cfg_combine(cond, uncond, scale, out),
 )
 
@@ -159,7 +180,7 @@ _mla = Op(
     "mla_decode_paged",
     "(Tensor q_nope, Tensor q_rope, Tensor nope, Tensor nope_scale, Tensor rope, "
     "Tensor block_table, Tensor seq_lens, float? scale, int chunk, int num_splits) -> Tensor",
-    lambda q_nope, *rest: [(tuple(q_nope.shape), None)],
+    lambda q_nope, *rest: [(None, None)],
     lambda q_nope, q_rope, nope, nope_scale, rope, table, lens, scale, chunk, splits, out: (
         _ditops.mla_decode_paged(
             q_nope, q_rope, nope, nope_scale, rope, table, lens, out, scale, chunk, splits
@@ -190,9 +211,8 @@ def attention_forward(query, key, value, attn_mask=None, scale=None, fused=True,
         backend = "reference"
     _arrays.forbid_grad("attention_forward", query, key, value, attn_mask)
     mask = _arrays.float32_mask(attn_mask)
-    result, lse = call(_attention, query, key, value, mask, scale, causal, head_first, backend,
-                       return_lse, chunk, out=out)
-    return (result, lse) if return_lse else result
+    return call(_attention_lse if return_lse else _attention, query, key, value, mask, scale,
+                causal, head_first, backend, chunk, out=out)
 
 
 def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,

@@ -26,8 +26,13 @@ _quant_linear = Op(
     "quant_linear",
     "(Tensor x, int layer_id, str activation) -> Tensor",
     _linear_shape,
-    lambda x, layer_id, activation, y: _LAYERS[layer_id].forward(x, y, activation),
+    lambda x, layer_id, activation, y: _forward(_LAYERS[layer_id], x, y, activation),
 )
+
+
+def _forward(layer, x, y, activation):
+    to_dlpack = torch._C._to_dlpack
+    layer.forward(to_dlpack(x), to_dlpack(y), activation)
 
 
 class QuantLinear(torch.nn.Module):

@@ -266,7 +266,9 @@ def test_custom_ops_pass_opcheck():
     angles = torch.rand(24, 16)
     checks = [
         (torch.ops.ditops.attention_forward, (q, k, v, None, None, False, False, "automatic",
-                                              True, 2)),
+                                              2)),
+        (torch.ops.ditops.attention_forward_lse, (q, k, v, None, None, True, False, "flash",
+                                                  2)),
         (torch.ops.ditops.rms_norm, (x, w, 1e-6)),
         (torch.ops.ditops.add_rms_norm, (x, x, w, 1e-6)),
         (torch.ops.ditops.rotary_position_embedding, (q, angles.cos(), angles.sin(),
