@@ -17,8 +17,9 @@
 #                    bench/ditops-rowwise-peer and bench/ditops_bench already built (default:
 #                    build/release, configured and built here)
 #   --only PART      one table: attention (needs torch) or rowwise (needs onnxruntime only)
-# The virtual environment lives in build/peers-venv (DITOPS_PEERS_VENV overrides); it is created
-# and filled (torch for the CPU for attention, onnxruntime, onnx, numpy) on the first run.
+# The virtual environment is the project's one, build/venv (DITOPS_PEERS_VENV or DITOPS_VENV
+# override; tools/test.sh fills it with torch); what this script needs besides (onnxruntime,
+# onnx, numpy, and torch for attention) is installed on the first run.
 set -euo pipefail
 
 out=out
@@ -53,10 +54,9 @@ while [ $# -gt 0 ]; do
 done
 cd "$(dirname "$0")/.."
 source tools/setup.sh
-ditops_packages+=(python3 python3-venv)
-ditops_ensure_packages
+ditops_ensure_packages python
 
-venv=${DITOPS_PEERS_VENV:-build/peers-venv}
+venv=${DITOPS_PEERS_VENV:-$ditops_venv}
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 if ! "$venv/bin/python" -c 'import onnxruntime, onnx, numpy' 2>/dev/null; then
   "$venv/bin/pip" install -q onnxruntime onnx numpy

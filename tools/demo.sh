@@ -58,6 +58,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 cd "$(dirname "$0")/.."
+source tools/setup.sh
 
 # The output directory must be the demo's: out/ in the repository (ignored by git), or one that
 # is new, empty or marked by an earlier run. Only the demo's own files in it are replaced.
@@ -122,7 +123,6 @@ case "$mode" in
 esac
 
 section_build() {
-  source tools/setup.sh
   ditops_ensure_packages demo
   cmake --preset release
   # One target for the four tools: make builds the targets named on its command line one after
@@ -211,7 +211,7 @@ section_cpu_vs_simulator() {
 
 # ditops attention beside PyTorch and ONNX Runtime (tools/bench-peers.sh) when their virtual
 # environment exists; installing them needs PyPI, so the demo only says how.
-peers_venv=${DITOPS_PEERS_VENV:-build/peers-venv}
+peers_venv=${DITOPS_PEERS_VENV:-$ditops_venv}
 section_peers() {
   if ! "$peers_venv/bin/python" -c 'import torch, onnxruntime, onnx, numpy' 2>/dev/null; then
     # Headed like bench-peers.sh's report, whose first two lines the summary drops.

@@ -331,6 +331,9 @@ def enable(model, backend="dense", sparsity=0.75, block_size=128, fuse_rope_and_
         model.set_attn_processor({key: processor_class() if key.endswith("attn1.processor")
                                   else value for key, value in state["processors"].items()})
     model.set_attention_backend(name)
+    # set_attention_backend also makes the backend every other model's default: only this
+    # model's processors (which now name it) are to use ditops.
+    dispatch._AttentionBackendRegistry.set_active_backend(state["active"])
     if fuse_rope_and_norms:
         for module in model.modules():
             for attribute in _QK_NORMS:

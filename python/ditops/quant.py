@@ -88,8 +88,10 @@ def quantize(model, quant_des_path, timestep_config=None, weights_path=""):
     static_steps = sorted(timestep_config.static_steps) if timestep_config else []
     export = _ditops.QuantModel.load(str(quant_des_path), str(weights_path), static_steps)
     listed = set(export.layer_names())
-    replaced = 0
-    for name, module in list(model.named_modules()):
+    # Every layer is built and checked before the first replacement: a refused export leaves
+    # the model as it was.
+    replacements = []
+    for name, module in model.named_modules():
         if not isinstance(module, torch.nn.Linear) or name not in listed:
             continue
         if export.layer_algo(name) == "FLOAT":
@@ -100,10 +102,12 @@ def quantize(model, quant_des_path, timestep_config=None, weights_path=""):
                 f"quantize: layer \"{name}\" of {quant_des_path} is [{layer.out_features}, "
                 f"{layer.in_features}], the model's nn.Linear [{module.out_features}, "
                 f"{module.in_features}]")
+        replacements.append((name, layer))
+    for name, layer in replacements:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, QuantLinear(layer, name))
-        replaced += 1
+    replaced = len(replacements)
     model._ditops_quant_model = export
     model._ditops_quantized_layers = replaced
     return model

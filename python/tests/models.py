@@ -4,21 +4,23 @@ inputs of one forward call."""
 import torch
 
 
-def flux(dtype=torch.float32, height=16, width=16, text=8, heads=2, head_dim=64, layers=1):
+def flux(dtype=torch.float32, height=16, width=16, text=8, heads=2, head_dim=64, layers=1,
+         in_channels=16, text_dim=32, pooled_dim=32):
     from diffusers import FluxTransformer2DModel
 
     torch.manual_seed(0)
+    rope_hw = (head_dim - head_dim // 8) // 2
     model = FluxTransformer2DModel(
-        patch_size=1, in_channels=16, num_layers=layers, num_single_layers=layers,
-        attention_head_dim=head_dim, num_attention_heads=heads, joint_attention_dim=32,
-        pooled_projection_dim=32, guidance_embeds=True,
-        axes_dims_rope=(8, (head_dim - 8) // 2, (head_dim - 8) // 2)).eval().to(dtype)
+        patch_size=1, in_channels=in_channels, num_layers=layers, num_single_layers=layers,
+        attention_head_dim=head_dim, num_attention_heads=heads, joint_attention_dim=text_dim,
+        pooled_projection_dim=pooled_dim, guidance_embeds=True,
+        axes_dims_rope=(head_dim // 8, rope_hw, rope_hw)).eval().to(dtype)
     ids = torch.zeros(height, width, 3)
     ids[..., 1] = torch.arange(height)[:, None]
     ids[..., 2] = torch.arange(width)[None, :]
-    inputs = dict(hidden_states=torch.randn(1, height * width, 16, dtype=dtype),
-                  encoder_hidden_states=torch.randn(1, text, 32, dtype=dtype),
-                  pooled_projections=torch.randn(1, 32, dtype=dtype),
+    inputs = dict(hidden_states=torch.randn(1, height * width, in_channels, dtype=dtype),
+                  encoder_hidden_states=torch.randn(1, text, text_dim, dtype=dtype),
+                  pooled_projections=torch.randn(1, pooled_dim, dtype=dtype),
                   timestep=torch.tensor([0.5], dtype=dtype),
                   img_ids=ids.reshape(height * width, 3).to(dtype),
                   txt_ids=torch.zeros(text, 3, dtype=dtype),
@@ -27,18 +29,19 @@ def flux(dtype=torch.float32, height=16, width=16, text=8, heads=2, head_dim=64,
 
 
 def wan(dtype=torch.float32, frames=3, height=16, width=16, heads=2, head_dim=64, layers=2,
-        dim_in=16, ffn=256, text=16):
+        dim_in=16, ffn=256, text=16, text_dim=32):
     from diffusers import WanTransformer3DModel
 
     torch.manual_seed(0)
     model = WanTransformer3DModel(
         patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=head_dim,
-        in_channels=dim_in, out_channels=dim_in, text_dim=32, freq_dim=256, ffn_dim=ffn,
+        in_channels=dim_in, out_channels=dim_in, text_dim=text_dim, freq_dim=256, ffn_dim=ffn,
         num_layers=layers, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
         rope_max_seq_len=1024).eval().to(dtype)
     inputs = dict(hidden_states=torch.randn(1, dim_in, frames, height, width, dtype=dtype),
                   timestep=torch.tensor([500]),
-                  encoder_hidden_states=torch.randn(1, text, 32, dtype=dtype), return_dict=False)
+                  encoder_hidden_states=torch.randn(1, text, text_dim, dtype=dtype),
+                  return_dict=False)
     return model, inputs
 
 

@@ -57,6 +57,19 @@ def test_enabled_model_matches_diffusers(name, dtype, tolerance, counted):
     assert torch.equal(model(**inputs)[0], want)
 
 
+def test_enabling_one_model_leaves_the_others_on_diffusers(counted):
+    enabled, inputs = models.flux()
+    other, _ = models.flux()
+    ditops.diffusers.enable(enabled)
+    want = enabled(**inputs)[0]
+    calls = counted["attention_forward"]
+    assert calls > 0
+    got = other(**inputs)[0]
+    assert counted["attention_forward"] == calls  # the other model ran diffusers' attention
+    assert rel_l2(got, want) <= 1e-4
+    ditops.diffusers.disable(enabled)
+
+
 def test_int8_and_rainfusion_backends_run_on_wan(counted):
     model, inputs = models.wan(frames=4, height=32, width=32)
     want = model(**inputs)[0]

@@ -1,0 +1,183 @@
+"""Whole diffusers transformers on the CPU: diffusers' default attention against ditops, one
+forward at a time, the configurations interleaved (A, B, C, A, B, C, ...) so that drift on a
+shared machine hits them alike; medians. Random fp32 weights, torch.inference_mode().
+
+  flux: a FLUX-shaped transformer (hidden 3072, 24 heads x 128, 4096 image + 512 text tokens,
+        one double- and one single-stream block): default / ditops.diffusers.enable (attention,
+        q/k RMSNorm, RoPE) / enable + ditops.quantize (W8A8_DYNAMIC linears from an export
+        tools/ditops-quantize made of the model's own weights).
+  wan:  a Wan-shaped video transformer (hidden 1536, 12 heads x 128, one block, 8 x 30 x 52
+        latent tokens after patching + 512 text tokens): default / enable (dense) / enable
+        with RainFusion at sparsity 0.75 (and its output's rel-L2 to the default's).
+
+For each configuration, the share of the forward spent inside ditops' calls; the rest is
+torch's (its linears, elementwise ops, convolutions).
+
+    PYTHONPATH=build/release/python build/venv/bin/python bench/python/models.py \
+        [--model flux|wan|all] [--runs 3] [--threads 2] [--tools build/release/tools]
+"""
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import ditops
+import ditops.diffusers
+import ditops.ops
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python" / "tests"))
+import models  # noqa: E402  (the test suite's model builders)
+
+_ditops_seconds = [0.0]
+
+
+def _time_ditops_calls():
+    """Every public ditops op accumulates its wall time into _ditops_seconds."""
+    for name in ("attention_forward", "rms_norm", "rotary_position_embedding",
+                 "sparse_attention"):
+        original = getattr(ditops.ops, name)
+
+        def timed(*args, _original=original, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                _ditops_seconds[0] += time.perf_counter() - start
+
+        setattr(ditops.ops, name, timed)
+    from ditops import quant
+
+    original_forward = quant.QuantLinear.forward
+
+    def timed_forward(self, x):
+        start = time.perf_counter()
+        try:
+            return original_forward(self, x)
+        finally:
+            _ditops_seconds[0] += time.perf_counter() - start
+
+    quant.QuantLinear.forward = timed_forward
+
+
+def flux_shaped():
+    return models.flux(height=64, width=64, text=512, heads=24, head_dim=128, layers=1,
+                       in_channels=64, text_dim=4096, pooled_dim=768)
+
+
+def wan_shaped():
+    return models.wan(frames=8, height=60, width=104, heads=12, head_dim=128, layers=1,
+                      dim_in=16, ffn=8960, text=512, text_dim=4096)
+
+
+def export_quantized(model, tools, directory):
+    from safetensors.torch import save_file
+
+    weights = Path(directory) / "model.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
+    subprocess.run([str(Path(tools) / "ditops-quantize"), "--weights", str(weights), "--out",
+                    str(directory), "--algo", "W8A8_DYNAMIC"], check=True, capture_output=True)
+    weights.unlink()
+    return Path(directory) / "quant_model_description_w8a8_dynamic.json"
+
+
+def run(configs, inputs, runs):
+    """configs: [(name, model, setup)]; median seconds and ditops share per configuration,
+    and each configuration's last output."""
+    seconds = {name: [] for name, _, _ in configs}
+    shares = {name: [] for name, _, _ in configs}
+    outputs = {}
+    for repetition in range(runs + 1):  # the first round warms up (tuning, allocations)
+        for name, model, setup in configs:
+            setup()
+            _ditops_seconds[0] = 0.0
+            start = time.perf_counter()
+            out = model(**inputs)[0]
+            elapsed = time.perf_counter() - start
+            if repetition:
+                seconds[name].append(elapsed)
+                shares[name].append(_ditops_seconds[0] / elapsed)
+            outputs[name] = out
+    return ({name: statistics.median(v) for name, v in seconds.items()},
+            {name: statistics.median(v) for name, v in shares.items()}, outputs)
+
+
+def rel_l2(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def report(title, seconds, shares, baseline, notes=None):
+    print(f"\n{title}")
+    print("| configuration | median s | speedup vs default | ditops share | torch share |")
+    print("|---|---:|---:|---:|---:|")
+    for name, value in seconds.items():
+        note = f" ({notes[name]})" if notes and name in notes else ""
+        print(f"| {name}{note} | {value:.2f} | {seconds[baseline] / value:.2f}x | "
+              f"{shares[name]:.0%} | {1 - shares[name]:.0%} |")
+
+
+def bench_flux(args):
+    model, inputs = flux_shaped()
+    quantized, _ = flux_shaped()
+    with tempfile.TemporaryDirectory(dir=args.scratch) as directory:
+        description = export_quantized(quantized, args.tools, directory)
+        ditops.quantize(quantized, description)
+    ditops.diffusers.enable(quantized)
+    configs = [
+        ("diffusers default", model, lambda: ditops.diffusers.disable(model)),
+        ("ditops.diffusers.enable", model, lambda: ditops.diffusers.enable(model)),
+        ("enable + quantize (W8A8_DYNAMIC)", quantized, lambda: None),
+    ]
+    seconds, shares, outputs = run(configs, inputs, args.runs)
+    base = outputs["diffusers default"]
+    notes = {name: f"rel-L2 {rel_l2(out, base):.1e}" for name, out in outputs.items()
+             if name != "diffusers default"}
+    report("FLUX-shaped: hidden 3072, 24 x 128 heads, 4096 + 512 tokens, 1 double + 1 single "
+           "block, fp32", seconds, shares, "diffusers default", notes)
+
+
+def bench_wan(args):
+    model, inputs = wan_shaped()
+    configs = [
+        ("diffusers default", model, lambda: ditops.diffusers.disable(model)),
+        ("enable (dense)", model, lambda: ditops.diffusers.enable(model)),
+        ("enable (RainFusion 0.75)", model,
+         lambda: ditops.diffusers.enable(model, backend="rainfusion", sparsity=0.75)),
+    ]
+    seconds, shares, outputs = run(configs, inputs, args.runs)
+    base = outputs["diffusers default"]
+    notes = {name: f"rel-L2 {rel_l2(out, base):.1e}" for name, out in outputs.items()
+             if name != "diffusers default"}
+    report("Wan-shaped: hidden 1536, 12 x 128 heads, 1 block, 8 x 30 x 52 latent + 512 text "
+           "tokens, fp32", seconds, shares, "diffusers default", notes)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=["flux", "wan", "all"], default="all")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tools", default=str(Path(__file__).resolve().parents[2] / "build" /
+                                               "release" / "tools"))
+    parser.add_argument("--scratch", default=None, help="directory for the W8A8 export")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    ditops.set_num_threads(args.threads)
+    _time_ditops_calls()
+    info = ditops.cpu_info()
+    print(f"torch {torch.__version__}, threads {args.threads}, ditops isa {info['isa']} "
+          f"(avx512_vnni {info['avx512_vnni']}, avx512_bf16 {info['avx512_bf16']})")
+    with torch.inference_mode():
+        if args.model in ("flux", "all"):
+            bench_flux(args)
+        if args.model in ("wan", "all"):
+            bench_wan(args)
+
+
+if __name__ == "__main__":
+    main()
