@@ -5,8 +5,10 @@
 // task first onto the least loaded core). sim/mla.cpp (MLA decode) and sim/fa.cpp (prefill
 // flash attention) describe their kernels with it; neither re-implements a piece.
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "sim/hw.hpp"
@@ -42,9 +44,17 @@ struct Matmul {
   const char* name;
 };
 
+/// What a stage's instructions depend on besides its core, unit and ring slots (kernel-defined:
+/// stage kind, tile tokens, rows, which flags it waits on or sets, ...). Coarse mode folds a
+/// stage once per distinct key.
+struct StageKey {
+  std::array<std::int32_t, 8> values{};
+  bool operator==(const StageKey& other) const = default;
+};
+
 class ProgramBuilder {
  public:
-  ProgramBuilder(int cores, const HwParams& hw);
+  ProgramBuilder(int cores, const HwParams& hw, SimMode mode = SimMode::fine);
 
   Program take() { return std::move(program_); }
   Program& program() { return program_; }
@@ -72,6 +82,35 @@ class ProgramBuilder {
   void wait_cross(int core, int unit, Pipe pipe, int flag, StageTag stage, int block,
                   std::uint32_t text = 0);
 
+  // ---- stages -------------------------------------------------------------------------------
+  /// One stage of `unit` on `core` (block: for labels): `emit_stage` calls the emitters above.
+  /// Fine mode emits them as they are. Coarse mode folds them into one Op::stage per run of
+  /// "cross-core wait, work, cross-core set" (fold_stage), and reuses the fold of an earlier
+  /// stage with the same `key` without calling `emit_stage` again: a layer has millions of
+  /// tiles but a few distinct tile shapes.
+  template <class EmitStage>
+  void stage(int core, int unit, int block, const StageKey& key, EmitStage&& emit_stage) {
+    if (mode_ == SimMode::fine) {
+      emit_stage();
+      return;
+    }
+    auto found = folds_.find(key);
+    if (found == folds_.end()) {
+      recording_ = true;
+      recorded_.clear();
+      emit_stage();
+      recording_ = false;
+      found = folds_.emplace(key, fold_stage(recorded_, core, unit)).first;
+    }
+    for (Instr instr : found->second) {
+      instr.core = core;
+      instr.unit = static_cast<std::uint8_t>(unit);
+      instr.pipe = unit == 0 ? Pipe::m : Pipe::v;
+      instr.block = block;
+      program_.add(instr);
+    }
+  }
+
   // ---- rings ----------------------------------------------------------------------------------
   Ring make_ring(int unit, Pipe producer, Pipe consumer, Pipe releaser, int ready_id, int free_id,
                  int slots, const std::string& name);
@@ -97,6 +136,24 @@ class ProgramBuilder {
  protected:
   const HwParams& hw_;
   Program program_;
+
+ private:
+  /// Fine mode: to the program. Coarse mode: recorded for the stage being folded.
+  void emit(const Instr& instr);
+  /// The Op::stage instructions of one recorded stage (core, unit and block set by the caller).
+  std::vector<Instr> fold_stage(const std::vector<Instr>& recorded, int core, int unit);
+  /// One run: `first`..`last` of `recorded`, waiting on `wait` (a wait_cross, or nullptr) and
+  /// setting `set` (a set_cross, or nullptr).
+  void fold_run(const std::vector<Instr>& recorded, std::size_t first, std::size_t last,
+                const Instr* wait, const Instr* set, std::vector<Instr>& out);
+
+  struct StageKeyHash {
+    std::size_t operator()(const StageKey& key) const noexcept;
+  };
+  SimMode mode_;
+  bool recording_ = false;
+  std::vector<Instr> recorded_;
+  std::unordered_map<StageKey, std::vector<Instr>, StageKeyHash> folds_;
 };
 
 // ---- task planning ------------------------------------------------------------------------------

@@ -185,17 +185,24 @@ class Engine {
         (void)local_pipe_index(instr.unit, instr.peer_pipe);  // throws for a foreign pipe
         if (instr.peer_pipe == instr.pipe) fail("an event needs two different pipes");
       }
-      if (instr.op == Op::set_cross || instr.op == Op::wait_cross) {
+      if (instr.op == Op::stage) {
+        const std::uint8_t wait = cost_of(instr).wait_flag;
+        if (wait != kNoFlag && wait >= flag_ids_) {
+          fail("cross-core flag id " + std::to_string(wait) + " >= " + std::to_string(flag_ids_));
+        }
+      }
+      const bool sets_flag = instr.op == Op::stage && instr.flag != kNoFlag;
+      if (instr.op == Op::set_cross || instr.op == Op::wait_cross || sets_flag) {
         if (instr.flag >= flag_ids_) {
           fail("cross-core flag id " + std::to_string(instr.flag) +
                " >= " + std::to_string(flag_ids_));
         }
         if (instr.mode > 2) fail("cross-core mode must be 0, 1 or 2");
-        if (instr.op == Op::set_cross && instr.mode == 1 && instr.unit == 0) {
+        if (instr.op != Op::wait_cross && instr.mode == 1 && instr.unit == 0) {
           fail("mode 1 synchronizes the two AIVs of a core; the AIC cannot set it");
         }
       }
-      if ((instr.op == Op::gm_read || instr.op == Op::gm_write) &&
+      if ((instr.op == Op::gm_read || instr.op == Op::gm_write || instr.op == Op::stage) &&
           (cost_of(instr).bytes < 0 ||
            (cost_of(instr).bytes > 0 && !(cost_of(instr).port_rate > 0)))) {
         fail("a transfer needs bytes >= 0 and a positive port rate");
@@ -237,33 +244,7 @@ class Engine {
           const std::size_t counter_index = wait_counter(instr);
           Counter& counter = instr.op == Op::wait_event ? event_counters_[counter_index]
                                                         : flag_counters_[counter_index];
-          if (counter.count() == 0) {
-            if (counter.waiter >= 0 && counter.waiter != pipe) {
-              throw SimError("two pipes wait on the same counter at once: " +
-                             program_.describe(index));
-            }
-            counter.waiter = pipe;
-            if (!state.blocked) {
-              state.blocked = true;
-              state.block_start = time;
-            }
-            return;
-          }
-          const auto [ready, source] = counter.visible[counter.head++];
-          if (counter.head == counter.visible.size()) {
-            counter.visible.clear();
-            counter.head = 0;
-          }
-          counter.waiter = -1;
-          const double start = state.blocked ? state.block_start : time;
-          if (state.blocked) {
-            add_blocked(pipe, instr.label, time - state.block_start);
-            state.blocked = false;
-          }
-          if (options_.record_instructions) {
-            result_.records[index] = InstrRecord{start, time, time, ready, source};
-            if (instr.op == Op::wait_cross) result_.cross_flows.emplace_back(source, index);
-          }
+          if (!take_increment(pipe, index, instr.label, counter, time)) return;
           retire_instant(pipe, index, instr, time);
           continue;
         }
@@ -291,6 +272,19 @@ class Engine {
           schedule(time + cost_of(instr).cycles, EventKind::pipe_done,
                    static_cast<std::uint32_t>(pipe), 0);
           return;
+        case Op::stage: {
+          const InstrCost& cost = cost_of(instr);
+          if (cost.wait_flag != kNoFlag &&
+              !take_increment(pipe, index, cost.wait_label,
+                              flag_counters_[flag_counter(instr.core, instr.unit, cost.wait_flag)],
+                              time)) {
+            return;
+          }
+          state.issue_time = time;
+          schedule(time + cost.cycles, EventKind::transfer_head_done,
+                   static_cast<std::uint32_t>(pipe), 0);
+          return;
+        }
         case Op::gm_read:
         case Op::gm_write:
           apply_alloc(index, instr);
@@ -300,6 +294,42 @@ class Engine {
           return;
       }
     }
+  }
+
+  /// A wait on `counter` by the head of `pipe`: consumes one visible increment and returns true,
+  /// or blocks the pipe (it is retried when an increment becomes visible) and returns false.
+  bool take_increment(int pipe, std::uint32_t index, std::uint32_t label, Counter& counter,
+                      double time) {
+    PipeState& state = pipes_[static_cast<std::size_t>(pipe)];
+    if (counter.count() == 0) {
+      if (counter.waiter >= 0 && counter.waiter != pipe) {
+        throw SimError("two pipes wait on the same counter at once: " + program_.describe(index));
+      }
+      counter.waiter = pipe;
+      if (!state.blocked) {
+        state.blocked = true;
+        state.block_start = time;
+      }
+      return false;
+    }
+    const auto [ready, source] = counter.visible[counter.head++];
+    if (counter.head == counter.visible.size()) {
+      counter.visible.clear();
+      counter.head = 0;
+    }
+    counter.waiter = -1;
+    const double start = state.blocked ? state.block_start : time;
+    if (state.blocked) {
+      add_blocked(pipe, label, time - state.block_start);
+      state.blocked = false;
+    }
+    if (options_.record_instructions) {
+      result_.records[index] = InstrRecord{start, time, time, ready, source};
+      if (program_.instrs[index].op != Op::wait_event) {
+        result_.cross_flows.emplace_back(source, index);
+      }
+    }
+    return true;
   }
 
   void retire_instant(int pipe, std::uint32_t index, const PackedInstr& instr, double time) {
@@ -319,7 +349,7 @@ class Engine {
     const double duration = time - state.issue_time;
     stats.busy += duration;
     double retire = time;
-    if (instr.op == Op::gm_read || instr.op == Op::gm_write) {
+    if (instr.op == Op::gm_read || instr.op == Op::gm_write || instr.op == Op::stage) {
       const InstrCost& cost = cost_of(instr);
       stats.contention += std::max(0.0, duration - cost.ideal_cycles);
       (instr.level == MemLevel::hbm ? result_.hbm_bytes : result_.l2_bytes) += cost.bytes;
@@ -333,6 +363,8 @@ class Engine {
     state.last_end = time;
     ++stats.instructions;
     ++state.pos;
+    // A folded stage's flag is set once its work has retired, as a set_cross after it would be.
+    if (instr.op == Op::stage && instr.flag != kNoFlag) set_cross(index, instr, state.retire);
     try_issue(pipe, time);
   }
 
@@ -607,10 +639,10 @@ class Engine {
       return std::string("event ") + pipe_name(instr.peer_pipe) + "->" + pipe_name(instr.pipe) +
              " id " + std::to_string(instr.flag);
     }
-    std::string name = "cross-core flag " + std::to_string(instr.flag);
-    if (instr.flag < program_.cross_flag_names.size() &&
-        !program_.cross_flag_names[instr.flag].empty()) {
-      name += " (" + program_.cross_flag_names[instr.flag] + ")";
+    const std::uint8_t flag = instr.op == Op::stage ? cost_of(instr).wait_flag : instr.flag;
+    std::string name = "cross-core flag " + std::to_string(flag);
+    if (flag < program_.cross_flag_names.size() && !program_.cross_flag_names[flag].empty()) {
+      name += " (" + program_.cross_flag_names[flag] + ")";
     }
     return name;
   }

@@ -148,7 +148,7 @@ std::vector<std::vector<int>> uniform_blocks(double density, int q_tiles, int kv
 class FaBuilder : private ProgramBuilder {
  public:
   FaBuilder(const FaConfig& config, const HwParams& hw, const FaPlan& plan)
-      : ProgramBuilder(config.cores, hw), config_(config), plan_(plan) {
+      : ProgramBuilder(config.cores, hw, config.mode), config_(config), plan_(plan) {
     program_.cross_flag_names[kFlagQkReady] = "QK_READY";
     program_.cross_flag_names[kFlagSoftmaxReady] = "SOFTMAX_READY";
     program_.cross_flag_names[kFlagUpdateReady] = "UPDATE_READY";
@@ -238,59 +238,75 @@ class FaBuilder : private ProgramBuilder {
     return static_cast<double>(plan_.kv_tile_tokens) * config_.dim * element_bytes(config_);
   }
 
+  // Coarse mode folds each stage once per distinct key (ProgramBuilder::stage).
+  enum StageKind : std::int32_t { kLoadQ, kReleaseQ, kQk, kPv, kHoldO, kSm, kUp, kStoreO };
+
+  static StageKey tile_key(StageKind kind, const KvTile& tile, int rows, bool wait, bool set) {
+    return {{kind, tile.tokens, tile.hbm_tokens, tile.hbm_runs, tile.l2_tokens, tile.l2_runs, rows,
+             (wait ? 1 : 0) + (set ? 2 : 0)}};
+  }
+
   void emit_task(const FaTask& task, const std::vector<KvTile>& tiles,
                  const sched::Schedule& schedule) {
     const int core = task.core;
     CoreRings& rings = cores_[static_cast<std::size_t>(core)];
     const int count = static_cast<int>(tiles.size());
     const double q_bytes = static_cast<double>(task.rows) * config_.dim * element_bytes(config_);
-    acquire(core, rings.q_tile, StageTag::setup, -1);
-    gm_read(core, 0, StageTag::setup, -1, label("load q (HBM->L1)"), q_bytes, MemLevel::hbm, false,
-            Buffer::l1, q_bytes);
-    ready(core, rings.q_tile, 0, StageTag::setup, -1);
-    await(core, rings.q_tile, 0, StageTag::setup, -1);
-    const std::uint32_t load_k = label("QK load K tile (HBM->L1)");
-    const std::uint32_t reload_k = label("QK load K tile (L2 hit->L1)");
-    const std::uint32_t load_v = label("PV load V tile (HBM->L1)");
-    const std::uint32_t reload_v = label("PV load V tile (L2 hit->L1)");
-    const std::uint32_t load_p = label("PV load P (L2->L1)");
-    const bool int8 = config_.int8;
-    const double e = element_bytes(config_);
+    stage(core, 0, -1, {{kLoadQ, task.rows}}, [&] {
+      acquire(core, rings.q_tile, StageTag::setup, -1);
+      gm_read(core, 0, StageTag::setup, -1, label("load q (HBM->L1)"), q_bytes, MemLevel::hbm,
+              false, Buffer::l1, q_bytes);
+      ready(core, rings.q_tile, 0, StageTag::setup, -1);
+      await(core, rings.q_tile, 0, StageTag::setup, -1);
+    });
     for (const sched::StageInstance& item : schedule.cube) {
       const KvTile& tile = tiles[static_cast<std::size_t>(item.block)];
       if (item.stage == sched::Stage::qk) {
-        const int k_slot =
-            load_kv(core, rings.k_tiles, tile, StageTag::qk, item.block, load_k, reload_k);
-        matmul(core, Matmul{task.rows, tile.tokens, config_.dim, e, e, int8, StageTag::qk,
-                            item.block, "S"});
-        release(core, rings.k_tiles, k_slot, StageTag::qk, item.block, Buffer::l1, kv_tile_bytes());
-        if (flag_at_group_end(item, count)) {
-          set_cross(core, 0, Pipe::fix, kFlagQkReady, 2, StageTag::qk, item.block);
-        }
-        continue;
-      }
-      if (flag_at_group_start(item)) {
-        wait_cross(core, 0, Pipe::mte2, kFlagSoftmaxReady, StageTag::pv, item.block);
-      }
-      const double p_tile = static_cast<double>(config_.block) * plan_.kv_tile_tokens * e;
-      const int p_slot = acquire(core, rings.p_tiles, StageTag::pv, item.block);
-      gm_read(core, 0, StageTag::pv, item.block, load_p,
-              static_cast<double>(task.rows) * tile.tokens * e, MemLevel::l2,
-              !config_.opts.int8_layout, Buffer::l1, p_tile);
-      ready(core, rings.p_tiles, p_slot, StageTag::pv, item.block);
-      await(core, rings.p_tiles, p_slot, StageTag::pv, item.block);
-      const int v_slot =
-          load_kv(core, rings.v_tiles, tile, StageTag::pv, item.block, load_v, reload_v);
-      matmul(core, Matmul{task.rows, config_.dim, tile.tokens, e, e, int8, StageTag::pv, item.block,
-                          "O_tmp"});
-      release(core, rings.p_tiles, p_slot, StageTag::pv, item.block, Buffer::l1, p_tile);
-      release(core, rings.v_tiles, v_slot, StageTag::pv, item.block, Buffer::l1, kv_tile_bytes());
-      if (flag_at_group_end(item, count)) {
-        set_cross(core, 0, Pipe::fix, kFlagUpdateReady, 2, StageTag::pv, item.block);
+        const bool set = flag_at_group_end(item, count);
+        stage(core, 0, item.block, tile_key(kQk, tile, task.rows, false, set),
+              [&] { emit_qk(task, tile, item.block, set); });
+      } else {
+        const bool wait = flag_at_group_start(item), set = flag_at_group_end(item, count);
+        stage(core, 0, item.block, tile_key(kPv, tile, task.rows, wait, set),
+              [&] { emit_pv(task, tile, item.block, wait, set); });
       }
     }
-    release(core, rings.q_tile, 0, StageTag::setup, -1, Buffer::l1, q_bytes);
+    stage(core, 0, -1, {{kReleaseQ, task.rows}},
+          [&] { release(core, rings.q_tile, 0, StageTag::setup, -1, Buffer::l1, q_bytes); });
     for (int aiv = 0; aiv < 2; ++aiv) emit_vector(task, tiles, schedule, aiv);
+  }
+
+  void emit_qk(const FaTask& task, const KvTile& tile, int block, bool set) {
+    const int core = task.core;
+    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    const double e = element_bytes(config_);
+    const int k_slot = load_kv(core, rings.k_tiles, tile, StageTag::qk, block,
+                               label("QK load K tile (HBM->L1)"), label("QK load K tile (L2 hit->L1)"));
+    matmul(core, Matmul{task.rows, tile.tokens, config_.dim, e, e, config_.int8, StageTag::qk, block,
+                        "S"});
+    release(core, rings.k_tiles, k_slot, StageTag::qk, block, Buffer::l1, kv_tile_bytes());
+    if (set) set_cross(core, 0, Pipe::fix, kFlagQkReady, 2, StageTag::qk, block);
+  }
+
+  void emit_pv(const FaTask& task, const KvTile& tile, int block, bool wait, bool set) {
+    const int core = task.core;
+    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    const double e = element_bytes(config_);
+    if (wait) wait_cross(core, 0, Pipe::mte2, kFlagSoftmaxReady, StageTag::pv, block);
+    const double p_tile = static_cast<double>(config_.block) * plan_.kv_tile_tokens * e;
+    const int p_slot = acquire(core, rings.p_tiles, StageTag::pv, block);
+    gm_read(core, 0, StageTag::pv, block, label("PV load P (L2->L1)"),
+            static_cast<double>(task.rows) * tile.tokens * e, MemLevel::l2,
+            !config_.opts.int8_layout, Buffer::l1, p_tile);
+    ready(core, rings.p_tiles, p_slot, StageTag::pv, block);
+    await(core, rings.p_tiles, p_slot, StageTag::pv, block);
+    const int v_slot = load_kv(core, rings.v_tiles, tile, StageTag::pv, block,
+                               label("PV load V tile (HBM->L1)"), label("PV load V tile (L2 hit->L1)"));
+    matmul(core, Matmul{task.rows, config_.dim, tile.tokens, e, e, config_.int8, StageTag::pv, block,
+                        "O_tmp"});
+    release(core, rings.p_tiles, p_slot, StageTag::pv, block, Buffer::l1, p_tile);
+    release(core, rings.v_tiles, v_slot, StageTag::pv, block, Buffer::l1, kv_tile_bytes());
+    if (set) set_cross(core, 0, Pipe::fix, kFlagUpdateReady, 2, StageTag::pv, block);
   }
 
   // AIV0 takes the odd row; a one-row tile still runs on both AIVs (mode-2 flags need both).
@@ -307,68 +323,87 @@ class FaBuilder : private ProgramBuilder {
     const int count = static_cast<int>(tiles.size());
     const double o_bytes = static_cast<double>(rows) * config_.dim * kAccBytes;
     // The running O stays in UB for the whole task.
-    const int o_slot = acquire(core, rings.o_acc[aiv], StageTag::up, -1);
-    ready(core, rings.o_acc[aiv], o_slot, StageTag::up, -1, Buffer::ub, o_bytes);
-    await(core, rings.o_acc[aiv], o_slot, StageTag::up, -1);
+    int o_slot = 0;
+    stage(core, unit, -1, {{kHoldO, rows}}, [&] {
+      o_slot = acquire(core, rings.o_acc[aiv], StageTag::up, -1);
+      ready(core, rings.o_acc[aiv], o_slot, StageTag::up, -1, Buffer::ub, o_bytes);
+      await(core, rings.o_acc[aiv], o_slot, StageTag::up, -1);
+    });
+    for (const sched::StageInstance& item : schedule.vector) {
+      const KvTile& tile = tiles[static_cast<std::size_t>(item.block)];
+      const bool wait = flag_at_group_start(item);
+      if (item.stage == sched::Stage::sm) {
+        const bool set = flag_at_group_end(item, count);
+        // SM reads S and writes P through L2 only: the tile's HBM/L2 split does not matter.
+        const KvTile tokens_only{tile.tokens, 0, 0, 0, 0};
+        stage(core, unit, item.block, tile_key(kSm, tokens_only, rows, wait, set),
+              [&] { emit_sm(task, tile, item.block, aiv, wait, set); });
+      } else {
+        stage(core, unit, item.block, {{kUp, rows, wait ? 1 : 0}},
+              [&] { emit_up(task, item.block, aiv, wait); });
+      }
+    }
+    stage(core, unit, count - 1, {{kStoreO, rows}}, [&] {
+      compute(core, unit, Pipe::v, StageTag::up, count - 1, label("UP normalize O"),
+              vector_cycles(kUpFinalPasses, o_bytes, 2));
+      set_event(core, unit, Pipe::v, Pipe::mte3, 2, StageTag::up, count - 1);
+      wait_event(core, unit, Pipe::v, Pipe::mte3, 2, StageTag::up, count - 1,
+                 label("wait O computed"));
+      gm_write(core, unit, StageTag::up, count - 1, label("UP store O (UB->GM)"),
+               static_cast<double>(rows) * config_.dim * kOutBytes);
+      release(core, rings.o_acc[aiv], o_slot, StageTag::up, count - 1, Buffer::ub, o_bytes);
+    });
+  }
+
+  void emit_sm(const FaTask& task, const KvTile& tile, int block, int aiv, bool wait, bool set) {
+    const int core = task.core;
+    const int unit = aiv + 1;
+    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    const int rows = aiv_rows(task, aiv);
+    const double e = element_bytes(config_);
     const std::uint32_t load_s = label("SM load S (L2->UB)");
     const std::uint32_t softmax = label("SM softmax + cast P");
     const std::uint32_t store_p = label("SM store P (UB->L2)");
-    const std::uint32_t load_tmp = label("UP load O_tmp (L2->UB)");
-    const std::uint32_t add = label("UP rescale O + add O_tmp");
-    const double e = element_bytes(config_);
-    for (const sched::StageInstance& item : schedule.vector) {
-      const KvTile& tile = tiles[static_cast<std::size_t>(item.block)];
-      if (item.stage == sched::Stage::sm) {
-        if (flag_at_group_start(item)) {
-          wait_cross(core, unit, Pipe::mte2, kFlagQkReady, StageTag::sm, item.block);
-        }
-        for (int row0 = 0; row0 < rows; row0 += sm_rows_) {
-          const int step = std::min(sm_rows_, rows - row0);
-          const double s_tile = static_cast<double>(sm_rows_) * plan_.kv_tile_tokens * kAccBytes;
-          const double s_bytes = static_cast<double>(step) * tile.tokens * kAccBytes;
-          const double p_tile = static_cast<double>(sm_rows_) * plan_.kv_tile_tokens * e;
-          const int slot = acquire(core, rings.s_in[aiv], StageTag::sm, item.block);
-          gm_read(core, unit, StageTag::sm, item.block, load_s, s_bytes, MemLevel::l2, false,
-                  Buffer::ub, s_tile);
-          ready(core, rings.s_in[aiv], slot, StageTag::sm, item.block);
-          await(core, rings.s_in[aiv], slot, StageTag::sm, item.block);
-          const int p_slot = acquire(core, rings.p_out[aiv], StageTag::sm, item.block);
-          const double passes =
-              kSmElementwisePasses + kSmReductionPasses + (config_.int8 ? kSmInt8Passes : 0);
-          compute(core, unit, Pipe::v, StageTag::sm, item.block, softmax,
-                  vector_cycles(passes, s_bytes, kSmInstrs), Buffer::ub, p_tile);
-          release(core, rings.s_in[aiv], slot, StageTag::sm, item.block, Buffer::ub, s_tile);
-          ready(core, rings.p_out[aiv], p_slot, StageTag::sm, item.block);
-          await(core, rings.p_out[aiv], p_slot, StageTag::sm, item.block);
-          gm_write(core, unit, StageTag::sm, item.block, store_p,
-                   static_cast<double>(step) * tile.tokens * e);
-          release(core, rings.p_out[aiv], p_slot, StageTag::sm, item.block, Buffer::ub, p_tile);
-        }
-        if (flag_at_group_end(item, count)) {
-          set_cross(core, unit, Pipe::mte3, kFlagSoftmaxReady, 2, StageTag::sm, item.block);
-        }
-        continue;
-      }
-      if (flag_at_group_start(item)) {
-        wait_cross(core, unit, Pipe::mte2, kFlagUpdateReady, StageTag::up, item.block);
-      }
-      const int slot = acquire(core, rings.o_tmp[aiv], StageTag::up, item.block);
-      gm_read(core, unit, StageTag::up, item.block, load_tmp, o_bytes, MemLevel::l2, false,
-              Buffer::ub, o_bytes);
-      ready(core, rings.o_tmp[aiv], slot, StageTag::up, item.block);
-      await(core, rings.o_tmp[aiv], slot, StageTag::up, item.block);
-      compute(core, unit, Pipe::v, StageTag::up, item.block, add,
-              vector_cycles(kUpPasses, o_bytes, kUpInstrs));
-      release(core, rings.o_tmp[aiv], slot, StageTag::up, item.block, Buffer::ub, o_bytes);
+    if (wait) wait_cross(core, unit, Pipe::mte2, kFlagQkReady, StageTag::sm, block);
+    for (int row0 = 0; row0 < rows; row0 += sm_rows_) {
+      const int step = std::min(sm_rows_, rows - row0);
+      const double s_tile = static_cast<double>(sm_rows_) * plan_.kv_tile_tokens * kAccBytes;
+      const double s_bytes = static_cast<double>(step) * tile.tokens * kAccBytes;
+      const double p_tile = static_cast<double>(sm_rows_) * plan_.kv_tile_tokens * e;
+      const int slot = acquire(core, rings.s_in[aiv], StageTag::sm, block);
+      gm_read(core, unit, StageTag::sm, block, load_s, s_bytes, MemLevel::l2, false, Buffer::ub,
+              s_tile);
+      ready(core, rings.s_in[aiv], slot, StageTag::sm, block);
+      await(core, rings.s_in[aiv], slot, StageTag::sm, block);
+      const int p_slot = acquire(core, rings.p_out[aiv], StageTag::sm, block);
+      const double passes =
+          kSmElementwisePasses + kSmReductionPasses + (config_.int8 ? kSmInt8Passes : 0);
+      compute(core, unit, Pipe::v, StageTag::sm, block, softmax,
+              vector_cycles(passes, s_bytes, kSmInstrs), Buffer::ub, p_tile);
+      release(core, rings.s_in[aiv], slot, StageTag::sm, block, Buffer::ub, s_tile);
+      ready(core, rings.p_out[aiv], p_slot, StageTag::sm, block);
+      await(core, rings.p_out[aiv], p_slot, StageTag::sm, block);
+      gm_write(core, unit, StageTag::sm, block, store_p,
+               static_cast<double>(step) * tile.tokens * e);
+      release(core, rings.p_out[aiv], p_slot, StageTag::sm, block, Buffer::ub, p_tile);
     }
-    compute(core, unit, Pipe::v, StageTag::up, count - 1, label("UP normalize O"),
-            vector_cycles(kUpFinalPasses, o_bytes, 2));
-    set_event(core, unit, Pipe::v, Pipe::mte3, 2, StageTag::up, count - 1);
-    wait_event(core, unit, Pipe::v, Pipe::mte3, 2, StageTag::up, count - 1,
-               label("wait O computed"));
-    gm_write(core, unit, StageTag::up, count - 1, label("UP store O (UB->GM)"),
-             static_cast<double>(rows) * config_.dim * kOutBytes);
-    release(core, rings.o_acc[aiv], o_slot, StageTag::up, count - 1, Buffer::ub, o_bytes);
+    if (set) set_cross(core, unit, Pipe::mte3, kFlagSoftmaxReady, 2, StageTag::sm, block);
+  }
+
+  void emit_up(const FaTask& task, int block, int aiv, bool wait) {
+    const int core = task.core;
+    const int unit = aiv + 1;
+    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    const double o_bytes = static_cast<double>(aiv_rows(task, aiv)) * config_.dim * kAccBytes;
+    if (wait) wait_cross(core, unit, Pipe::mte2, kFlagUpdateReady, StageTag::up, block);
+    const int slot = acquire(core, rings.o_tmp[aiv], StageTag::up, block);
+    gm_read(core, unit, StageTag::up, block, label("UP load O_tmp (L2->UB)"), o_bytes,
+            MemLevel::l2, false, Buffer::ub, o_bytes);
+    ready(core, rings.o_tmp[aiv], slot, StageTag::up, block);
+    await(core, rings.o_tmp[aiv], slot, StageTag::up, block);
+    compute(core, unit, Pipe::v, StageTag::up, block, label("UP rescale O + add O_tmp"),
+            vector_cycles(kUpPasses, o_bytes, kUpInstrs));
+    release(core, rings.o_tmp[aiv], slot, StageTag::up, block, Buffer::ub, o_bytes);
   }
 
   const FaConfig& config_;

@@ -41,6 +41,7 @@ struct FaConfig {
   std::vector<FaPattern> patterns;  // head h uses patterns[h % size]; empty = spatial,
                                     // temporal, textural
   MlaOptimizations opts;            // nope_rope_split does not apply (no rope part)
+  SimMode mode = SimMode::fine;     // every instruction, or one folded event per stage
   int block = 128;                  // sparse block and query tile rows
 };
 
