@@ -241,52 +241,26 @@ std::size_t ProgramBuilder::StageKeyHash::operator()(const StageKey& key) const 
   return static_cast<std::size_t>(hash ^ (hash >> 29));
 }
 
-std::vector<Instr> ProgramBuilder::fold_stage(const std::vector<Instr>& recorded, int core,
-                                              int unit) {
-  for (const Instr& instr : recorded) {
-    if (instr.core != core || instr.unit != unit) {
-      throw SimError("coarse mode: a stage of core " + std::to_string(core) + " " +
-                     unit_name(unit) + " emits for core " + std::to_string(instr.core) + " " +
-                     unit_name(instr.unit));
-    }
-  }
-  // Runs of "wait, work, set": a cross-core wait after work starts a new run, a set ends one,
-  // so every flag keeps its place between the work before and after it.
-  std::vector<Instr> out;
-  const Instr* wait = nullptr;
-  std::size_t first = 0;
-  bool work = false;
-  for (std::size_t i = 0; i < recorded.size(); ++i) {
-    const Instr& instr = recorded[i];
-    if (instr.op == Op::wait_cross) {
-      if (work || wait != nullptr) fold_run(recorded, first, i, wait, nullptr, out);
-      wait = &instr;
-      first = i + 1;
-      work = false;
-    } else if (instr.op == Op::set_cross) {
-      fold_run(recorded, first, i, wait, &instr, out);
-      wait = nullptr;
-      first = i + 1;
-      work = false;
-    } else if (instr.op == Op::compute || instr.op == Op::gm_read || instr.op == Op::gm_write) {
-      work = true;
-    }
-  }
-  if (work || wait != nullptr) fold_run(recorded, first, recorded.size(), wait, nullptr, out);
-  return out;
-}
+namespace {
 
-void ProgramBuilder::fold_run(const std::vector<Instr>& recorded, std::size_t first,
-                              std::size_t last, const Instr* wait, const Instr* set,
-                              std::vector<Instr>& out) {
-  // The run's timing on an idle unit, as the engine would give it without contention: each pipe
-  // in order, intra-core waits on the sets of this run (a wait whose set came from an earlier
-  // stage is taken as already free: the unit's occupancy below covers that hand-off).
+/// Instructions `first`..`last` of a recorded stage timed on an idle unit, as the engine would
+/// time them without contention: each pipe in order, intra-core waits on the sets recorded
+/// before them (a wait whose set came from an earlier stage finds its slot free), cross-core
+/// flags taken as already set.
+struct RunTiming {
+  double occupancy = 0;  // the busiest pipe's busy time
+  double critical = 0;   // until the last pipe is free and its work retired
+  double bytes[2] = {0, 0};     // per level (L2, HBM)
+  double transfer[2] = {0, 0};  // the busiest pipe's transfer time at its port rate, per level
+};
+
+RunTiming time_run(const std::vector<Instr>& recorded, std::size_t first, std::size_t last,
+                   double event_latency) {
   struct PipeClock {
     double free = 0;    // when the pipe can start its next instruction
     double retire = 0;  // when its issued work has retired (DMA data landed)
     double busy = 0;
-    double transfer[2] = {0, 0};  // transfer time at the port rate, per level (L2, HBM)
+    double transfer[2] = {0, 0};
   };
   struct PendingSet {
     Pipe from, to;
@@ -295,9 +269,7 @@ void ProgramBuilder::fold_run(const std::vector<Instr>& recorded, std::size_t fi
   };
   std::array<PipeClock, kNumPipeKinds> pipes{};
   std::vector<PendingSet> sets;
-  double bytes[2] = {0, 0};
-  StageTag tag = set != nullptr ? set->stage : (wait != nullptr ? wait->stage : StageTag::setup);
-  if (first < last) tag = recorded[first].stage;
+  RunTiming timing;
   for (std::size_t i = first; i < last; ++i) {
     const Instr& instr = recorded[i];
     PipeClock& pipe = pipes[static_cast<std::size_t>(instr.pipe)];
@@ -315,12 +287,12 @@ void ProgramBuilder::fold_run(const std::vector<Instr>& recorded, std::size_t fi
         pipe.busy += instr.cycles + moving;
         pipe.retire = std::max(pipe.retire, pipe.free + instr.latency);
         pipe.transfer[level] += moving;
-        bytes[level] += instr.bytes;
+        timing.bytes[level] += instr.bytes;
         break;
       }
       case Op::set_event:
         sets.push_back({instr.pipe, instr.peer_pipe, instr.flag,
-                        std::max(pipe.free, pipe.retire) + hw_.intra_core_event_latency_cycles});
+                        std::max(pipe.free, pipe.retire) + event_latency});
         break;
       case Op::wait_event: {
         const auto match = std::find_if(sets.begin(), sets.end(), [&](const PendingSet& pending) {
@@ -339,34 +311,90 @@ void ProgramBuilder::fold_run(const std::vector<Instr>& recorded, std::size_t fi
         break;
     }
   }
-  // Occupancy: the busiest pipe (the unit starts its next stage once that pipe is through);
-  // latency: the rest of the run's critical path, after which its flag is set.
-  double occupancy = 0, critical = 0, transfer[2] = {0, 0};
   for (const PipeClock& pipe : pipes) {
-    occupancy = std::max(occupancy, pipe.busy);
-    critical = std::max({critical, pipe.free, pipe.retire});
+    timing.occupancy = std::max(timing.occupancy, pipe.busy);
+    timing.critical = std::max({timing.critical, pipe.free, pipe.retire});
     for (int level = 0; level < 2; ++level) {
-      transfer[level] = std::max(transfer[level], pipe.transfer[level]);
+      timing.transfer[level] = std::max(timing.transfer[level], pipe.transfer[level]);
     }
   }
+  return timing;
+}
+
+}  // namespace
+
+std::vector<Instr> ProgramBuilder::fold_stage(const std::vector<Instr>& recorded,
+                                              std::size_t copy_size, int core, int unit) {
+  for (const Instr& instr : recorded) {
+    if (instr.core != core || instr.unit != unit) {
+      throw SimError("coarse mode: a stage of core " + std::to_string(core) + " " +
+                     unit_name(unit) + " emits for core " + std::to_string(instr.core) + " " +
+                     unit_name(instr.unit));
+    }
+  }
+  // The stage's period when it repeats back to back (its rings let the next copy start only as
+  // far as their slots allow), over the busiest pipe's time: how much the unit's pipes fail to
+  // overlap. Each run's occupancy is its busiest pipe scaled by that.
+  const double latency = hw_.intra_core_event_latency_cycles;
+  const RunTiming once = time_run(recorded, 0, copy_size, latency);
+  const RunTiming repeated = time_run(recorded, 0, recorded.size(), latency);
+  const double copies = static_cast<double>(recorded.size()) / static_cast<double>(copy_size);
+  const double period = (repeated.critical - once.critical) / (copies - 1);
+  const double overlap_loss =
+      once.occupancy > 0 ? std::max(1.0, period / once.occupancy) : 1.0;
+  // Runs of "wait, work, set": a cross-core wait after work starts a new run, a set ends one,
+  // so every flag keeps its place between the work before and after it.
+  std::vector<Instr> out;
+  const Instr* wait = nullptr;
+  std::size_t first = 0;
+  bool work = false;
+  for (std::size_t i = 0; i < copy_size; ++i) {
+    const Instr& instr = recorded[i];
+    if (instr.op == Op::wait_cross) {
+      if (work || wait != nullptr) fold_run(recorded, first, i, wait, nullptr, overlap_loss, out);
+      wait = &instr;
+      first = i + 1;
+      work = false;
+    } else if (instr.op == Op::set_cross) {
+      fold_run(recorded, first, i, wait, &instr, overlap_loss, out);
+      wait = nullptr;
+      first = i + 1;
+      work = false;
+    } else if (instr.op == Op::compute || instr.op == Op::gm_read || instr.op == Op::gm_write) {
+      work = true;
+    }
+  }
+  if (work || wait != nullptr) {
+    fold_run(recorded, first, copy_size, wait, nullptr, overlap_loss, out);
+  }
+  return out;
+}
+
+void ProgramBuilder::fold_run(const std::vector<Instr>& recorded, std::size_t first,
+                              std::size_t last, const Instr* wait, const Instr* set,
+                              double overlap_loss, std::vector<Instr>& out) {
+  const RunTiming timing = time_run(recorded, first, last, hw_.intra_core_event_latency_cycles);
+  StageTag tag = set != nullptr ? set->stage : (wait != nullptr ? wait->stage : StageTag::setup);
+  if (first < last) tag = recorded[first].stage;
   const std::uint32_t text = label(std::string(stage_tag_name(tag)) + " stage (folded)");
   // One op per level with traffic (HBM first), each moving its bytes at the rate that takes
-  // the level's busiest port time; the first op waits, the last sets.
+  // the level's busiest port time; the unit is held for the occupancy, and the rest of the
+  // critical path is the last op's latency, after which its flag is set.
   std::vector<Instr> ops;
   for (const int level : {1, 0}) {
-    if (bytes[level] <= 0) continue;
+    if (timing.bytes[level] <= 0) continue;
     Instr op;
     op.level = level == 1 ? MemLevel::hbm : MemLevel::l2;
-    op.bytes = bytes[level];
-    op.port_rate = bytes[level] / transfer[level];
+    op.bytes = timing.bytes[level];
+    op.port_rate = timing.bytes[level] / timing.transfer[level];
     ops.push_back(op);
   }
   if (ops.empty()) ops.emplace_back();
   double moving = 0;
   for (const Instr& op : ops) moving += op.bytes > 0 ? op.bytes / op.port_rate : 0;
-  const double held = std::max(occupancy, moving);
+  const double held = std::max(timing.occupancy * overlap_loss, moving);
   ops.back().cycles = held - moving;
-  ops.back().latency = std::max(0.0, critical - held);
+  ops.back().latency = std::max(0.0, timing.critical - held);
   for (Instr& op : ops) {
     op.op = Op::stage;
     op.stage = tag;

@@ -99,8 +99,10 @@ class ProgramBuilder {
       recording_ = true;
       recorded_.clear();
       emit_stage();
+      const std::size_t copy_size = recorded_.size();
+      for (int copy = 1; copy < kFoldCopies; ++copy) emit_stage();
       recording_ = false;
-      found = folds_.emplace(key, fold_stage(recorded_, core, unit)).first;
+      found = folds_.emplace(key, fold_stage(recorded_, copy_size, core, unit)).first;
     }
     for (Instr instr : found->second) {
       instr.core = core;
@@ -140,12 +142,17 @@ class ProgramBuilder {
  private:
   /// Fine mode: to the program. Coarse mode: recorded for the stage being folded.
   void emit(const Instr& instr);
-  /// The Op::stage instructions of one recorded stage (core, unit and block set by the caller).
-  std::vector<Instr> fold_stage(const std::vector<Instr>& recorded, int core, int unit);
-  /// One run: `first`..`last` of `recorded`, waiting on `wait` (a wait_cross, or nullptr) and
-  /// setting `set` (a set_cross, or nullptr).
+  /// A stage is recorded this many times back to back, to time how far its repetitions overlap.
+  static constexpr int kFoldCopies = 4;
+  /// The Op::stage instructions of a recorded stage (`recorded`: kFoldCopies copies of
+  /// `copy_size` instructions each); core, unit and block are set by the caller.
+  std::vector<Instr> fold_stage(const std::vector<Instr>& recorded, std::size_t copy_size,
+                                int core, int unit);
+  /// One run: `first`..`last` of `recorded`, waiting on `wait` (a wait_cross, or nullptr),
+  /// setting `set` (a set_cross, or nullptr), its occupancy scaled by `overlap_loss`.
   void fold_run(const std::vector<Instr>& recorded, std::size_t first, std::size_t last,
-                const Instr* wait, const Instr* set, std::vector<Instr>& out);
+                const Instr* wait, const Instr* set, double overlap_loss,
+                std::vector<Instr>& out);
 
   struct StageKeyHash {
     std::size_t operator()(const StageKey& key) const noexcept;
