@@ -244,19 +244,21 @@ std::size_t ProgramBuilder::StageKeyHash::operator()(const StageKey& key) const 
 namespace {
 
 /// Instructions `first`..`last` of a recorded stage timed on an idle unit, as the engine would
-/// time them without contention: each pipe in order, intra-core waits on the sets recorded
-/// before them (a wait whose set came from an earlier stage finds its slot free), cross-core
-/// flags taken as already set.
+/// time them without contention: each pipe runs its instructions in order, an intra-core wait
+/// takes the earliest recorded set it matches, and a wait no recorded set can release (its set
+/// came from an earlier stage) finds its slot free. Cross-core flags are taken as already set.
 struct RunTiming {
   double occupancy = 0;  // the busiest pipe's busy time
   double critical = 0;   // until the last pipe is free and its work retired
   double bytes[2] = {0, 0};     // per level (L2, HBM)
-  double transfer[2] = {0, 0};  // the busiest pipe's transfer time at its port rate, per level
+  double transfer[2] = {0, 0};  // the pipes' transfer time at their port rates, per level
 };
 
 RunTiming time_run(const std::vector<Instr>& recorded, std::size_t first, std::size_t last,
                    double event_latency) {
   struct PipeClock {
+    std::vector<std::size_t> queue;
+    std::size_t pos = 0;
     double free = 0;    // when the pipe can start its next instruction
     double retire = 0;  // when its issued work has retired (DMA data landed)
     double busy = 0;
@@ -268,55 +270,61 @@ RunTiming time_run(const std::vector<Instr>& recorded, std::size_t first, std::s
     double visible;
   };
   std::array<PipeClock, kNumPipeKinds> pipes{};
+  for (std::size_t i = first; i < last; ++i) {
+    pipes[static_cast<std::size_t>(recorded[i].pipe)].queue.push_back(i);
+  }
   std::vector<PendingSet> sets;
   RunTiming timing;
-  for (std::size_t i = first; i < last; ++i) {
-    const Instr& instr = recorded[i];
-    PipeClock& pipe = pipes[static_cast<std::size_t>(instr.pipe)];
-    switch (instr.op) {
-      case Op::compute:
-        pipe.free += instr.cycles;
-        pipe.busy += instr.cycles;
-        pipe.retire = std::max(pipe.retire, pipe.free);
-        break;
-      case Op::gm_read:
-      case Op::gm_write: {
-        const double moving = instr.bytes > 0 ? instr.bytes / instr.port_rate : 0;
-        const int level = instr.level == MemLevel::hbm ? 1 : 0;
-        pipe.free += instr.cycles + moving;
-        pipe.busy += instr.cycles + moving;
-        pipe.retire = std::max(pipe.retire, pipe.free + instr.latency);
-        pipe.transfer[level] += moving;
-        timing.bytes[level] += instr.bytes;
-        break;
-      }
-      case Op::set_event:
-        sets.push_back({instr.pipe, instr.peer_pipe, instr.flag,
-                        std::max(pipe.free, pipe.retire) + event_latency});
-        break;
-      case Op::wait_event: {
-        const auto match = std::find_if(sets.begin(), sets.end(), [&](const PendingSet& pending) {
-          return pending.from == instr.peer_pipe && pending.to == instr.pipe &&
-                 pending.id == instr.flag;
-        });
-        if (match != sets.end()) {
-          pipe.free = std::max(pipe.free, match->visible);
-          sets.erase(match);
+  // Runs every pipe as far as its waits allow; returns false when no pipe moved.
+  const auto advance = [&](bool force_first_wait) {
+    bool moved = false;
+    for (PipeClock& pipe : pipes) {
+      while (pipe.pos < pipe.queue.size()) {
+        const Instr& instr = recorded[pipe.queue[pipe.pos]];
+        if (instr.op == Op::wait_event) {
+          const auto match = std::find_if(sets.begin(), sets.end(), [&](const PendingSet& set) {
+            return set.from == instr.peer_pipe && set.to == instr.pipe && set.id == instr.flag;
+          });
+          if (match != sets.end()) {
+            pipe.free = std::max(pipe.free, match->visible);
+            sets.erase(match);
+          } else if (!force_first_wait) {
+            break;
+          }
+          force_first_wait = false;
+        } else if (instr.op == Op::compute) {
+          pipe.free += instr.cycles;
+          pipe.busy += instr.cycles;
+          pipe.retire = std::max(pipe.retire, pipe.free);
+        } else if (instr.op == Op::gm_read || instr.op == Op::gm_write) {
+          const double moving = instr.bytes > 0 ? instr.bytes / instr.port_rate : 0;
+          const int level = instr.level == MemLevel::hbm ? 1 : 0;
+          pipe.free += instr.cycles + moving;
+          pipe.busy += instr.cycles + moving;
+          pipe.retire = std::max(pipe.retire, pipe.free + instr.latency);
+          pipe.transfer[level] += moving;
+          timing.bytes[level] += instr.bytes;
+        } else if (instr.op == Op::set_event) {
+          sets.push_back({instr.pipe, instr.peer_pipe, instr.flag,
+                          std::max(pipe.free, pipe.retire) + event_latency});
         }
-        break;
+        ++pipe.pos;
+        moved = true;
       }
-      case Op::set_cross:
-      case Op::wait_cross:
-      case Op::stage:
-        break;
     }
+    return moved;
+  };
+  const auto unfinished = [&] {
+    return std::any_of(pipes.begin(), pipes.end(),
+                       [](const PipeClock& pipe) { return pipe.pos < pipe.queue.size(); });
+  };
+  while (unfinished()) {
+    if (!advance(false)) advance(true);
   }
   for (const PipeClock& pipe : pipes) {
     timing.occupancy = std::max(timing.occupancy, pipe.busy);
     timing.critical = std::max({timing.critical, pipe.free, pipe.retire});
-    for (int level = 0; level < 2; ++level) {
-      timing.transfer[level] = std::max(timing.transfer[level], pipe.transfer[level]);
-    }
+    for (int level = 0; level < 2; ++level) timing.transfer[level] += pipe.transfer[level];
   }
   return timing;
 }
@@ -377,23 +385,27 @@ void ProgramBuilder::fold_run(const std::vector<Instr>& recorded, std::size_t fi
   StageTag tag = set != nullptr ? set->stage : (wait != nullptr ? wait->stage : StageTag::setup);
   if (first < last) tag = recorded[first].stage;
   const std::uint32_t text = label(std::string(stage_tag_name(tag)) + " stage (folded)");
-  // One op per level with traffic (HBM first), each moving its bytes at the rate that takes
-  // the level's busiest port time; the unit is held for the occupancy, and the rest of the
-  // critical path is the last op's latency, after which its flag is set.
+  // The unit is held for the occupancy; the rest of the critical path is the last op's latency,
+  // after which its flag is set. One op per level with traffic (HBM first) moves the level's
+  // bytes in the time its ports spend on them together (as one port that carries them in turn,
+  // so it asks the level for no more than the ports did), or faster when that would not fit in
+  // the occupancy.
+  const double held = timing.occupancy * overlap_loss;
+  const double port_time = timing.transfer[0] + timing.transfer[1];
+  const double squeeze = port_time > held ? held / port_time : 1.0;
   std::vector<Instr> ops;
   for (const int level : {1, 0}) {
     if (timing.bytes[level] <= 0) continue;
     Instr op;
     op.level = level == 1 ? MemLevel::hbm : MemLevel::l2;
     op.bytes = timing.bytes[level];
-    op.port_rate = timing.bytes[level] / timing.transfer[level];
+    op.port_rate = timing.bytes[level] / (timing.transfer[level] * squeeze);
     ops.push_back(op);
   }
   if (ops.empty()) ops.emplace_back();
   double moving = 0;
   for (const Instr& op : ops) moving += op.bytes > 0 ? op.bytes / op.port_rate : 0;
-  const double held = std::max(timing.occupancy * overlap_loss, moving);
-  ops.back().cycles = held - moving;
+  ops.back().cycles = std::max(0.0, held - moving);
   ops.back().latency = std::max(0.0, timing.critical - held);
   for (Instr& op : ops) {
     op.op = Op::stage;
