@@ -94,23 +94,22 @@ class ProgramBuilder {
       emit_stage();
       return;
     }
-    auto found = folds_.find(key);
-    if (found == folds_.end()) {
-      recording_ = true;
-      recorded_.clear();
-      emit_stage();
-      const std::size_t copy_size = recorded_.size();
-      for (int copy = 1; copy < kFoldCopies; ++copy) emit_stage();
-      recording_ = false;
-      found = folds_.emplace(key, fold_stage(recorded_, copy_size, core, unit)).first;
-    }
-    for (Instr instr : found->second) {
+    for (Instr instr : folded(core, unit, key, emit_stage)) {
       instr.core = core;
       instr.unit = static_cast<std::uint8_t>(unit);
       instr.pipe = unit == 0 ? Pipe::m : Pipe::v;
       instr.block = block;
       program_.add(instr);
     }
+  }
+
+  /// Coarse mode: the time a stage holds its unit without contention (its folded ops' heads and
+  /// transfers), for cost models; nothing is added to the program.
+  template <class EmitStage>
+  double stage_hold(int core, int unit, const StageKey& key, EmitStage&& emit_stage) {
+    double hold = 0;
+    for (const Instr& op : folded(core, unit, key, emit_stage)) hold += op.ideal_cycles;
+    return hold;
   }
 
   // ---- rings ----------------------------------------------------------------------------------
@@ -140,6 +139,22 @@ class ProgramBuilder {
   Program program_;
 
  private:
+  /// The fold of the stage `key`, recorded (kFoldCopies times) and folded on first use.
+  template <class EmitStage>
+  const std::vector<Instr>& folded(int core, int unit, const StageKey& key,
+                                   EmitStage& emit_stage) {
+    auto found = folds_.find(key);
+    if (found == folds_.end()) {
+      recording_ = true;
+      recorded_.clear();
+      emit_stage();
+      const std::size_t copy_size = recorded_.size();
+      for (int copy = 1; copy < kFoldCopies; ++copy) emit_stage();
+      recording_ = false;
+      found = folds_.emplace(key, fold_stage(recorded_, copy_size, core, unit)).first;
+    }
+    return found->second;
+  }
   /// Fine mode: to the program. Coarse mode: recorded for the stage being folded.
   void emit(const Instr& instr);
   /// A stage is recorded this many times back to back, to time how far its repetitions overlap.

@@ -1,7 +1,9 @@
 #include "sim/fa.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <map>
 #include <ditops/sparse.hpp>
 #include <sstream>
 
@@ -172,6 +174,29 @@ class FaBuilder : private ProgramBuilder {
                 sched::make_schedule(static_cast<int>(tiles.size()), config_.chunk, options));
     }
     return take();
+  }
+
+  /// Coarse mode: a KV tile's cost on its busier unit (the AIC's QK + PV, or one AIV's
+  /// SM + UP: their holds without contention), for the RainFusion breakdown. Builds nothing.
+  double tile_cost(const KvTile& tile, int rows) {
+    if (cores_.empty()) {
+      cores_.resize(1);
+      init_core(0);
+    }
+    FaTask task;
+    task.rows = rows;
+    const double cube =
+        stage_hold(0, 0, tile_key(kQk, tile, rows, false, true),
+                   [&] { emit_qk(task, tile, 0, true); }) +
+        stage_hold(0, 0, tile_key(kPv, tile, rows, true, true),
+                   [&] { emit_pv(task, tile, 0, true, true); });
+    const int aiv_rows0 = aiv_rows(task, 0);
+    const KvTile tokens_only{tile.tokens, 0, 0, 0, 0};
+    const double vector =
+        stage_hold(0, 1, tile_key(kSm, tokens_only, aiv_rows0, true, true),
+                   [&] { emit_sm(task, tile, 0, 0, true, true); }) +
+        stage_hold(0, 1, {{kUp, aiv_rows0, 1}}, [&] { emit_up(task, 0, 0, true); });
+    return std::max(cube, vector);
   }
 
  private:
@@ -654,6 +679,99 @@ Program build_fa_program(const FaConfig& config, const HwParams& hw, FaPlan* pla
   Program program = builder.build(estimate + estimate / 32);
   if (plan_out != nullptr) *plan_out = std::move(plan);
   return program;
+}
+
+FaBreakdown rainfusion_breakdown(const FaConfig& config, const HwParams& hw, const FaPlan& plan,
+                                 double time_us) {
+  FaBreakdown breakdown;
+  breakdown.ideal_speedup = 1 / (1 - config.sparsity);
+  if (!config.rainfusion) return breakdown;
+  FaConfig coarse = config;
+  coarse.mode = SimMode::coarse;
+  FaBuilder costing(coarse, hw, plan);
+  std::map<std::array<int, 6>, double> costs;
+  const auto cost = [&](const KvTile& tile, int rows) {
+    const std::array<int, 6> key{tile.tokens,    tile.hbm_tokens, tile.hbm_runs,
+                                 tile.l2_tokens, tile.l2_runs,    rows};
+    const auto found = costs.find(key);
+    if (found != costs.end()) return found->second;
+    return costs[key] = costing.tile_cost(tile, rows);
+  };
+  // Cycles per kept key of a full tile of L2 hits, one copy run each for K and V: the cost the
+  // ideal share would run at.
+  const int full = plan.kv_tile_tokens;
+  const double per_key = cost({full, 0, 0, full, 1}, config.block) / full;
+  // Text and frame 0 come first in every pattern's order: every query attends them, and their
+  // queries attend every key (ops/sparse/layout).
+  const long long sink_end = static_cast<long long>(config.text) + config.height * config.width;
+  const long long kv = kv_tokens(config);
+  const int tile_blocks = plan.kv_tile_tokens / config.block;
+  // Every task of a (mask, query tile) has the same tiles: count them, cost each once.
+  std::map<std::pair<int, int>, double> tasks_of;
+  for (const FaTask& task : plan.tasks) tasks_of[{task.mask, task.q_tile}] += 1;
+  double keys = 0, sink_keys = 0, window_keys = 0, kept_sink = 0, kept_window = 0;
+  double first_reads = 0, partial = 0, index = 0;
+  for (const auto& [where, count] : tasks_of) {
+    const auto [mask, q_tile] = where;
+    const int rows = std::min(config.block, config.seq - q_tile * config.block);
+    const bool sink_rows = static_cast<long long>(q_tile) * config.block < sink_end;
+    const auto& kept = plan.kept[static_cast<std::size_t>(mask)][static_cast<std::size_t>(q_tile)];
+    keys += count * static_cast<double>(kv);
+    sink_keys += count * static_cast<double>(sink_rows ? kv : std::min(sink_end, kv));
+    window_keys += count * static_cast<double>(sink_rows ? 0 : kv - std::min(sink_end, kv));
+    for (const int block : kept) {
+      const double tokens = static_cast<double>(std::min<long long>(config.block, kv - block * 1LL * config.block));
+      (sink_rows || static_cast<long long>(block) * config.block < sink_end ? kept_sink
+                                                                            : kept_window) +=
+          count * tokens;
+    }
+    for (const KvTile& tile : kv_tiles(kept, config.block, tile_blocks, static_cast<int>(kv),
+                                       plan.first_reader[static_cast<std::size_t>(mask)], q_tile)) {
+      // The same keys in one copy run per level, and a full tile with the same level mix.
+      const KvTile one_run{tile.tokens, tile.hbm_tokens, tile.hbm_tokens > 0 ? 1 : 0,
+                           tile.l2_tokens, tile.l2_tokens > 0 ? 1 : 0};
+      const int full_hbm = static_cast<int>(std::lround(static_cast<double>(full) *
+                                                        tile.hbm_tokens / tile.tokens));
+      const KvTile full_mix{full, full_hbm, full_hbm > 0 ? 1 : 0, full - full_hbm,
+                            full - full_hbm > 0 ? 1 : 0};
+      const double mixed_per_key = cost(full_mix, config.block) / full;
+      first_reads += count * (mixed_per_key - per_key) * tile.tokens;
+      partial += count * (cost(one_run, rows) - mixed_per_key * tile.tokens);
+      index += count * (cost(tile, rows) - cost(one_run, rows));
+    }
+  }
+  const double s = config.sparsity;
+  // In cycles summed over tasks; they add up to the tiles' total cost. A part the mask makes
+  // negative (fewer window keys than the ideal share, a partial query tile cheaper per key) is
+  // taken off the ideal share instead.
+  std::vector<std::pair<std::string, double>> work = {
+      {"kept keys at the ideal share (1 - sparsity)", per_key * (1 - s) * keys},
+      {"kept keys beyond the ideal share (block granularity)",
+       per_key * (kept_window - (1 - s) * window_keys)},
+      {"text and first-frame keys (dense rows and columns)",
+       per_key * (kept_sink - (1 - s) * sink_keys)},
+      {"K/V first reads from HBM", first_reads},
+      {"partial tiles (fewer than " + std::to_string(full) + " keys)", partial},
+      {"index handling (gathered K/V copy runs)", index}};
+  double total_work = 0;
+  for (auto& [name, cycles] : work) {
+    if (&cycles != &work.front().second && cycles < 0) {
+      work.front().second += cycles;
+      cycles = 0;
+    }
+  }
+  for (auto& [name, cycles] : work) {
+    cycles = std::max(0.0, cycles);
+    total_work += cycles;
+  }
+  // The tiles' cost per core against the simulated time: what is left is the pipeline's
+  // fill and drain, flag waits, shared-bandwidth contention and load imbalance.
+  const double work_us = total_work / cycles_per_us(hw) / std::max(1, plan.cores_used);
+  const double other = std::max(0.0, time_us - work_us);
+  const double scale = total_work > 0 ? (time_us - other) / total_work : 0;
+  for (const auto& [name, cycles] : work) breakdown.parts.push_back({name, cycles * scale});
+  breakdown.parts.push_back({"pipeline fill and drain, flag waits, contention, imbalance", other});
+  return breakdown;
 }
 
 std::uint64_t estimate_fa_instructions(const FaConfig& config, const HwParams& hw) {

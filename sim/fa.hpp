@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sim/hw.hpp"
@@ -72,6 +73,19 @@ struct FaPlan {
 FaPlan plan_fa(const FaConfig& config, const HwParams& hw);
 
 Program build_fa_program(const FaConfig& config, const HwParams& hw, FaPlan* plan = nullptr);
+
+/// Where a RainFusion run's time goes, beside the ideal speedup over dense 1 / (1 - sparsity):
+/// the tiles' costs (each tile's busier unit, folded as in coarse mode, without contention)
+/// split into the keys at the ideal share, the keys kept beyond it, the text and first-frame
+/// keys, first reads from HBM, partial tiles and index handling (copy runs of gathered blocks);
+/// scaled to the simulated time per core, and the rest of `time_us` as pipeline, flags,
+/// contention and imbalance. The parts are non-negative and add up to `time_us`.
+struct FaBreakdown {
+  double ideal_speedup = 1;
+  std::vector<std::pair<std::string, double>> parts;  // name -> us
+};
+FaBreakdown rainfusion_breakdown(const FaConfig& config, const HwParams& hw, const FaPlan& plan,
+                                 double time_us);
 
 /// Instructions build_fa_program emits, counted from the plan without building it.
 std::uint64_t estimate_fa_instructions(const FaConfig& config, const HwParams& hw);

@@ -698,6 +698,17 @@ int command_fa(const Options& options) {
                                   masks + ", kept share " + kept;
     std::cout << sim::format_table(run.summary,
                                    title + "\n" + mode_line(mode) + "\n" + plan_line + "\n");
+    if (config.rainfusion) {
+      const sim::FaBreakdown breakdown =
+          sim::rainfusion_breakdown(config, hw, plan, run.summary.time_us);
+      std::printf("\nRainFusion: ideal speedup over dense 1 / (1 - %s) = %.2fx; where the time "
+                  "goes (sim/README.md):\n",
+                  sim::number_text(config.sparsity).c_str(), breakdown.ideal_speedup);
+      for (const auto& [name, us] : breakdown.parts) {
+        std::printf("  %-62s %12.1f us  %5.1f%%\n", name.c_str(), us,
+                    100 * us / run.summary.time_us);
+      }
+    }
     return 0;
   }
   nlohmann::ordered_json head;
@@ -716,6 +727,15 @@ int command_fa(const Options& options) {
                   {"kv_blocks", plan.kv_blocks},   {"kv_tile_tokens", plan.kv_tile_tokens},
                   {"cores_used", plan.cores_used}, {"masks", plan.mask_names},
                   {"kept_share", plan.kept_share}};
+  if (config.rainfusion) {
+    const sim::FaBreakdown breakdown =
+        sim::rainfusion_breakdown(config, hw, plan, run.summary.time_us);
+    nlohmann::ordered_json parts = nlohmann::ordered_json::object();
+    for (const auto& [name, us] : breakdown.parts) parts[name] = us;
+    head["rainfusion"] = {{"sparsity", config.sparsity},
+                          {"ideal_speedup", breakdown.ideal_speedup},
+                          {"time_us_by_part", parts}};
+  }
   print_run_json(head, run.summary);
   return 0;
 }
