@@ -639,34 +639,43 @@ FaPlan plan_fa(const FaConfig& config, const HwParams& hw) {
 
 namespace {
 
-/// Instructions of the program for `plan`, counted without building it: two one-task builds (a
-/// full query tile over 4 and 12 full KV tiles) give the instructions per tile and per task.
+/// Instructions of the program for `plan`, counted without building it: one-task builds (a full
+/// query tile over 4 and 12 full KV tiles) give the instructions per task and per tile that
+/// reads its K and V from HBM; a build of two query tiles of one head (the second hits L2) the
+/// instructions per tile of L2 hits (coarse mode folds a tile that reads both levels into more
+/// events).
 std::uint64_t estimate_from_plan(const FaConfig& config, const HwParams& hw, const FaPlan& plan) {
   FaConfig probe = config;
   probe.batch = 1;
   probe.heads = 1;
   probe.cores = 1;
-  probe.seq = config.block;
   probe.density = 1;
   probe.rainfusion = false;
-  const auto probe_size = [&](int tiles) {
+  const auto probe_size = [&](int q_tiles, int tiles) {
+    probe.seq = q_tiles * config.block;
     probe.kv_seq = tiles * plan.kv_tile_tokens;
     const FaPlan probe_plan = plan_fa(probe, hw);
     return static_cast<double>(FaBuilder(probe, hw, probe_plan).build(0).instrs.size());
   };
-  const double few = probe_size(4), many = probe_size(12);
-  const double per_tile = (many - few) / 8, per_task = few - 4 * per_tile;
+  const double few = probe_size(1, 4), many = probe_size(1, 12);
+  const double per_hbm_tile = (many - few) / 8, per_task = few - 4 * per_hbm_tile;
+  const double per_l2_tile = (probe_size(2, 4) - 2 * per_task - 4 * per_hbm_tile) / 4;
   const int tile_blocks = plan.kv_tile_tokens / config.block;
   const auto patterns = head_patterns(config);
-  double tiles = 0;
+  double hbm_tiles = 0, l2_tiles = 0;
   for (int head = 0; head < config.heads; ++head) {
-    for (const auto& kept : plan.kept[static_cast<std::size_t>(head) % patterns.size()]) {
-      tiles += std::ceil(static_cast<double>(kept.size()) / tile_blocks);
+    const std::size_t mask = static_cast<std::size_t>(head) % patterns.size();
+    for (int q_tile = 0; q_tile < plan.q_tiles; ++q_tile) {
+      for (const KvTile& tile :
+           kv_tiles(plan.kept[mask][static_cast<std::size_t>(q_tile)], config.block, tile_blocks,
+                    kv_tokens(config), plan.first_reader[mask], q_tile)) {
+        (tile.hbm_tokens > 0 ? hbm_tiles : l2_tiles) += 1;
+      }
     }
   }
-  tiles *= config.batch;
   const double tasks = static_cast<double>(config.batch) * config.heads * plan.q_tiles;
-  return static_cast<std::uint64_t>(per_task * tasks + per_tile * tiles);
+  return static_cast<std::uint64_t>(
+      per_task * tasks + config.batch * (per_hbm_tile * hbm_tiles + per_l2_tile * l2_tiles));
 }
 
 }  // namespace
