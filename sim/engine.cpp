@@ -620,11 +620,21 @@ class Engine {
       }
     }
     const bool fill_open = capped == 0;  // the last round capped nothing: the rest share `equal`
+    // The open transfers all move at `equal`, so the least remaining of them finishes first:
+    // one division for all of them gives the same double (rounding is monotonic).
     double earliest = std::numeric_limits<double>::infinity();
+    double least_open = std::numeric_limits<double>::infinity();
     for (const int pipe : resource.active) {
       Transfer& transfer = transfers_[static_cast<std::size_t>(pipe)];
-      if (fill_open && transfer.rate == 0) transfer.rate = equal;
-      earliest = std::min(earliest, transfer.remaining / transfer.rate);
+      if (fill_open && transfer.rate == 0) {
+        transfer.rate = equal;
+        least_open = std::min(least_open, transfer.remaining);
+      } else {
+        earliest = std::min(earliest, transfer.remaining / transfer.rate);
+      }
+    }
+    if (least_open != std::numeric_limits<double>::infinity()) {
+      earliest = std::min(earliest, least_open / equal);
     }
     // Numbered from the same sequence as the heap's events, so ties resolve as before.
     resource.completion = Event{now_ + earliest, seq_++, EventKind::transfer_done,
