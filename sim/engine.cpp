@@ -48,6 +48,7 @@ struct Transfer {
   double remaining = 0;
   double rate = 0;
   double cap = 0;
+  int weight = 1;  // transfers it stands for (2: a mirrored AIV's), each at `rate`
 };
 
 struct Resource {
@@ -55,6 +56,7 @@ struct Resource {
   double last_update = 0;
   std::uint32_t version = 0;  // bumped whenever rates change
   std::vector<int> active;    // global pipes
+  std::size_t weight = 0;     // the active transfers' weights: how many they stand for
   // The earliest completion under the current rates. Only the latest one counts (every start
   // or end of a transfer replaces it), so it is kept here instead of in the event heap, where
   // the replaced ones would stay as stale entries: most of the heap in a transfer-heavy run.
@@ -191,6 +193,12 @@ class Engine {
           fail("cross-core flag id " + std::to_string(wait) + " >= " + std::to_string(flag_ids_));
         }
       }
+      if (program_.mirrored_aivs &&
+          (instr.unit == 2 || (instr.unit == 1 && instr.mode != 2 &&
+                               (instr.op == Op::set_cross ||
+                                (instr.op == Op::stage && instr.flag != kNoFlag))))) {
+        fail("with mirrored AIVs only AIV0 has instructions and its flags are mode 2");
+      }
       const bool sets_flag = instr.op == Op::stage && instr.flag != kNoFlag;
       if (instr.op == Op::set_cross || instr.op == Op::wait_cross || sets_flag) {
         if (instr.flag >= flag_ids_) {
@@ -224,6 +232,11 @@ class Engine {
   // ---- pipes
   // -------------------------------------------------------------------------------------
   const InstrCost& cost_of(const PackedInstr& instr) const { return program_.cost(instr); }
+
+  /// An AIV0 instruction that stands for both AIVs (Program::mirrored_aivs).
+  bool mirrored(const PackedInstr& instr) const {
+    return program_.mirrored_aivs && instr.unit == 1;
+  }
 
   const PackedInstr& head(int pipe) const {
     return program_.instrs[program_.queues[static_cast<std::size_t>(pipe)][pipes_[pipe].pos]];
@@ -352,7 +365,8 @@ class Engine {
     if (instr.op == Op::gm_read || instr.op == Op::gm_write || instr.op == Op::stage) {
       const InstrCost& cost = cost_of(instr);
       stats.contention += std::max(0.0, duration - cost.ideal_cycles);
-      (instr.level == MemLevel::hbm ? result_.hbm_bytes : result_.l2_bytes) += cost.bytes;
+      (instr.level == MemLevel::hbm ? result_.hbm_bytes : result_.l2_bytes) +=
+          cost.bytes * (mirrored(instr) ? 2 : 1);
       retire = time + cost.latency;
     }
     state.retire = std::max(state.retire, retire);
@@ -466,15 +480,16 @@ class Engine {
     const int flag = instr.flag;
     if (instr.mode == 2) {
       if (instr.unit == 0) {
-        // An AIC set releases one wait on each of its two AIVs.
+        // An AIC set releases one wait on each of its two AIVs (mirrored: AIV0 stands for both).
         release_to(core, 1, flag, index, time);
-        release_to(core, 2, flag, index, time);
+        if (!program_.mirrored_aivs) release_to(core, 2, flag, index, time);
         return;
       }
       // The AIC counter rises once both AIVs have set.
       const std::size_t base = static_cast<std::size_t>(core) * flag_ids_ + flag;
       long long& mine = mode2_up_sets_[base * 2 + (instr.unit - 1)];
       ++mine;
+      if (mirrored(instr)) ++mode2_up_sets_[base * 2 + 1];
       check_pending(mine - mode2_up_released_[base], index);
       const long long both = std::min(mode2_up_sets_[base * 2], mode2_up_sets_[base * 2 + 1]);
       if (both > mode2_up_released_[base]) {
@@ -538,7 +553,9 @@ class Engine {
     transfer.remaining = cost.bytes;
     transfer.cap = cost.port_rate;
     transfer.rate = 0;
+    transfer.weight = mirrored(instr) ? 2 : 1;
     resource.active.push_back(pipe);
+    resource.weight += static_cast<std::size_t>(transfer.weight);
     share(resource_index);
   }
 
@@ -563,6 +580,7 @@ class Engine {
     for (const int pipe : finished_) {
       resource.active.erase(std::find(resource.active.begin(), resource.active.end(), pipe));
       transfers_[static_cast<std::size_t>(pipe)].resource = -1;
+      resource.weight -= static_cast<std::size_t>(transfers_[static_cast<std::size_t>(pipe)].weight);
     }
     share(resource_index);
     for (const int pipe : finished_) finish(pipe, now_);
@@ -592,8 +610,9 @@ class Engine {
     // for the earliest completion: two passes over the active transfers instead of four (this
     // runs at every transfer start and end), with the same operations in the same order, so the
     // rates are bit-identical to the plain rounds.
+    // A transfer of weight w counts as w transfers of its cap (w = 1 but for mirrored AIVs).
     double left = resource.capacity;
-    std::size_t open = count;
+    std::size_t open = resource.weight;
     double equal = left / static_cast<double>(open);
     std::size_t capped = 0;
     for (const int pipe : resource.active) {
@@ -601,8 +620,8 @@ class Engine {
       transfer.rate = 0;
       if (transfer.cap <= equal) {
         transfer.rate = transfer.cap;
-        left -= transfer.cap;
-        ++capped;
+        left -= transfer.cap * transfer.weight;
+        capped += static_cast<std::size_t>(transfer.weight);
       }
     }
     while (capped > 0) {
@@ -614,8 +633,8 @@ class Engine {
         Transfer& transfer = transfers_[static_cast<std::size_t>(pipe)];
         if (transfer.rate == 0 && transfer.cap <= equal) {
           transfer.rate = transfer.cap;
-          left -= transfer.cap;
-          ++capped;
+          left -= transfer.cap * transfer.weight;
+          capped += static_cast<std::size_t>(transfer.weight);
         }
       }
     }
@@ -688,6 +707,17 @@ class Engine {
       total += stats.instructions;
     }
     result_.instructions = total;
+    if (program_.mirrored_aivs) {
+      for (int core = 0; core < cores_; ++core) {
+        for (const Pipe pipe : {Pipe::mte2, Pipe::v, Pipe::mte3}) {
+          const auto global = [&](int unit) {
+            return static_cast<std::size_t>(core) * kPipesPerCore +
+                   static_cast<std::size_t>(local_pipe_index(unit, pipe));
+          };
+          result_.pipes[global(2)] = result_.pipes[global(1)];
+        }
+      }
+    }
   }
 
   const Program& program_;

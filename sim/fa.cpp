@@ -154,6 +154,7 @@ class FaBuilder : private ProgramBuilder {
     program_.cross_flag_names[kFlagQkReady] = "QK_READY";
     program_.cross_flag_names[kFlagSoftmaxReady] = "SOFTMAX_READY";
     program_.cross_flag_names[kFlagUpdateReady] = "UPDATE_READY";
+    program_.mirrored_aivs = config.mode == SimMode::coarse;
   }
 
   /// `expected_instructions`: storage reserved up front (the estimate; 0 reserves nothing).
@@ -298,7 +299,10 @@ class FaBuilder : private ProgramBuilder {
     }
     stage(core, 0, -1, {{kReleaseQ, task.rows}},
           [&] { release(core, rings.q_tile, 0, StageTag::setup, -1, Buffer::l1, q_bytes); });
-    for (int aiv = 0; aiv < 2; ++aiv) emit_vector(task, tiles, schedule, aiv);
+    // Coarse mode: AIV0's stages stand for AIV1's (Program::mirrored_aivs), the same work on the
+    // other half of the rows, one row fewer in an odd tile.
+    const int aivs = program_.mirrored_aivs ? 1 : 2;
+    for (int aiv = 0; aiv < aivs; ++aiv) emit_vector(task, tiles, schedule, aiv);
   }
 
   void emit_qk(const FaTask& task, const KvTile& tile, int block, bool set) {

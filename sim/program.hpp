@@ -130,6 +130,11 @@ std::string local_pipe_name(int local_index);
 
 struct Program {
   int num_cores = 0;
+  // Coarse flash attention: the two AIVs of a core run the same stages on the two halves of a
+  // query tile, so only AIV0's are in the program and stand for both (their flags count for
+  // both AIVs, their transfers twice in the L2/HBM shares and traffic, their statistics for
+  // AIV1 too).
+  bool mirrored_aivs = false;
   std::vector<PackedInstr> instrs;
   std::vector<InstrCost> costs;                    // the distinct costs; costs[0] is all zeros
   std::vector<std::vector<std::uint32_t>> queues;  // per global pipe: instruction indices
