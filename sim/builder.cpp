@@ -227,8 +227,7 @@ void ProgramBuilder::emit(const Instr& instr) {
     return;
   }
   if (mode_ == SimMode::coarse) {
-    throw SimError("coarse mode: an instruction outside a stage: " +
-                   program_.labels[instr.label]);
+    throw SimError("coarse mode: an instruction outside a stage: " + program_.labels[instr.label]);
   }
   program_.add(instr);
 }
@@ -248,8 +247,8 @@ namespace {
 /// takes the earliest recorded set it matches, and a wait no recorded set can release (its set
 /// came from an earlier stage) finds its slot free. Cross-core flags are taken as already set.
 struct RunTiming {
-  double occupancy = 0;  // the busiest pipe's busy time
-  double critical = 0;   // until the last pipe is free and its work retired
+  double occupancy = 0;         // the busiest pipe's busy time
+  double critical = 0;          // until the last pipe is free and its work retired
   double bytes[2] = {0, 0};     // per level (L2, HBM)
   double transfer[2] = {0, 0};  // the pipes' transfer time at their port rates, per level
 };
@@ -348,8 +347,7 @@ std::vector<Instr> ProgramBuilder::fold_stage(const std::vector<Instr>& recorded
   const RunTiming repeated = time_run(recorded, 0, recorded.size(), latency);
   const double copies = static_cast<double>(recorded.size()) / static_cast<double>(copy_size);
   const double period = (repeated.critical - once.critical) / (copies - 1);
-  const double overlap_loss =
-      once.occupancy > 0 ? std::max(1.0, period / once.occupancy) : 1.0;
+  const double overlap_loss = once.occupancy > 0 ? std::max(1.0, period / once.occupancy) : 1.0;
   // Runs of "wait, work, set": a cross-core wait after work starts a new run, a set ends one,
   // so every flag keeps its place between the work before and after it.
   std::vector<Instr> out;

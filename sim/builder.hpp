@@ -141,8 +141,7 @@ class ProgramBuilder {
  private:
   /// The fold of the stage `key`, recorded (kFoldCopies times) and folded on first use.
   template <class EmitStage>
-  const std::vector<Instr>& folded(int core, int unit, const StageKey& key,
-                                   EmitStage& emit_stage) {
+  const std::vector<Instr>& folded(int core, int unit, const StageKey& key, EmitStage& emit_stage) {
     auto found = folds_.find(key);
     if (found == folds_.end()) {
       recording_ = true;
@@ -161,13 +160,12 @@ class ProgramBuilder {
   static constexpr int kFoldCopies = 4;
   /// The Op::stage instructions of a recorded stage (`recorded`: kFoldCopies copies of
   /// `copy_size` instructions each); core, unit and block are set by the caller.
-  std::vector<Instr> fold_stage(const std::vector<Instr>& recorded, std::size_t copy_size,
-                                int core, int unit);
+  std::vector<Instr> fold_stage(const std::vector<Instr>& recorded, std::size_t copy_size, int core,
+                                int unit);
   /// One run: `first`..`last` of `recorded`, waiting on `wait` (a wait_cross, or nullptr),
   /// setting `set` (a set_cross, or nullptr), its occupancy scaled by `overlap_loss`.
   void fold_run(const std::vector<Instr>& recorded, std::size_t first, std::size_t last,
-                const Instr* wait, const Instr* set, double overlap_loss,
-                std::vector<Instr>& out);
+                const Instr* wait, const Instr* set, double overlap_loss, std::vector<Instr>& out);
 
   struct StageKeyHash {
     std::size_t operator()(const StageKey& key) const noexcept;

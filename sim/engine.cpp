@@ -194,9 +194,9 @@ class Engine {
         }
       }
       if (program_.mirrored_aivs &&
-          (instr.unit == 2 || (instr.unit == 1 && instr.mode != 2 &&
-                               (instr.op == Op::set_cross ||
-                                (instr.op == Op::stage && instr.flag != kNoFlag))))) {
+          (instr.unit == 2 ||
+           (instr.unit == 1 && instr.mode != 2 &&
+            (instr.op == Op::set_cross || (instr.op == Op::stage && instr.flag != kNoFlag))))) {
         fail("with mirrored AIVs only AIV0 has instructions and its flags are mode 2");
       }
       const bool sets_flag = instr.op == Op::stage && instr.flag != kNoFlag;
@@ -580,7 +580,8 @@ class Engine {
     for (const int pipe : finished_) {
       resource.active.erase(std::find(resource.active.begin(), resource.active.end(), pipe));
       transfers_[static_cast<std::size_t>(pipe)].resource = -1;
-      resource.weight -= static_cast<std::size_t>(transfers_[static_cast<std::size_t>(pipe)].weight);
+      resource.weight -=
+          static_cast<std::size_t>(transfers_[static_cast<std::size_t>(pipe)].weight);
     }
     share(resource_index);
     for (const int pipe : finished_) finish(pipe, now_);

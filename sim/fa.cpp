@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <map>
 #include <ditops/sparse.hpp>
+#include <map>
 #include <sstream>
 
 #include "ops/schedule/schedule.hpp"
@@ -186,11 +186,10 @@ class FaBuilder : private ProgramBuilder {
     }
     FaTask task;
     task.rows = rows;
-    const double cube =
-        stage_hold(0, 0, tile_key(kQk, tile, rows, false, true),
-                   [&] { emit_qk(task, tile, 0, true); }) +
-        stage_hold(0, 0, tile_key(kPv, tile, rows, true, true),
-                   [&] { emit_pv(task, tile, 0, true, true); });
+    const double cube = stage_hold(0, 0, tile_key(kQk, tile, rows, false, true),
+                                   [&] { emit_qk(task, tile, 0, true); }) +
+                        stage_hold(0, 0, tile_key(kPv, tile, rows, true, true),
+                                   [&] { emit_pv(task, tile, 0, true, true); });
     const int aiv_rows0 = aiv_rows(task, 0);
     const KvTile tokens_only{tile.tokens, 0, 0, 0, 0};
     const double vector =
@@ -309,10 +308,11 @@ class FaBuilder : private ProgramBuilder {
     const int core = task.core;
     CoreRings& rings = cores_[static_cast<std::size_t>(core)];
     const double e = element_bytes(config_);
-    const int k_slot = load_kv(core, rings.k_tiles, tile, StageTag::qk, block,
-                               label("QK load K tile (HBM->L1)"), label("QK load K tile (L2 hit->L1)"));
-    matmul(core, Matmul{task.rows, tile.tokens, config_.dim, e, e, config_.int8, StageTag::qk, block,
-                        "S"});
+    const int k_slot =
+        load_kv(core, rings.k_tiles, tile, StageTag::qk, block, label("QK load K tile (HBM->L1)"),
+                label("QK load K tile (L2 hit->L1)"));
+    matmul(core, Matmul{task.rows, tile.tokens, config_.dim, e, e, config_.int8, StageTag::qk,
+                        block, "S"});
     release(core, rings.k_tiles, k_slot, StageTag::qk, block, Buffer::l1, kv_tile_bytes());
     if (set) set_cross(core, 0, Pipe::fix, kFlagQkReady, 2, StageTag::qk, block);
   }
@@ -329,10 +329,11 @@ class FaBuilder : private ProgramBuilder {
             !config_.opts.int8_layout, Buffer::l1, p_tile);
     ready(core, rings.p_tiles, p_slot, StageTag::pv, block);
     await(core, rings.p_tiles, p_slot, StageTag::pv, block);
-    const int v_slot = load_kv(core, rings.v_tiles, tile, StageTag::pv, block,
-                               label("PV load V tile (HBM->L1)"), label("PV load V tile (L2 hit->L1)"));
-    matmul(core, Matmul{task.rows, config_.dim, tile.tokens, e, e, config_.int8, StageTag::pv, block,
-                        "O_tmp"});
+    const int v_slot =
+        load_kv(core, rings.v_tiles, tile, StageTag::pv, block, label("PV load V tile (HBM->L1)"),
+                label("PV load V tile (L2 hit->L1)"));
+    matmul(core, Matmul{task.rows, config_.dim, tile.tokens, e, e, config_.int8, StageTag::pv,
+                        block, "O_tmp"});
     release(core, rings.p_tiles, p_slot, StageTag::pv, block, Buffer::l1, p_tile);
     release(core, rings.v_tiles, v_slot, StageTag::pv, block, Buffer::l1, kv_tile_bytes());
     if (set) set_cross(core, 0, Pipe::fix, kFlagUpdateReady, 2, StageTag::pv, block);
@@ -426,8 +427,8 @@ class FaBuilder : private ProgramBuilder {
     const double o_bytes = static_cast<double>(aiv_rows(task, aiv)) * config_.dim * kAccBytes;
     if (wait) wait_cross(core, unit, Pipe::mte2, kFlagUpdateReady, StageTag::up, block);
     const int slot = acquire(core, rings.o_tmp[aiv], StageTag::up, block);
-    gm_read(core, unit, StageTag::up, block, label("UP load O_tmp (L2->UB)"), o_bytes,
-            MemLevel::l2, false, Buffer::ub, o_bytes);
+    gm_read(core, unit, StageTag::up, block, label("UP load O_tmp (L2->UB)"), o_bytes, MemLevel::l2,
+            false, Buffer::ub, o_bytes);
     ready(core, rings.o_tmp[aiv], slot, StageTag::up, block);
     await(core, rings.o_tmp[aiv], slot, StageTag::up, block);
     compute(core, unit, Pipe::v, StageTag::up, block, label("UP rescale O + add O_tmp"),
@@ -733,7 +734,8 @@ FaBreakdown rainfusion_breakdown(const FaConfig& config, const HwParams& hw, con
     sink_keys += count * static_cast<double>(sink_rows ? kv : std::min(sink_end, kv));
     window_keys += count * static_cast<double>(sink_rows ? 0 : kv - std::min(sink_end, kv));
     for (const int block : kept) {
-      const double tokens = static_cast<double>(std::min<long long>(config.block, kv - block * 1LL * config.block));
+      const double tokens =
+          static_cast<double>(std::min<long long>(config.block, kv - block * 1LL * config.block));
       (sink_rows || static_cast<long long>(block) * config.block < sink_end ? kept_sink
                                                                             : kept_window) +=
           count * tokens;
@@ -743,8 +745,8 @@ FaBreakdown rainfusion_breakdown(const FaConfig& config, const HwParams& hw, con
       // The same keys in one copy run per level, and a full tile with the same level mix.
       const KvTile one_run{tile.tokens, tile.hbm_tokens, tile.hbm_tokens > 0 ? 1 : 0,
                            tile.l2_tokens, tile.l2_tokens > 0 ? 1 : 0};
-      const int full_hbm = static_cast<int>(std::lround(static_cast<double>(full) *
-                                                        tile.hbm_tokens / tile.tokens));
+      const int full_hbm =
+          static_cast<int>(std::lround(static_cast<double>(full) * tile.hbm_tokens / tile.tokens));
       const KvTile full_mix{full, full_hbm, full_hbm > 0 ? 1 : 0, full - full_hbm,
                             full - full_hbm > 0 ? 1 : 0};
       const double mixed_per_key = cost(full_mix, config.block) / full;

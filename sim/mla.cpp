@@ -368,8 +368,8 @@ class MlaBuilder : private ProgramBuilder {
     // q (int8 nope + bf16 rope) stays in L1 for the whole task.
     stage(core, 0, -1, {{kLoadQ, task.rows}}, [&] {
       acquire(core, rings.q_tile, StageTag::setup, -1);
-      gm_read(core, 0, StageTag::setup, -1, label("load q (HBM->L1)"), q_bytes(task),
-              MemLevel::hbm, false, Buffer::l1, q_bytes(task));
+      gm_read(core, 0, StageTag::setup, -1, label("load q (HBM->L1)"), q_bytes(task), MemLevel::hbm,
+              false, Buffer::l1, q_bytes(task));
       ready(core, rings.q_tile, 0, StageTag::setup, -1);
     });
     int qks_left = task.num_blocks;
@@ -414,8 +414,8 @@ class MlaBuilder : private ProgramBuilder {
         for (std::size_t k = 0; k < run.size(); ++k) {
           if (flag_at_group_start(run[k])) waits |= 1 << k;
         }
-        const int ends = (run.front().block == 0 ? 1 : 0) +
-                         (run.back().block == task.num_blocks - 1 ? 2 : 0);
+        const int ends =
+            (run.front().block == 0 ? 1 : 0) + (run.back().block == task.num_blocks - 1 ? 2 : 0);
         stage(core, aiv + 1, run.front().block,
               {{kUp, static_cast<int>(run.size()), rows, ends, waits}},
               [&] { emit_up(task, run, aiv); });

@@ -529,8 +529,8 @@ int command_mla(const Options& options) {
   const std::string title = "ditops-sim mla: " + sim::describe(config);
   write_run_files(options, run, hw, title);
   if (!options.json) {
-    std::cout << sim::format_table(run.summary, title + "\n" + mode_line(mode) + "\n" +
-                                                    plan_text(config, plan) + "\n");
+    std::cout << sim::format_table(
+        run.summary, title + "\n" + mode_line(mode) + "\n" + plan_text(config, plan) + "\n");
     return 0;
   }
   nlohmann::ordered_json head;
@@ -701,9 +701,10 @@ int command_fa(const Options& options) {
     if (config.rainfusion) {
       const sim::FaBreakdown breakdown =
           sim::rainfusion_breakdown(config, hw, plan, run.summary.time_us);
-      std::printf("\nRainFusion: ideal speedup over dense 1 / (1 - %s) = %.2fx; where the time "
-                  "goes (sim/README.md):\n",
-                  sim::number_text(config.sparsity).c_str(), breakdown.ideal_speedup);
+      std::printf(
+          "\nRainFusion: ideal speedup over dense 1 / (1 - %s) = %.2fx; where the time "
+          "goes (sim/README.md):\n",
+          sim::number_text(config.sparsity).c_str(), breakdown.ideal_speedup);
       for (const auto& [name, us] : breakdown.parts) {
         std::printf("  %-62s %12.1f us  %5.1f%%\n", name.c_str(), us,
                     100 * us / run.summary.time_us);
@@ -822,10 +823,10 @@ void report_sweep(const Options& options, const sim::MlaConfig& base,
     return row.mode == sim::SimMode::coarse;
   });
   std::printf("mode: %s\n", coarse_rows == 0 ? "fine (every instruction)"
-                             : coarse_rows == static_cast<long>(rows.size())
-                                 ? "coarse (one event per core, unit and stage; sim/README.md)"
-                                 : "fine, and coarse where the fine program would exceed "
-                                   "--max-instructions (marked c)");
+                            : coarse_rows == static_cast<long>(rows.size())
+                                ? "coarse (one event per core, unit and stage; sim/README.md)"
+                                : "fine, and coarse where the fine program would exceed "
+                                  "--max-instructions (marked c)");
   std::printf("time in us; (xN) = time / time at chunk=%d; AIC/AIV = compute-pipe idle share\n\n",
               reference_chunk);
   if (!cpu.empty()) {
@@ -846,9 +847,8 @@ void report_sweep(const Options& options, const sim::MlaConfig& base,
                   row.mode == sim::SimMode::coarse && coarse_rows < static_cast<long>(rows.size())
                       ? 'c'
                       : ' ',
-                  row.summary.time_us,
-                  row.summary.time_us / reference_time(row), 100.0 * row.summary.bubbles[0].idle,
-                  100.0 * row.summary.bubbles[1].idle);
+                  row.summary.time_us, row.summary.time_us / reference_time(row),
+                  100.0 * row.summary.bubbles[0].idle, 100.0 * row.summary.bubbles[1].idle);
       if (cpu.empty()) continue;
       const double cpu_us = cpu_time(row.batch, row.kv, row.chunk),
                    cpu_reference = cpu_time(row.batch, row.kv, reference_chunk);

@@ -487,7 +487,8 @@ TEST_F(Cli, ModeChoosesTheModelAndReportsIt) {
   EXPECT_NE(above["mode_reason"].get<std::string>().find("above --max-instructions 500000"),
             std::string::npos);
   EXPECT_LT(above["instructions"].get<double>(), 500000);
-  for (const auto& row : json_of("sweep --batch 1,48 --kv 512 --chunk 1 --max-instructions 50000")) {
+  for (const auto& row :
+       json_of("sweep --batch 1,48 --kv 512 --chunk 1 --max-instructions 50000")) {
     EXPECT_EQ(row["mode"], row["batch"] == 1 ? "fine" : "coarse") << row["batch"];
   }
   const CliRun table = run("fa --max-instructions 500000");

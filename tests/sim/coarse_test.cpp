@@ -58,7 +58,7 @@ FaConfig wan_like(double sparsity) {
 TEST(Coarse, FaTimeWithin3PercentOfFine) {
   const HwParams hw;
   std::vector<std::pair<FaConfig, double>> configs = {
-      {flux_like(1), 0.045},        {flux_like(2), 0.03},    {flux_like(4), 0.03},
+      {flux_like(1), 0.045},       {flux_like(2), 0.03},   {flux_like(4), 0.03},
       {flux_like(4, "all"), 0.03}, {wan_like(0.64), 0.03}, {wan_like(0.9), 0.03}};
   FaConfig sparse = flux_like(2);
   sparse.density = 0.25;
