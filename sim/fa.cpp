@@ -724,7 +724,7 @@ FaBreakdown rainfusion_breakdown(const FaConfig& config, const HwParams& hw, con
   std::map<std::pair<int, int>, double> tasks_of;
   for (const FaTask& task : plan.tasks) tasks_of[{task.mask, task.q_tile}] += 1;
   double keys = 0, sink_keys = 0, window_keys = 0, kept_sink = 0, kept_window = 0;
-  double first_reads = 0, partial = 0, index = 0;
+  double first_reads = 0, partial = 0, index = 0, tiles = 0, work = 0;
   for (const auto& [where, count] : tasks_of) {
     const auto [mask, q_tile] = where;
     const int rows = std::min(config.block, config.seq - q_tile * config.block);
@@ -753,39 +753,45 @@ FaBreakdown rainfusion_breakdown(const FaConfig& config, const HwParams& hw, con
       first_reads += count * (mixed_per_key - per_key) * tile.tokens;
       partial += count * (cost(one_run, rows) - mixed_per_key * tile.tokens);
       index += count * (cost(tile, rows) - cost(one_run, rows));
+      tiles += count;
+      work += count * cost(tile, rows);
     }
   }
   const double s = config.sparsity;
-  // In cycles summed over tasks; they add up to the tiles' total cost. A part the mask makes
+  // The simulated time on the cores beyond the tiles' cost (flag hand-offs, the pipeline's fill
+  // and drain, shared-bandwidth contention, imbalance) is charged per KV tile: a key then costs
+  // its share of a full tile's, and a partial tile the rest of its own.
+  const double simulated = time_us * cycles_per_us(hw) * std::max(1, plan.cores_used);
+  const double per_tile = tiles > 0 ? std::max(0.0, simulated - work) / tiles : 0;
+  const double key = per_key + per_tile / full;
+  const double kept_keys = kept_sink + kept_window;
+  // In cycles summed over the cores; they add up to the simulated time. A part the mask makes
   // negative (fewer window keys than the ideal share, a partial query tile cheaper per key) is
   // taken off the ideal share instead.
-  std::vector<std::pair<std::string, double>> work = {
-      {"kept keys at the ideal share (1 - sparsity)", per_key * (1 - s) * keys},
+  std::vector<std::pair<std::string, double>> parts = {
+      {"kept keys at the ideal share (1 - sparsity)", key * (1 - s) * keys},
       {"kept keys beyond the ideal share (block granularity)",
-       per_key * (kept_window - (1 - s) * window_keys)},
+       key * (kept_window - (1 - s) * window_keys)},
       {"text and first-frame keys (dense rows and columns)",
-       per_key * (kept_sink - (1 - s) * sink_keys)},
+       key * (kept_sink - (1 - s) * sink_keys)},
       {"K/V first reads from HBM", first_reads},
-      {"partial tiles (fewer than " + std::to_string(full) + " keys)", partial},
+      {"partial tiles (fewer than " + std::to_string(full) + " keys)",
+       partial + per_tile * (tiles - kept_keys / full)},
       {"index handling (gathered K/V copy runs)", index}};
-  double total_work = 0;
-  for (auto& [name, cycles] : work) {
-    if (&cycles != &work.front().second && cycles < 0) {
-      work.front().second += cycles;
+  for (auto& [name, cycles] : parts) {
+    if (&cycles != &parts.front().second && cycles < 0) {
+      parts.front().second += cycles;
       cycles = 0;
     }
   }
-  for (auto& [name, cycles] : work) {
+  double total = 0;
+  for (auto& [name, cycles] : parts) {
     cycles = std::max(0.0, cycles);
-    total_work += cycles;
+    total += cycles;
   }
-  // The tiles' cost per core against the simulated time: what is left is the pipeline's
-  // fill and drain, flag waits, shared-bandwidth contention and load imbalance.
-  const double work_us = total_work / cycles_per_us(hw) / std::max(1, plan.cores_used);
-  const double other = std::max(0.0, time_us - work_us);
-  const double scale = total_work > 0 ? (time_us - other) / total_work : 0;
-  for (const auto& [name, cycles] : work) breakdown.parts.push_back({name, cycles * scale});
-  breakdown.parts.push_back({"pipeline fill and drain, flag waits, contention, imbalance", other});
+  for (const auto& [name, cycles] : parts) {
+    breakdown.parts.push_back({name, total > 0 ? cycles * time_us / total : 0});
+  }
   return breakdown;
 }
 

@@ -78,8 +78,8 @@ Program build_fa_program(const FaConfig& config, const HwParams& hw, FaPlan* pla
 /// the tiles' costs (each tile's busier unit, folded as in coarse mode, without contention)
 /// split into the keys at the ideal share, the keys kept beyond it, the text and first-frame
 /// keys, first reads from HBM, partial tiles and index handling (copy runs of gathered blocks);
-/// scaled to the simulated time per core, and the rest of `time_us` as pipeline, flags,
-/// contention and imbalance. The parts are non-negative and add up to `time_us`.
+/// the rest of the simulated time (flag hand-offs, fill and drain, contention, imbalance) is
+/// charged per KV tile. The parts are non-negative and add up to `time_us`.
 struct FaBreakdown {
   double ideal_speedup = 1;
   std::vector<std::pair<std::string, double>> parts;  // name -> us
