@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "ops/schedule/split_plan.hpp"
+#include "sim/error.hpp"
 
 namespace ditops::sim {
 namespace {
@@ -21,7 +22,8 @@ Instr make_instr(int core, int unit, Pipe pipe, StageTag stage, int block, std::
 
 }  // namespace
 
-ProgramBuilder::ProgramBuilder(int cores, const HwParams& hw) : hw_(hw), program_(cores) {
+ProgramBuilder::ProgramBuilder(int cores, const HwParams& hw, SimMode mode)
+    : hw_(hw), program_(cores), mode_(mode) {
   program_.cross_flag_names.assign(static_cast<std::size_t>(hw.cross_core_flag_ids), "");
 }
 
@@ -35,7 +37,7 @@ void ProgramBuilder::compute(int core, int unit, Pipe pipe, StageTag stage, int 
   instr.alloc_bytes = static_cast<std::uint32_t>(alloc_bytes);
   instr.free_buffer = release;
   instr.free_bytes = static_cast<std::uint32_t>(free_bytes);
-  program_.add(instr);
+  emit(instr);
 }
 
 void ProgramBuilder::gm_read(int core, int unit, StageTag stage, int block, std::uint32_t text,
@@ -53,7 +55,7 @@ void ProgramBuilder::gm_read(int core, int unit, StageTag stage, int block, std:
   instr.ideal_cycles = instr.cycles + bytes / instr.port_rate;
   instr.alloc_buffer = alloc;
   instr.alloc_bytes = static_cast<std::uint32_t>(alloc_bytes);
-  program_.add(instr);
+  emit(instr);
 }
 
 void ProgramBuilder::gm_write(int core, int unit, StageTag stage, int block, std::uint32_t text,
@@ -68,7 +70,7 @@ void ProgramBuilder::gm_write(int core, int unit, StageTag stage, int block, std
                 : hw_.mte3_ub_to_l2_bytes_per_cycle;
   instr.latency = hw_.l2_write_latency_cycles;
   instr.ideal_cycles = instr.cycles + bytes / instr.port_rate;
-  program_.add(instr);
+  emit(instr);
 }
 
 void ProgramBuilder::set_event(int core, int unit, Pipe from, Pipe to, int id, StageTag stage,
@@ -82,7 +84,7 @@ void ProgramBuilder::set_event(int core, int unit, Pipe from, Pipe to, int id, S
   instr.alloc_bytes = static_cast<std::uint32_t>(alloc_bytes);
   instr.free_buffer = release;
   instr.free_bytes = static_cast<std::uint32_t>(free_bytes);
-  program_.add(instr);
+  emit(instr);
 }
 
 void ProgramBuilder::wait_event(int core, int unit, Pipe from, Pipe on, int id, StageTag stage,
@@ -91,7 +93,7 @@ void ProgramBuilder::wait_event(int core, int unit, Pipe from, Pipe on, int id, 
   instr.op = Op::wait_event;
   instr.peer_pipe = from;
   instr.flag = static_cast<std::uint8_t>(id);
-  program_.add(instr);
+  emit(instr);
 }
 
 void ProgramBuilder::set_cross(int core, int unit, Pipe pipe, int flag, int mode, StageTag stage,
@@ -101,7 +103,7 @@ void ProgramBuilder::set_cross(int core, int unit, Pipe pipe, int flag, int mode
   instr.op = Op::set_cross;
   instr.flag = static_cast<std::uint8_t>(flag);
   instr.mode = static_cast<std::uint8_t>(mode);
-  program_.add(instr);
+  emit(instr);
 }
 
 void ProgramBuilder::wait_cross(int core, int unit, Pipe pipe, int flag, StageTag stage, int block,
@@ -111,7 +113,7 @@ void ProgramBuilder::wait_cross(int core, int unit, Pipe pipe, int flag, StageTa
       text != 0 ? text : label(program_.cross_flag_names[static_cast<std::size_t>(flag)]));
   instr.op = Op::wait_cross;
   instr.flag = static_cast<std::uint8_t>(flag);
-  program_.add(instr);
+  emit(instr);
 }
 
 Ring ProgramBuilder::make_ring(int unit, Pipe producer, Pipe consumer, Pipe releaser, int ready_id,
@@ -217,6 +219,208 @@ void ProgramBuilder::emit_matmul(int core, const Matmul& mm, Ring& l0, Ring& l0c
     }
     release(core, l0c, c_slot, mm.stage, mm.block, Buffer::l0c, c_bytes);
   }
+}
+
+void ProgramBuilder::emit(const Instr& instr) {
+  if (recording_) {
+    recorded_.push_back(instr);
+    return;
+  }
+  if (mode_ == SimMode::coarse) {
+    throw SimError("coarse mode: an instruction outside a stage: " + program_.labels[instr.label]);
+  }
+  program_.add(instr);
+}
+
+std::size_t ProgramBuilder::StageKeyHash::operator()(const StageKey& key) const noexcept {
+  std::uint64_t hash = 0xcbf29ce484222325ULL;
+  for (const std::int32_t value : key.values) {
+    hash = (hash ^ static_cast<std::uint32_t>(value)) * 0x100000001b3ULL;
+  }
+  return static_cast<std::size_t>(hash ^ (hash >> 29));
+}
+
+namespace {
+
+/// Instructions `first`..`last` of a recorded stage timed on an idle unit, as the engine would
+/// time them without contention: each pipe runs its instructions in order, an intra-core wait
+/// takes the earliest recorded set it matches, and a wait no recorded set can release (its set
+/// came from an earlier stage) finds its slot free. Cross-core flags are taken as already set.
+struct RunTiming {
+  double occupancy = 0;         // the busiest pipe's busy time
+  double critical = 0;          // until the last pipe is free and its work retired
+  double bytes[2] = {0, 0};     // per level (L2, HBM)
+  double transfer[2] = {0, 0};  // the pipes' transfer time at their port rates, per level
+};
+
+RunTiming time_run(const std::vector<Instr>& recorded, std::size_t first, std::size_t last,
+                   double event_latency) {
+  struct PipeClock {
+    std::vector<std::size_t> queue;
+    std::size_t pos = 0;
+    double free = 0;    // when the pipe can start its next instruction
+    double retire = 0;  // when its issued work has retired (DMA data landed)
+    double busy = 0;
+    double transfer[2] = {0, 0};
+  };
+  struct PendingSet {
+    Pipe from, to;
+    std::uint8_t id;
+    double visible;
+  };
+  std::array<PipeClock, kNumPipeKinds> pipes{};
+  for (std::size_t i = first; i < last; ++i) {
+    pipes[static_cast<std::size_t>(recorded[i].pipe)].queue.push_back(i);
+  }
+  std::vector<PendingSet> sets;
+  RunTiming timing;
+  // Runs every pipe as far as its waits allow; returns false when no pipe moved.
+  const auto advance = [&](bool force_first_wait) {
+    bool moved = false;
+    for (PipeClock& pipe : pipes) {
+      while (pipe.pos < pipe.queue.size()) {
+        const Instr& instr = recorded[pipe.queue[pipe.pos]];
+        if (instr.op == Op::wait_event) {
+          const auto match = std::find_if(sets.begin(), sets.end(), [&](const PendingSet& set) {
+            return set.from == instr.peer_pipe && set.to == instr.pipe && set.id == instr.flag;
+          });
+          if (match != sets.end()) {
+            pipe.free = std::max(pipe.free, match->visible);
+            sets.erase(match);
+          } else if (!force_first_wait) {
+            break;
+          }
+          force_first_wait = false;
+        } else if (instr.op == Op::compute) {
+          pipe.free += instr.cycles;
+          pipe.busy += instr.cycles;
+          pipe.retire = std::max(pipe.retire, pipe.free);
+        } else if (instr.op == Op::gm_read || instr.op == Op::gm_write) {
+          const double moving = instr.bytes > 0 ? instr.bytes / instr.port_rate : 0;
+          const int level = instr.level == MemLevel::hbm ? 1 : 0;
+          pipe.free += instr.cycles + moving;
+          pipe.busy += instr.cycles + moving;
+          pipe.retire = std::max(pipe.retire, pipe.free + instr.latency);
+          pipe.transfer[level] += moving;
+          timing.bytes[level] += instr.bytes;
+        } else if (instr.op == Op::set_event) {
+          sets.push_back({instr.pipe, instr.peer_pipe, instr.flag,
+                          std::max(pipe.free, pipe.retire) + event_latency});
+        }
+        ++pipe.pos;
+        moved = true;
+      }
+    }
+    return moved;
+  };
+  const auto unfinished = [&] {
+    return std::any_of(pipes.begin(), pipes.end(),
+                       [](const PipeClock& pipe) { return pipe.pos < pipe.queue.size(); });
+  };
+  while (unfinished()) {
+    if (!advance(false)) advance(true);
+  }
+  for (const PipeClock& pipe : pipes) {
+    timing.occupancy = std::max(timing.occupancy, pipe.busy);
+    timing.critical = std::max({timing.critical, pipe.free, pipe.retire});
+    for (int level = 0; level < 2; ++level) timing.transfer[level] += pipe.transfer[level];
+  }
+  return timing;
+}
+
+}  // namespace
+
+std::vector<Instr> ProgramBuilder::fold_stage(const std::vector<Instr>& recorded,
+                                              std::size_t copy_size, int core, int unit) {
+  for (const Instr& instr : recorded) {
+    if (instr.core != core || instr.unit != unit) {
+      throw SimError("coarse mode: a stage of core " + std::to_string(core) + " " +
+                     unit_name(unit) + " emits for core " + std::to_string(instr.core) + " " +
+                     unit_name(instr.unit));
+    }
+  }
+  // The stage's period when it repeats back to back (its rings let the next copy start only as
+  // far as their slots allow), over the busiest pipe's time: how much the unit's pipes fail to
+  // overlap. Each run's occupancy is its busiest pipe scaled by that.
+  const double latency = hw_.intra_core_event_latency_cycles;
+  const RunTiming once = time_run(recorded, 0, copy_size, latency);
+  const RunTiming repeated = time_run(recorded, 0, recorded.size(), latency);
+  const double copies = static_cast<double>(recorded.size()) / static_cast<double>(copy_size);
+  const double period = (repeated.critical - once.critical) / (copies - 1);
+  const double overlap_loss = once.occupancy > 0 ? std::max(1.0, period / once.occupancy) : 1.0;
+  // Runs of "wait, work, set": a cross-core wait after work starts a new run, a set ends one,
+  // so every flag keeps its place between the work before and after it.
+  std::vector<Instr> out;
+  const Instr* wait = nullptr;
+  std::size_t first = 0;
+  bool work = false;
+  for (std::size_t i = 0; i < copy_size; ++i) {
+    const Instr& instr = recorded[i];
+    if (instr.op == Op::wait_cross) {
+      if (work || wait != nullptr) fold_run(recorded, first, i, wait, nullptr, overlap_loss, out);
+      wait = &instr;
+      first = i + 1;
+      work = false;
+    } else if (instr.op == Op::set_cross) {
+      fold_run(recorded, first, i, wait, &instr, overlap_loss, out);
+      wait = nullptr;
+      first = i + 1;
+      work = false;
+    } else if (instr.op == Op::compute || instr.op == Op::gm_read || instr.op == Op::gm_write) {
+      work = true;
+    }
+  }
+  if (work || wait != nullptr) {
+    fold_run(recorded, first, copy_size, wait, nullptr, overlap_loss, out);
+  }
+  return out;
+}
+
+void ProgramBuilder::fold_run(const std::vector<Instr>& recorded, std::size_t first,
+                              std::size_t last, const Instr* wait, const Instr* set,
+                              double overlap_loss, std::vector<Instr>& out) {
+  const RunTiming timing = time_run(recorded, first, last, hw_.intra_core_event_latency_cycles);
+  StageTag tag = set != nullptr ? set->stage : (wait != nullptr ? wait->stage : StageTag::setup);
+  if (first < last) tag = recorded[first].stage;
+  const std::uint32_t text = label(std::string(stage_tag_name(tag)) + " stage (folded)");
+  // The unit is held for the occupancy; the rest of the critical path is the last op's latency,
+  // after which its flag is set. One op per level with traffic (HBM first) moves the level's
+  // bytes in the time its ports spend on them together (as one port that carries them in turn,
+  // so it asks the level for no more than the ports did), or faster when that would not fit in
+  // the occupancy.
+  const double held = timing.occupancy * overlap_loss;
+  const double port_time = timing.transfer[0] + timing.transfer[1];
+  const double squeeze = port_time > held ? held / port_time : 1.0;
+  std::vector<Instr> ops;
+  for (const int level : {1, 0}) {
+    if (timing.bytes[level] <= 0) continue;
+    Instr op;
+    op.level = level == 1 ? MemLevel::hbm : MemLevel::l2;
+    op.bytes = timing.bytes[level];
+    op.port_rate = timing.bytes[level] / (timing.transfer[level] * squeeze);
+    ops.push_back(op);
+  }
+  if (ops.empty()) ops.emplace_back();
+  double moving = 0;
+  for (const Instr& op : ops) moving += op.bytes > 0 ? op.bytes / op.port_rate : 0;
+  ops.back().cycles = std::max(0.0, held - moving);
+  ops.back().latency = std::max(0.0, timing.critical - held);
+  for (Instr& op : ops) {
+    op.op = Op::stage;
+    op.stage = tag;
+    op.label = text;
+    op.flag = kNoFlag;
+    op.ideal_cycles = op.cycles + (op.bytes > 0 ? op.bytes / op.port_rate : 0);
+  }
+  if (wait != nullptr) {
+    ops.front().wait_flag = wait->flag;
+    ops.front().wait_label = wait->label;
+  }
+  if (set != nullptr) {
+    ops.back().flag = set->flag;
+    ops.back().mode = set->mode;
+  }
+  out.insert(out.end(), ops.begin(), ops.end());
 }
 
 std::vector<std::vector<std::size_t>> assign_longest_first(const std::vector<double>& costs,

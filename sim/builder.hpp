@@ -5,8 +5,10 @@
 // task first onto the least loaded core). sim/mla.cpp (MLA decode) and sim/fa.cpp (prefill
 // flash attention) describe their kernels with it; neither re-implements a piece.
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "sim/hw.hpp"
@@ -42,9 +44,17 @@ struct Matmul {
   const char* name;
 };
 
+/// What a stage's instructions depend on besides its core, unit and ring slots (kernel-defined:
+/// stage kind, tile tokens, rows, which flags it waits on or sets, ...). Coarse mode folds a
+/// stage once per distinct key.
+struct StageKey {
+  std::array<std::int32_t, 8> values{};
+  bool operator==(const StageKey& other) const = default;
+};
+
 class ProgramBuilder {
  public:
-  ProgramBuilder(int cores, const HwParams& hw);
+  ProgramBuilder(int cores, const HwParams& hw, SimMode mode = SimMode::fine);
 
   Program take() { return std::move(program_); }
   Program& program() { return program_; }
@@ -72,6 +82,36 @@ class ProgramBuilder {
   void wait_cross(int core, int unit, Pipe pipe, int flag, StageTag stage, int block,
                   std::uint32_t text = 0);
 
+  // ---- stages -------------------------------------------------------------------------------
+  /// One stage of `unit` on `core` (block: for labels): `emit_stage` calls the emitters above.
+  /// Fine mode emits them as they are. Coarse mode folds them into one Op::stage per run of
+  /// "cross-core wait, work, cross-core set" (fold_stage), and reuses the fold of an earlier
+  /// stage with the same `key` without calling `emit_stage` again: a layer has millions of
+  /// tiles but a few distinct tile shapes.
+  template <class EmitStage>
+  void stage(int core, int unit, int block, const StageKey& key, EmitStage&& emit_stage) {
+    if (mode_ == SimMode::fine) {
+      emit_stage();
+      return;
+    }
+    for (Instr instr : folded(core, unit, key, emit_stage)) {
+      instr.core = core;
+      instr.unit = static_cast<std::uint8_t>(unit);
+      instr.pipe = unit == 0 ? Pipe::m : Pipe::v;
+      instr.block = block;
+      program_.add(instr);
+    }
+  }
+
+  /// Coarse mode: the time a stage holds its unit without contention (its folded ops' heads and
+  /// transfers), for cost models; nothing is added to the program.
+  template <class EmitStage>
+  double stage_hold(int core, int unit, const StageKey& key, EmitStage&& emit_stage) {
+    double hold = 0;
+    for (const Instr& op : folded(core, unit, key, emit_stage)) hold += op.ideal_cycles;
+    return hold;
+  }
+
   // ---- rings ----------------------------------------------------------------------------------
   Ring make_ring(int unit, Pipe producer, Pipe consumer, Pipe releaser, int ready_id, int free_id,
                  int slots, const std::string& name);
@@ -97,6 +137,43 @@ class ProgramBuilder {
  protected:
   const HwParams& hw_;
   Program program_;
+
+ private:
+  /// The fold of the stage `key`, recorded (kFoldCopies times) and folded on first use.
+  template <class EmitStage>
+  const std::vector<Instr>& folded(int core, int unit, const StageKey& key, EmitStage& emit_stage) {
+    auto found = folds_.find(key);
+    if (found == folds_.end()) {
+      recording_ = true;
+      recorded_.clear();
+      emit_stage();
+      const std::size_t copy_size = recorded_.size();
+      for (int copy = 1; copy < kFoldCopies; ++copy) emit_stage();
+      recording_ = false;
+      found = folds_.emplace(key, fold_stage(recorded_, copy_size, core, unit)).first;
+    }
+    return found->second;
+  }
+  /// Fine mode: to the program. Coarse mode: recorded for the stage being folded.
+  void emit(const Instr& instr);
+  /// A stage is recorded this many times back to back, to time how far its repetitions overlap.
+  static constexpr int kFoldCopies = 4;
+  /// The Op::stage instructions of a recorded stage (`recorded`: kFoldCopies copies of
+  /// `copy_size` instructions each); core, unit and block are set by the caller.
+  std::vector<Instr> fold_stage(const std::vector<Instr>& recorded, std::size_t copy_size, int core,
+                                int unit);
+  /// One run: `first`..`last` of `recorded`, waiting on `wait` (a wait_cross, or nullptr),
+  /// setting `set` (a set_cross, or nullptr), its occupancy scaled by `overlap_loss`.
+  void fold_run(const std::vector<Instr>& recorded, std::size_t first, std::size_t last,
+                const Instr* wait, const Instr* set, double overlap_loss, std::vector<Instr>& out);
+
+  struct StageKeyHash {
+    std::size_t operator()(const StageKey& key) const noexcept;
+  };
+  SimMode mode_;
+  bool recording_ = false;
+  std::vector<Instr> recorded_;
+  std::unordered_map<StageKey, std::vector<Instr>, StageKeyHash> folds_;
 };
 
 // ---- task planning ------------------------------------------------------------------------------

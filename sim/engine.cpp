@@ -48,6 +48,7 @@ struct Transfer {
   double remaining = 0;
   double rate = 0;
   double cap = 0;
+  int weight = 1;  // transfers it stands for (2: a mirrored AIV's), each at `rate`
 };
 
 struct Resource {
@@ -55,6 +56,7 @@ struct Resource {
   double last_update = 0;
   std::uint32_t version = 0;  // bumped whenever rates change
   std::vector<int> active;    // global pipes
+  std::size_t weight = 0;     // the active transfers' weights: how many they stand for
   // The earliest completion under the current rates. Only the latest one counts (every start
   // or end of a transfer replaces it), so it is kept here instead of in the event heap, where
   // the replaced ones would stay as stale entries: most of the heap in a transfer-heavy run.
@@ -185,17 +187,30 @@ class Engine {
         (void)local_pipe_index(instr.unit, instr.peer_pipe);  // throws for a foreign pipe
         if (instr.peer_pipe == instr.pipe) fail("an event needs two different pipes");
       }
-      if (instr.op == Op::set_cross || instr.op == Op::wait_cross) {
+      if (instr.op == Op::stage) {
+        const std::uint8_t wait = cost_of(instr).wait_flag;
+        if (wait != kNoFlag && wait >= flag_ids_) {
+          fail("cross-core flag id " + std::to_string(wait) + " >= " + std::to_string(flag_ids_));
+        }
+      }
+      if (program_.mirrored_aivs &&
+          (instr.unit == 2 ||
+           (instr.unit == 1 && instr.mode != 2 &&
+            (instr.op == Op::set_cross || (instr.op == Op::stage && instr.flag != kNoFlag))))) {
+        fail("with mirrored AIVs only AIV0 has instructions and its flags are mode 2");
+      }
+      const bool sets_flag = instr.op == Op::stage && instr.flag != kNoFlag;
+      if (instr.op == Op::set_cross || instr.op == Op::wait_cross || sets_flag) {
         if (instr.flag >= flag_ids_) {
           fail("cross-core flag id " + std::to_string(instr.flag) +
                " >= " + std::to_string(flag_ids_));
         }
         if (instr.mode > 2) fail("cross-core mode must be 0, 1 or 2");
-        if (instr.op == Op::set_cross && instr.mode == 1 && instr.unit == 0) {
+        if (instr.op != Op::wait_cross && instr.mode == 1 && instr.unit == 0) {
           fail("mode 1 synchronizes the two AIVs of a core; the AIC cannot set it");
         }
       }
-      if ((instr.op == Op::gm_read || instr.op == Op::gm_write) &&
+      if ((instr.op == Op::gm_read || instr.op == Op::gm_write || instr.op == Op::stage) &&
           (cost_of(instr).bytes < 0 ||
            (cost_of(instr).bytes > 0 && !(cost_of(instr).port_rate > 0)))) {
         fail("a transfer needs bytes >= 0 and a positive port rate");
@@ -218,6 +233,11 @@ class Engine {
   // -------------------------------------------------------------------------------------
   const InstrCost& cost_of(const PackedInstr& instr) const { return program_.cost(instr); }
 
+  /// An AIV0 instruction that stands for both AIVs (Program::mirrored_aivs).
+  bool mirrored(const PackedInstr& instr) const {
+    return program_.mirrored_aivs && instr.unit == 1;
+  }
+
   const PackedInstr& head(int pipe) const {
     return program_.instrs[program_.queues[static_cast<std::size_t>(pipe)][pipes_[pipe].pos]];
   }
@@ -237,33 +257,7 @@ class Engine {
           const std::size_t counter_index = wait_counter(instr);
           Counter& counter = instr.op == Op::wait_event ? event_counters_[counter_index]
                                                         : flag_counters_[counter_index];
-          if (counter.count() == 0) {
-            if (counter.waiter >= 0 && counter.waiter != pipe) {
-              throw SimError("two pipes wait on the same counter at once: " +
-                             program_.describe(index));
-            }
-            counter.waiter = pipe;
-            if (!state.blocked) {
-              state.blocked = true;
-              state.block_start = time;
-            }
-            return;
-          }
-          const auto [ready, source] = counter.visible[counter.head++];
-          if (counter.head == counter.visible.size()) {
-            counter.visible.clear();
-            counter.head = 0;
-          }
-          counter.waiter = -1;
-          const double start = state.blocked ? state.block_start : time;
-          if (state.blocked) {
-            add_blocked(pipe, instr.label, time - state.block_start);
-            state.blocked = false;
-          }
-          if (options_.record_instructions) {
-            result_.records[index] = InstrRecord{start, time, time, ready, source};
-            if (instr.op == Op::wait_cross) result_.cross_flows.emplace_back(source, index);
-          }
+          if (!take_increment(pipe, index, instr.label, counter, time)) return;
           retire_instant(pipe, index, instr, time);
           continue;
         }
@@ -291,6 +285,19 @@ class Engine {
           schedule(time + cost_of(instr).cycles, EventKind::pipe_done,
                    static_cast<std::uint32_t>(pipe), 0);
           return;
+        case Op::stage: {
+          const InstrCost& cost = cost_of(instr);
+          if (cost.wait_flag != kNoFlag &&
+              !take_increment(pipe, index, cost.wait_label,
+                              flag_counters_[flag_counter(instr.core, instr.unit, cost.wait_flag)],
+                              time)) {
+            return;
+          }
+          state.issue_time = time;
+          schedule(time + cost.cycles, EventKind::transfer_head_done,
+                   static_cast<std::uint32_t>(pipe), 0);
+          return;
+        }
         case Op::gm_read:
         case Op::gm_write:
           apply_alloc(index, instr);
@@ -300,6 +307,42 @@ class Engine {
           return;
       }
     }
+  }
+
+  /// A wait on `counter` by the head of `pipe`: consumes one visible increment and returns true,
+  /// or blocks the pipe (it is retried when an increment becomes visible) and returns false.
+  bool take_increment(int pipe, std::uint32_t index, std::uint32_t label, Counter& counter,
+                      double time) {
+    PipeState& state = pipes_[static_cast<std::size_t>(pipe)];
+    if (counter.count() == 0) {
+      if (counter.waiter >= 0 && counter.waiter != pipe) {
+        throw SimError("two pipes wait on the same counter at once: " + program_.describe(index));
+      }
+      counter.waiter = pipe;
+      if (!state.blocked) {
+        state.blocked = true;
+        state.block_start = time;
+      }
+      return false;
+    }
+    const auto [ready, source] = counter.visible[counter.head++];
+    if (counter.head == counter.visible.size()) {
+      counter.visible.clear();
+      counter.head = 0;
+    }
+    counter.waiter = -1;
+    const double start = state.blocked ? state.block_start : time;
+    if (state.blocked) {
+      add_blocked(pipe, label, time - state.block_start);
+      state.blocked = false;
+    }
+    if (options_.record_instructions) {
+      result_.records[index] = InstrRecord{start, time, time, ready, source};
+      if (program_.instrs[index].op != Op::wait_event) {
+        result_.cross_flows.emplace_back(source, index);
+      }
+    }
+    return true;
   }
 
   void retire_instant(int pipe, std::uint32_t index, const PackedInstr& instr, double time) {
@@ -319,10 +362,11 @@ class Engine {
     const double duration = time - state.issue_time;
     stats.busy += duration;
     double retire = time;
-    if (instr.op == Op::gm_read || instr.op == Op::gm_write) {
+    if (instr.op == Op::gm_read || instr.op == Op::gm_write || instr.op == Op::stage) {
       const InstrCost& cost = cost_of(instr);
       stats.contention += std::max(0.0, duration - cost.ideal_cycles);
-      (instr.level == MemLevel::hbm ? result_.hbm_bytes : result_.l2_bytes) += cost.bytes;
+      (instr.level == MemLevel::hbm ? result_.hbm_bytes : result_.l2_bytes) +=
+          cost.bytes * (mirrored(instr) ? 2 : 1);
       retire = time + cost.latency;
     }
     state.retire = std::max(state.retire, retire);
@@ -333,6 +377,8 @@ class Engine {
     state.last_end = time;
     ++stats.instructions;
     ++state.pos;
+    // A folded stage's flag is set once its work has retired, as a set_cross after it would be.
+    if (instr.op == Op::stage && instr.flag != kNoFlag) set_cross(index, instr, state.retire);
     try_issue(pipe, time);
   }
 
@@ -434,15 +480,16 @@ class Engine {
     const int flag = instr.flag;
     if (instr.mode == 2) {
       if (instr.unit == 0) {
-        // An AIC set releases one wait on each of its two AIVs.
+        // An AIC set releases one wait on each of its two AIVs (mirrored: AIV0 stands for both).
         release_to(core, 1, flag, index, time);
-        release_to(core, 2, flag, index, time);
+        if (!program_.mirrored_aivs) release_to(core, 2, flag, index, time);
         return;
       }
       // The AIC counter rises once both AIVs have set.
       const std::size_t base = static_cast<std::size_t>(core) * flag_ids_ + flag;
       long long& mine = mode2_up_sets_[base * 2 + (instr.unit - 1)];
       ++mine;
+      if (mirrored(instr)) ++mode2_up_sets_[base * 2 + 1];
       check_pending(mine - mode2_up_released_[base], index);
       const long long both = std::min(mode2_up_sets_[base * 2], mode2_up_sets_[base * 2 + 1]);
       if (both > mode2_up_released_[base]) {
@@ -506,7 +553,9 @@ class Engine {
     transfer.remaining = cost.bytes;
     transfer.cap = cost.port_rate;
     transfer.rate = 0;
+    transfer.weight = mirrored(instr) ? 2 : 1;
     resource.active.push_back(pipe);
+    resource.weight += static_cast<std::size_t>(transfer.weight);
     share(resource_index);
   }
 
@@ -531,6 +580,8 @@ class Engine {
     for (const int pipe : finished_) {
       resource.active.erase(std::find(resource.active.begin(), resource.active.end(), pipe));
       transfers_[static_cast<std::size_t>(pipe)].resource = -1;
+      resource.weight -=
+          static_cast<std::size_t>(transfers_[static_cast<std::size_t>(pipe)].weight);
     }
     share(resource_index);
     for (const int pipe : finished_) finish(pipe, now_);
@@ -560,8 +611,9 @@ class Engine {
     // for the earliest completion: two passes over the active transfers instead of four (this
     // runs at every transfer start and end), with the same operations in the same order, so the
     // rates are bit-identical to the plain rounds.
+    // A transfer of weight w counts as w transfers of its cap (w = 1 but for mirrored AIVs).
     double left = resource.capacity;
-    std::size_t open = count;
+    std::size_t open = resource.weight;
     double equal = left / static_cast<double>(open);
     std::size_t capped = 0;
     for (const int pipe : resource.active) {
@@ -569,8 +621,8 @@ class Engine {
       transfer.rate = 0;
       if (transfer.cap <= equal) {
         transfer.rate = transfer.cap;
-        left -= transfer.cap;
-        ++capped;
+        left -= transfer.cap * transfer.weight;
+        capped += static_cast<std::size_t>(transfer.weight);
       }
     }
     while (capped > 0) {
@@ -582,17 +634,27 @@ class Engine {
         Transfer& transfer = transfers_[static_cast<std::size_t>(pipe)];
         if (transfer.rate == 0 && transfer.cap <= equal) {
           transfer.rate = transfer.cap;
-          left -= transfer.cap;
-          ++capped;
+          left -= transfer.cap * transfer.weight;
+          capped += static_cast<std::size_t>(transfer.weight);
         }
       }
     }
     const bool fill_open = capped == 0;  // the last round capped nothing: the rest share `equal`
+    // The open transfers all move at `equal`, so the least remaining of them finishes first:
+    // one division for all of them gives the same double (rounding is monotonic).
     double earliest = std::numeric_limits<double>::infinity();
+    double least_open = std::numeric_limits<double>::infinity();
     for (const int pipe : resource.active) {
       Transfer& transfer = transfers_[static_cast<std::size_t>(pipe)];
-      if (fill_open && transfer.rate == 0) transfer.rate = equal;
-      earliest = std::min(earliest, transfer.remaining / transfer.rate);
+      if (fill_open && transfer.rate == 0) {
+        transfer.rate = equal;
+        least_open = std::min(least_open, transfer.remaining);
+      } else {
+        earliest = std::min(earliest, transfer.remaining / transfer.rate);
+      }
+    }
+    if (least_open != std::numeric_limits<double>::infinity()) {
+      earliest = std::min(earliest, least_open / equal);
     }
     // Numbered from the same sequence as the heap's events, so ties resolve as before.
     resource.completion = Event{now_ + earliest, seq_++, EventKind::transfer_done,
@@ -607,10 +669,10 @@ class Engine {
       return std::string("event ") + pipe_name(instr.peer_pipe) + "->" + pipe_name(instr.pipe) +
              " id " + std::to_string(instr.flag);
     }
-    std::string name = "cross-core flag " + std::to_string(instr.flag);
-    if (instr.flag < program_.cross_flag_names.size() &&
-        !program_.cross_flag_names[instr.flag].empty()) {
-      name += " (" + program_.cross_flag_names[instr.flag] + ")";
+    const std::uint8_t flag = instr.op == Op::stage ? cost_of(instr).wait_flag : instr.flag;
+    std::string name = "cross-core flag " + std::to_string(flag);
+    if (flag < program_.cross_flag_names.size() && !program_.cross_flag_names[flag].empty()) {
+      name += " (" + program_.cross_flag_names[flag] + ")";
     }
     return name;
   }
@@ -646,6 +708,17 @@ class Engine {
       total += stats.instructions;
     }
     result_.instructions = total;
+    if (program_.mirrored_aivs) {
+      for (int core = 0; core < cores_; ++core) {
+        for (const Pipe pipe : {Pipe::mte2, Pipe::v, Pipe::mte3}) {
+          const auto global = [&](int unit) {
+            return static_cast<std::size_t>(core) * kPipesPerCore +
+                   static_cast<std::size_t>(local_pipe_index(unit, pipe));
+          };
+          result_.pipes[global(2)] = result_.pipes[global(1)];
+        }
+      }
+    }
   }
 
   const Program& program_;

@@ -1,8 +1,10 @@
 #include "sim/fa.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <ditops/sparse.hpp>
+#include <map>
 #include <sstream>
 
 #include "ops/schedule/schedule.hpp"
@@ -148,10 +150,11 @@ std::vector<std::vector<int>> uniform_blocks(double density, int q_tiles, int kv
 class FaBuilder : private ProgramBuilder {
  public:
   FaBuilder(const FaConfig& config, const HwParams& hw, const FaPlan& plan)
-      : ProgramBuilder(config.cores, hw), config_(config), plan_(plan) {
+      : ProgramBuilder(config.cores, hw, config.mode), config_(config), plan_(plan) {
     program_.cross_flag_names[kFlagQkReady] = "QK_READY";
     program_.cross_flag_names[kFlagSoftmaxReady] = "SOFTMAX_READY";
     program_.cross_flag_names[kFlagUpdateReady] = "UPDATE_READY";
+    program_.mirrored_aivs = config.mode == SimMode::coarse;
   }
 
   /// `expected_instructions`: storage reserved up front (the estimate; 0 reserves nothing).
@@ -172,6 +175,28 @@ class FaBuilder : private ProgramBuilder {
                 sched::make_schedule(static_cast<int>(tiles.size()), config_.chunk, options));
     }
     return take();
+  }
+
+  /// Coarse mode: a KV tile's cost on its busier unit (the AIC's QK + PV, or one AIV's
+  /// SM + UP: their holds without contention), for the RainFusion breakdown. Builds nothing.
+  double tile_cost(const KvTile& tile, int rows) {
+    if (cores_.empty()) {
+      cores_.resize(1);
+      init_core(0);
+    }
+    FaTask task;
+    task.rows = rows;
+    const double cube = stage_hold(0, 0, tile_key(kQk, tile, rows, false, true),
+                                   [&] { emit_qk(task, tile, 0, true); }) +
+                        stage_hold(0, 0, tile_key(kPv, tile, rows, true, true),
+                                   [&] { emit_pv(task, tile, 0, true, true); });
+    const int aiv_rows0 = aiv_rows(task, 0);
+    const KvTile tokens_only{tile.tokens, 0, 0, 0, 0};
+    const double vector =
+        stage_hold(0, 1, tile_key(kSm, tokens_only, aiv_rows0, true, true),
+                   [&] { emit_sm(task, tile, 0, 0, true, true); }) +
+        stage_hold(0, 1, {{kUp, aiv_rows0, 1}}, [&] { emit_up(task, 0, 0, true); });
+    return std::max(cube, vector);
   }
 
  private:
@@ -238,59 +263,80 @@ class FaBuilder : private ProgramBuilder {
     return static_cast<double>(plan_.kv_tile_tokens) * config_.dim * element_bytes(config_);
   }
 
+  // Coarse mode folds each stage once per distinct key (ProgramBuilder::stage).
+  enum StageKind : std::int32_t { kLoadQ, kReleaseQ, kQk, kPv, kHoldO, kSm, kUp, kStoreO };
+
+  static StageKey tile_key(StageKind kind, const KvTile& tile, int rows, bool wait, bool set) {
+    return {{kind, tile.tokens, tile.hbm_tokens, tile.hbm_runs, tile.l2_tokens, tile.l2_runs, rows,
+             (wait ? 1 : 0) + (set ? 2 : 0)}};
+  }
+
   void emit_task(const FaTask& task, const std::vector<KvTile>& tiles,
                  const sched::Schedule& schedule) {
     const int core = task.core;
     CoreRings& rings = cores_[static_cast<std::size_t>(core)];
     const int count = static_cast<int>(tiles.size());
     const double q_bytes = static_cast<double>(task.rows) * config_.dim * element_bytes(config_);
-    acquire(core, rings.q_tile, StageTag::setup, -1);
-    gm_read(core, 0, StageTag::setup, -1, label("load q (HBM->L1)"), q_bytes, MemLevel::hbm, false,
-            Buffer::l1, q_bytes);
-    ready(core, rings.q_tile, 0, StageTag::setup, -1);
-    await(core, rings.q_tile, 0, StageTag::setup, -1);
-    const std::uint32_t load_k = label("QK load K tile (HBM->L1)");
-    const std::uint32_t reload_k = label("QK load K tile (L2 hit->L1)");
-    const std::uint32_t load_v = label("PV load V tile (HBM->L1)");
-    const std::uint32_t reload_v = label("PV load V tile (L2 hit->L1)");
-    const std::uint32_t load_p = label("PV load P (L2->L1)");
-    const bool int8 = config_.int8;
-    const double e = element_bytes(config_);
+    stage(core, 0, -1, {{kLoadQ, task.rows}}, [&] {
+      acquire(core, rings.q_tile, StageTag::setup, -1);
+      gm_read(core, 0, StageTag::setup, -1, label("load q (HBM->L1)"), q_bytes, MemLevel::hbm,
+              false, Buffer::l1, q_bytes);
+      ready(core, rings.q_tile, 0, StageTag::setup, -1);
+      await(core, rings.q_tile, 0, StageTag::setup, -1);
+    });
     for (const sched::StageInstance& item : schedule.cube) {
       const KvTile& tile = tiles[static_cast<std::size_t>(item.block)];
       if (item.stage == sched::Stage::qk) {
-        const int k_slot =
-            load_kv(core, rings.k_tiles, tile, StageTag::qk, item.block, load_k, reload_k);
-        matmul(core, Matmul{task.rows, tile.tokens, config_.dim, e, e, int8, StageTag::qk,
-                            item.block, "S"});
-        release(core, rings.k_tiles, k_slot, StageTag::qk, item.block, Buffer::l1, kv_tile_bytes());
-        if (flag_at_group_end(item, count)) {
-          set_cross(core, 0, Pipe::fix, kFlagQkReady, 2, StageTag::qk, item.block);
-        }
-        continue;
-      }
-      if (flag_at_group_start(item)) {
-        wait_cross(core, 0, Pipe::mte2, kFlagSoftmaxReady, StageTag::pv, item.block);
-      }
-      const double p_tile = static_cast<double>(config_.block) * plan_.kv_tile_tokens * e;
-      const int p_slot = acquire(core, rings.p_tiles, StageTag::pv, item.block);
-      gm_read(core, 0, StageTag::pv, item.block, load_p,
-              static_cast<double>(task.rows) * tile.tokens * e, MemLevel::l2,
-              !config_.opts.int8_layout, Buffer::l1, p_tile);
-      ready(core, rings.p_tiles, p_slot, StageTag::pv, item.block);
-      await(core, rings.p_tiles, p_slot, StageTag::pv, item.block);
-      const int v_slot =
-          load_kv(core, rings.v_tiles, tile, StageTag::pv, item.block, load_v, reload_v);
-      matmul(core, Matmul{task.rows, config_.dim, tile.tokens, e, e, int8, StageTag::pv, item.block,
-                          "O_tmp"});
-      release(core, rings.p_tiles, p_slot, StageTag::pv, item.block, Buffer::l1, p_tile);
-      release(core, rings.v_tiles, v_slot, StageTag::pv, item.block, Buffer::l1, kv_tile_bytes());
-      if (flag_at_group_end(item, count)) {
-        set_cross(core, 0, Pipe::fix, kFlagUpdateReady, 2, StageTag::pv, item.block);
+        const bool set = flag_at_group_end(item, count);
+        stage(core, 0, item.block, tile_key(kQk, tile, task.rows, false, set),
+              [&] { emit_qk(task, tile, item.block, set); });
+      } else {
+        const bool wait = flag_at_group_start(item), set = flag_at_group_end(item, count);
+        stage(core, 0, item.block, tile_key(kPv, tile, task.rows, wait, set),
+              [&] { emit_pv(task, tile, item.block, wait, set); });
       }
     }
-    release(core, rings.q_tile, 0, StageTag::setup, -1, Buffer::l1, q_bytes);
-    for (int aiv = 0; aiv < 2; ++aiv) emit_vector(task, tiles, schedule, aiv);
+    stage(core, 0, -1, {{kReleaseQ, task.rows}},
+          [&] { release(core, rings.q_tile, 0, StageTag::setup, -1, Buffer::l1, q_bytes); });
+    // Coarse mode: AIV0's stages stand for AIV1's (Program::mirrored_aivs), the same work on the
+    // other half of the rows, one row fewer in an odd tile.
+    const int aivs = program_.mirrored_aivs ? 1 : 2;
+    for (int aiv = 0; aiv < aivs; ++aiv) emit_vector(task, tiles, schedule, aiv);
+  }
+
+  void emit_qk(const FaTask& task, const KvTile& tile, int block, bool set) {
+    const int core = task.core;
+    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    const double e = element_bytes(config_);
+    const int k_slot =
+        load_kv(core, rings.k_tiles, tile, StageTag::qk, block, label("QK load K tile (HBM->L1)"),
+                label("QK load K tile (L2 hit->L1)"));
+    matmul(core, Matmul{task.rows, tile.tokens, config_.dim, e, e, config_.int8, StageTag::qk,
+                        block, "S"});
+    release(core, rings.k_tiles, k_slot, StageTag::qk, block, Buffer::l1, kv_tile_bytes());
+    if (set) set_cross(core, 0, Pipe::fix, kFlagQkReady, 2, StageTag::qk, block);
+  }
+
+  void emit_pv(const FaTask& task, const KvTile& tile, int block, bool wait, bool set) {
+    const int core = task.core;
+    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    const double e = element_bytes(config_);
+    if (wait) wait_cross(core, 0, Pipe::mte2, kFlagSoftmaxReady, StageTag::pv, block);
+    const double p_tile = static_cast<double>(config_.block) * plan_.kv_tile_tokens * e;
+    const int p_slot = acquire(core, rings.p_tiles, StageTag::pv, block);
+    gm_read(core, 0, StageTag::pv, block, label("PV load P (L2->L1)"),
+            static_cast<double>(task.rows) * tile.tokens * e, MemLevel::l2,
+            !config_.opts.int8_layout, Buffer::l1, p_tile);
+    ready(core, rings.p_tiles, p_slot, StageTag::pv, block);
+    await(core, rings.p_tiles, p_slot, StageTag::pv, block);
+    const int v_slot =
+        load_kv(core, rings.v_tiles, tile, StageTag::pv, block, label("PV load V tile (HBM->L1)"),
+                label("PV load V tile (L2 hit->L1)"));
+    matmul(core, Matmul{task.rows, config_.dim, tile.tokens, e, e, config_.int8, StageTag::pv,
+                        block, "O_tmp"});
+    release(core, rings.p_tiles, p_slot, StageTag::pv, block, Buffer::l1, p_tile);
+    release(core, rings.v_tiles, v_slot, StageTag::pv, block, Buffer::l1, kv_tile_bytes());
+    if (set) set_cross(core, 0, Pipe::fix, kFlagUpdateReady, 2, StageTag::pv, block);
   }
 
   // AIV0 takes the odd row; a one-row tile still runs on both AIVs (mode-2 flags need both).
@@ -307,68 +353,87 @@ class FaBuilder : private ProgramBuilder {
     const int count = static_cast<int>(tiles.size());
     const double o_bytes = static_cast<double>(rows) * config_.dim * kAccBytes;
     // The running O stays in UB for the whole task.
-    const int o_slot = acquire(core, rings.o_acc[aiv], StageTag::up, -1);
-    ready(core, rings.o_acc[aiv], o_slot, StageTag::up, -1, Buffer::ub, o_bytes);
-    await(core, rings.o_acc[aiv], o_slot, StageTag::up, -1);
+    int o_slot = 0;
+    stage(core, unit, -1, {{kHoldO, rows}}, [&] {
+      o_slot = acquire(core, rings.o_acc[aiv], StageTag::up, -1);
+      ready(core, rings.o_acc[aiv], o_slot, StageTag::up, -1, Buffer::ub, o_bytes);
+      await(core, rings.o_acc[aiv], o_slot, StageTag::up, -1);
+    });
+    for (const sched::StageInstance& item : schedule.vector) {
+      const KvTile& tile = tiles[static_cast<std::size_t>(item.block)];
+      const bool wait = flag_at_group_start(item);
+      if (item.stage == sched::Stage::sm) {
+        const bool set = flag_at_group_end(item, count);
+        // SM reads S and writes P through L2 only: the tile's HBM/L2 split does not matter.
+        const KvTile tokens_only{tile.tokens, 0, 0, 0, 0};
+        stage(core, unit, item.block, tile_key(kSm, tokens_only, rows, wait, set),
+              [&] { emit_sm(task, tile, item.block, aiv, wait, set); });
+      } else {
+        stage(core, unit, item.block, {{kUp, rows, wait ? 1 : 0}},
+              [&] { emit_up(task, item.block, aiv, wait); });
+      }
+    }
+    stage(core, unit, count - 1, {{kStoreO, rows}}, [&] {
+      compute(core, unit, Pipe::v, StageTag::up, count - 1, label("UP normalize O"),
+              vector_cycles(kUpFinalPasses, o_bytes, 2));
+      set_event(core, unit, Pipe::v, Pipe::mte3, 2, StageTag::up, count - 1);
+      wait_event(core, unit, Pipe::v, Pipe::mte3, 2, StageTag::up, count - 1,
+                 label("wait O computed"));
+      gm_write(core, unit, StageTag::up, count - 1, label("UP store O (UB->GM)"),
+               static_cast<double>(rows) * config_.dim * kOutBytes);
+      release(core, rings.o_acc[aiv], o_slot, StageTag::up, count - 1, Buffer::ub, o_bytes);
+    });
+  }
+
+  void emit_sm(const FaTask& task, const KvTile& tile, int block, int aiv, bool wait, bool set) {
+    const int core = task.core;
+    const int unit = aiv + 1;
+    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    const int rows = aiv_rows(task, aiv);
+    const double e = element_bytes(config_);
     const std::uint32_t load_s = label("SM load S (L2->UB)");
     const std::uint32_t softmax = label("SM softmax + cast P");
     const std::uint32_t store_p = label("SM store P (UB->L2)");
-    const std::uint32_t load_tmp = label("UP load O_tmp (L2->UB)");
-    const std::uint32_t add = label("UP rescale O + add O_tmp");
-    const double e = element_bytes(config_);
-    for (const sched::StageInstance& item : schedule.vector) {
-      const KvTile& tile = tiles[static_cast<std::size_t>(item.block)];
-      if (item.stage == sched::Stage::sm) {
-        if (flag_at_group_start(item)) {
-          wait_cross(core, unit, Pipe::mte2, kFlagQkReady, StageTag::sm, item.block);
-        }
-        for (int row0 = 0; row0 < rows; row0 += sm_rows_) {
-          const int step = std::min(sm_rows_, rows - row0);
-          const double s_tile = static_cast<double>(sm_rows_) * plan_.kv_tile_tokens * kAccBytes;
-          const double s_bytes = static_cast<double>(step) * tile.tokens * kAccBytes;
-          const double p_tile = static_cast<double>(sm_rows_) * plan_.kv_tile_tokens * e;
-          const int slot = acquire(core, rings.s_in[aiv], StageTag::sm, item.block);
-          gm_read(core, unit, StageTag::sm, item.block, load_s, s_bytes, MemLevel::l2, false,
-                  Buffer::ub, s_tile);
-          ready(core, rings.s_in[aiv], slot, StageTag::sm, item.block);
-          await(core, rings.s_in[aiv], slot, StageTag::sm, item.block);
-          const int p_slot = acquire(core, rings.p_out[aiv], StageTag::sm, item.block);
-          const double passes =
-              kSmElementwisePasses + kSmReductionPasses + (config_.int8 ? kSmInt8Passes : 0);
-          compute(core, unit, Pipe::v, StageTag::sm, item.block, softmax,
-                  vector_cycles(passes, s_bytes, kSmInstrs), Buffer::ub, p_tile);
-          release(core, rings.s_in[aiv], slot, StageTag::sm, item.block, Buffer::ub, s_tile);
-          ready(core, rings.p_out[aiv], p_slot, StageTag::sm, item.block);
-          await(core, rings.p_out[aiv], p_slot, StageTag::sm, item.block);
-          gm_write(core, unit, StageTag::sm, item.block, store_p,
-                   static_cast<double>(step) * tile.tokens * e);
-          release(core, rings.p_out[aiv], p_slot, StageTag::sm, item.block, Buffer::ub, p_tile);
-        }
-        if (flag_at_group_end(item, count)) {
-          set_cross(core, unit, Pipe::mte3, kFlagSoftmaxReady, 2, StageTag::sm, item.block);
-        }
-        continue;
-      }
-      if (flag_at_group_start(item)) {
-        wait_cross(core, unit, Pipe::mte2, kFlagUpdateReady, StageTag::up, item.block);
-      }
-      const int slot = acquire(core, rings.o_tmp[aiv], StageTag::up, item.block);
-      gm_read(core, unit, StageTag::up, item.block, load_tmp, o_bytes, MemLevel::l2, false,
-              Buffer::ub, o_bytes);
-      ready(core, rings.o_tmp[aiv], slot, StageTag::up, item.block);
-      await(core, rings.o_tmp[aiv], slot, StageTag::up, item.block);
-      compute(core, unit, Pipe::v, StageTag::up, item.block, add,
-              vector_cycles(kUpPasses, o_bytes, kUpInstrs));
-      release(core, rings.o_tmp[aiv], slot, StageTag::up, item.block, Buffer::ub, o_bytes);
+    if (wait) wait_cross(core, unit, Pipe::mte2, kFlagQkReady, StageTag::sm, block);
+    for (int row0 = 0; row0 < rows; row0 += sm_rows_) {
+      const int step = std::min(sm_rows_, rows - row0);
+      const double s_tile = static_cast<double>(sm_rows_) * plan_.kv_tile_tokens * kAccBytes;
+      const double s_bytes = static_cast<double>(step) * tile.tokens * kAccBytes;
+      const double p_tile = static_cast<double>(sm_rows_) * plan_.kv_tile_tokens * e;
+      const int slot = acquire(core, rings.s_in[aiv], StageTag::sm, block);
+      gm_read(core, unit, StageTag::sm, block, load_s, s_bytes, MemLevel::l2, false, Buffer::ub,
+              s_tile);
+      ready(core, rings.s_in[aiv], slot, StageTag::sm, block);
+      await(core, rings.s_in[aiv], slot, StageTag::sm, block);
+      const int p_slot = acquire(core, rings.p_out[aiv], StageTag::sm, block);
+      const double passes =
+          kSmElementwisePasses + kSmReductionPasses + (config_.int8 ? kSmInt8Passes : 0);
+      compute(core, unit, Pipe::v, StageTag::sm, block, softmax,
+              vector_cycles(passes, s_bytes, kSmInstrs), Buffer::ub, p_tile);
+      release(core, rings.s_in[aiv], slot, StageTag::sm, block, Buffer::ub, s_tile);
+      ready(core, rings.p_out[aiv], p_slot, StageTag::sm, block);
+      await(core, rings.p_out[aiv], p_slot, StageTag::sm, block);
+      gm_write(core, unit, StageTag::sm, block, store_p,
+               static_cast<double>(step) * tile.tokens * e);
+      release(core, rings.p_out[aiv], p_slot, StageTag::sm, block, Buffer::ub, p_tile);
     }
-    compute(core, unit, Pipe::v, StageTag::up, count - 1, label("UP normalize O"),
-            vector_cycles(kUpFinalPasses, o_bytes, 2));
-    set_event(core, unit, Pipe::v, Pipe::mte3, 2, StageTag::up, count - 1);
-    wait_event(core, unit, Pipe::v, Pipe::mte3, 2, StageTag::up, count - 1,
-               label("wait O computed"));
-    gm_write(core, unit, StageTag::up, count - 1, label("UP store O (UB->GM)"),
-             static_cast<double>(rows) * config_.dim * kOutBytes);
-    release(core, rings.o_acc[aiv], o_slot, StageTag::up, count - 1, Buffer::ub, o_bytes);
+    if (set) set_cross(core, unit, Pipe::mte3, kFlagSoftmaxReady, 2, StageTag::sm, block);
+  }
+
+  void emit_up(const FaTask& task, int block, int aiv, bool wait) {
+    const int core = task.core;
+    const int unit = aiv + 1;
+    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    const double o_bytes = static_cast<double>(aiv_rows(task, aiv)) * config_.dim * kAccBytes;
+    if (wait) wait_cross(core, unit, Pipe::mte2, kFlagUpdateReady, StageTag::up, block);
+    const int slot = acquire(core, rings.o_tmp[aiv], StageTag::up, block);
+    gm_read(core, unit, StageTag::up, block, label("UP load O_tmp (L2->UB)"), o_bytes, MemLevel::l2,
+            false, Buffer::ub, o_bytes);
+    ready(core, rings.o_tmp[aiv], slot, StageTag::up, block);
+    await(core, rings.o_tmp[aiv], slot, StageTag::up, block);
+    compute(core, unit, Pipe::v, StageTag::up, block, label("UP rescale O + add O_tmp"),
+            vector_cycles(kUpPasses, o_bytes, kUpInstrs));
+    release(core, rings.o_tmp[aiv], slot, StageTag::up, block, Buffer::ub, o_bytes);
   }
 
   const FaConfig& config_;
@@ -579,34 +644,43 @@ FaPlan plan_fa(const FaConfig& config, const HwParams& hw) {
 
 namespace {
 
-/// Instructions of the program for `plan`, counted without building it: two one-task builds (a
-/// full query tile over 4 and 12 full KV tiles) give the instructions per tile and per task.
+/// Instructions of the program for `plan`, counted without building it: one-task builds (a full
+/// query tile over 4 and 12 full KV tiles) give the instructions per task and per tile that
+/// reads its K and V from HBM; a build of two query tiles of one head (the second hits L2) the
+/// instructions per tile of L2 hits (coarse mode folds a tile that reads both levels into more
+/// events).
 std::uint64_t estimate_from_plan(const FaConfig& config, const HwParams& hw, const FaPlan& plan) {
   FaConfig probe = config;
   probe.batch = 1;
   probe.heads = 1;
   probe.cores = 1;
-  probe.seq = config.block;
   probe.density = 1;
   probe.rainfusion = false;
-  const auto probe_size = [&](int tiles) {
+  const auto probe_size = [&](int q_tiles, int tiles) {
+    probe.seq = q_tiles * config.block;
     probe.kv_seq = tiles * plan.kv_tile_tokens;
     const FaPlan probe_plan = plan_fa(probe, hw);
     return static_cast<double>(FaBuilder(probe, hw, probe_plan).build(0).instrs.size());
   };
-  const double few = probe_size(4), many = probe_size(12);
-  const double per_tile = (many - few) / 8, per_task = few - 4 * per_tile;
+  const double few = probe_size(1, 4), many = probe_size(1, 12);
+  const double per_hbm_tile = (many - few) / 8, per_task = few - 4 * per_hbm_tile;
+  const double per_l2_tile = (probe_size(2, 4) - 2 * per_task - 4 * per_hbm_tile) / 4;
   const int tile_blocks = plan.kv_tile_tokens / config.block;
   const auto patterns = head_patterns(config);
-  double tiles = 0;
+  double hbm_tiles = 0, l2_tiles = 0;
   for (int head = 0; head < config.heads; ++head) {
-    for (const auto& kept : plan.kept[static_cast<std::size_t>(head) % patterns.size()]) {
-      tiles += std::ceil(static_cast<double>(kept.size()) / tile_blocks);
+    const std::size_t mask = static_cast<std::size_t>(head) % patterns.size();
+    for (int q_tile = 0; q_tile < plan.q_tiles; ++q_tile) {
+      for (const KvTile& tile :
+           kv_tiles(plan.kept[mask][static_cast<std::size_t>(q_tile)], config.block, tile_blocks,
+                    kv_tokens(config), plan.first_reader[mask], q_tile)) {
+        (tile.hbm_tokens > 0 ? hbm_tiles : l2_tiles) += 1;
+      }
     }
   }
-  tiles *= config.batch;
   const double tasks = static_cast<double>(config.batch) * config.heads * plan.q_tiles;
-  return static_cast<std::uint64_t>(per_task * tasks + per_tile * tiles);
+  return static_cast<std::uint64_t>(
+      per_task * tasks + config.batch * (per_hbm_tile * hbm_tiles + per_l2_tile * l2_tiles));
 }
 
 }  // namespace
@@ -619,6 +693,106 @@ Program build_fa_program(const FaConfig& config, const HwParams& hw, FaPlan* pla
   Program program = builder.build(estimate + estimate / 32);
   if (plan_out != nullptr) *plan_out = std::move(plan);
   return program;
+}
+
+FaBreakdown rainfusion_breakdown(const FaConfig& config, const HwParams& hw, const FaPlan& plan,
+                                 double time_us) {
+  FaBreakdown breakdown;
+  breakdown.ideal_speedup = 1 / (1 - config.sparsity);
+  if (!config.rainfusion) return breakdown;
+  FaConfig coarse = config;
+  coarse.mode = SimMode::coarse;
+  FaBuilder costing(coarse, hw, plan);
+  std::map<std::array<int, 6>, double> costs;
+  const auto cost = [&](const KvTile& tile, int rows) {
+    const std::array<int, 6> key{tile.tokens,    tile.hbm_tokens, tile.hbm_runs,
+                                 tile.l2_tokens, tile.l2_runs,    rows};
+    const auto found = costs.find(key);
+    if (found != costs.end()) return found->second;
+    return costs[key] = costing.tile_cost(tile, rows);
+  };
+  // Cycles per kept key of a full tile of L2 hits, one copy run each for K and V: the cost the
+  // ideal share would run at.
+  const int full = plan.kv_tile_tokens;
+  const double per_key = cost({full, 0, 0, full, 1}, config.block) / full;
+  // Text and frame 0 come first in every pattern's order: every query attends them, and their
+  // queries attend every key (ops/sparse/layout).
+  const long long sink_end = static_cast<long long>(config.text) + config.height * config.width;
+  const long long kv = kv_tokens(config);
+  const int tile_blocks = plan.kv_tile_tokens / config.block;
+  // Every task of a (mask, query tile) has the same tiles: count them, cost each once.
+  std::map<std::pair<int, int>, double> tasks_of;
+  for (const FaTask& task : plan.tasks) tasks_of[{task.mask, task.q_tile}] += 1;
+  double keys = 0, sink_keys = 0, window_keys = 0, kept_sink = 0, kept_window = 0;
+  double first_reads = 0, partial = 0, index = 0, tiles = 0, work = 0;
+  for (const auto& [where, count] : tasks_of) {
+    const auto [mask, q_tile] = where;
+    const int rows = std::min(config.block, config.seq - q_tile * config.block);
+    const bool sink_rows = static_cast<long long>(q_tile) * config.block < sink_end;
+    const auto& kept = plan.kept[static_cast<std::size_t>(mask)][static_cast<std::size_t>(q_tile)];
+    keys += count * static_cast<double>(kv);
+    sink_keys += count * static_cast<double>(sink_rows ? kv : std::min(sink_end, kv));
+    window_keys += count * static_cast<double>(sink_rows ? 0 : kv - std::min(sink_end, kv));
+    for (const int block : kept) {
+      const double tokens =
+          static_cast<double>(std::min<long long>(config.block, kv - block * 1LL * config.block));
+      (sink_rows || static_cast<long long>(block) * config.block < sink_end ? kept_sink
+                                                                            : kept_window) +=
+          count * tokens;
+    }
+    for (const KvTile& tile : kv_tiles(kept, config.block, tile_blocks, static_cast<int>(kv),
+                                       plan.first_reader[static_cast<std::size_t>(mask)], q_tile)) {
+      // The same keys in one copy run per level, and a full tile with the same level mix.
+      const KvTile one_run{tile.tokens, tile.hbm_tokens, tile.hbm_tokens > 0 ? 1 : 0,
+                           tile.l2_tokens, tile.l2_tokens > 0 ? 1 : 0};
+      const int full_hbm =
+          static_cast<int>(std::lround(static_cast<double>(full) * tile.hbm_tokens / tile.tokens));
+      const KvTile full_mix{full, full_hbm, full_hbm > 0 ? 1 : 0, full - full_hbm,
+                            full - full_hbm > 0 ? 1 : 0};
+      const double mixed_per_key = cost(full_mix, config.block) / full;
+      first_reads += count * (mixed_per_key - per_key) * tile.tokens;
+      partial += count * (cost(one_run, rows) - mixed_per_key * tile.tokens);
+      index += count * (cost(tile, rows) - cost(one_run, rows));
+      tiles += count;
+      work += count * cost(tile, rows);
+    }
+  }
+  const double s = config.sparsity;
+  // The simulated time on the cores beyond the tiles' cost (flag hand-offs, the pipeline's fill
+  // and drain, shared-bandwidth contention, imbalance) is charged per KV tile: a key then costs
+  // its share of a full tile's, and a partial tile the rest of its own.
+  const double simulated = time_us * cycles_per_us(hw) * std::max(1, plan.cores_used);
+  const double per_tile = tiles > 0 ? std::max(0.0, simulated - work) / tiles : 0;
+  const double key = per_key + per_tile / full;
+  const double kept_keys = kept_sink + kept_window;
+  // In cycles summed over the cores; they add up to the simulated time. A part the mask makes
+  // negative (fewer window keys than the ideal share, a partial query tile cheaper per key) is
+  // taken off the ideal share instead.
+  std::vector<std::pair<std::string, double>> parts = {
+      {"kept keys at the ideal share (1 - sparsity)", key * (1 - s) * keys},
+      {"kept keys beyond the ideal share (block granularity)",
+       key * (kept_window - (1 - s) * window_keys)},
+      {"text and first-frame keys (dense rows and columns)",
+       key * (kept_sink - (1 - s) * sink_keys)},
+      {"K/V first reads from HBM", first_reads},
+      {"partial tiles (fewer than " + std::to_string(full) + " keys)",
+       partial + per_tile * (tiles - kept_keys / full)},
+      {"index handling (gathered K/V copy runs)", index}};
+  for (auto& [name, cycles] : parts) {
+    if (&cycles != &parts.front().second && cycles < 0) {
+      parts.front().second += cycles;
+      cycles = 0;
+    }
+  }
+  double total = 0;
+  for (auto& [name, cycles] : parts) {
+    cycles = std::max(0.0, cycles);
+    total += cycles;
+  }
+  for (const auto& [name, cycles] : parts) {
+    breakdown.parts.push_back({name, total > 0 ? cycles * time_us / total : 0});
+  }
+  return breakdown;
 }
 
 std::uint64_t estimate_fa_instructions(const FaConfig& config, const HwParams& hw) {

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sim/hw.hpp"
@@ -41,6 +42,7 @@ struct FaConfig {
   std::vector<FaPattern> patterns;  // head h uses patterns[h % size]; empty = spatial,
                                     // temporal, textural
   MlaOptimizations opts;            // nope_rope_split does not apply (no rope part)
+  SimMode mode = SimMode::fine;     // every instruction, or one folded event per stage
   int block = 128;                  // sparse block and query tile rows
 };
 
@@ -71,6 +73,19 @@ struct FaPlan {
 FaPlan plan_fa(const FaConfig& config, const HwParams& hw);
 
 Program build_fa_program(const FaConfig& config, const HwParams& hw, FaPlan* plan = nullptr);
+
+/// Where a RainFusion run's time goes, beside the ideal speedup over dense 1 / (1 - sparsity):
+/// the tiles' costs (each tile's busier unit, folded as in coarse mode, without contention)
+/// split into the keys at the ideal share, the keys kept beyond it, the text and first-frame
+/// keys, first reads from HBM, partial tiles and index handling (copy runs of gathered blocks);
+/// the rest of the simulated time (flag hand-offs, fill and drain, contention, imbalance) is
+/// charged per KV tile. The parts are non-negative and add up to `time_us`.
+struct FaBreakdown {
+  double ideal_speedup = 1;
+  std::vector<std::pair<std::string, double>> parts;  // name -> us
+};
+FaBreakdown rainfusion_breakdown(const FaConfig& config, const HwParams& hw, const FaPlan& plan,
+                                 double time_us);
 
 /// Instructions build_fa_program emits, counted from the plan without building it.
 std::uint64_t estimate_fa_instructions(const FaConfig& config, const HwParams& hw);

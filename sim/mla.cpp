@@ -48,7 +48,7 @@ constexpr int kUnitFlagPieces = 4;  // L0C pieces FIX drains separately under un
 class MlaBuilder : private ProgramBuilder {
  public:
   MlaBuilder(const MlaConfig& config, const HwParams& hw, const MlaPlan& plan)
-      : ProgramBuilder(config.cores, hw), config_(config), plan_(plan) {
+      : ProgramBuilder(config.cores, hw, config.mode), config_(config), plan_(plan) {
     program_.cross_flag_names[kFlagQkReady] =
         config.opts.nope_rope_split ? "QK_NOPE_READY" : "QK_READY";
     program_.cross_flag_names[kFlagQkRopeReady] = "QK_ROPE_READY";
@@ -88,6 +88,9 @@ class MlaBuilder : private ProgramBuilder {
     Ring k_tiles, v_tiles, p_tiles, q_tile, l0, l0c;  // AIC; v_tiles only with reread_v_
     Ring sm_in[2], p_out[2], up_in[2], acc[2];        // per AIV
   };
+
+  // Coarse mode folds each stage once per distinct key (ProgramBuilder::stage).
+  enum StageKind : std::int32_t { kLoadQ, kQk, kPv, kSm, kUp, kBarrier, kCombine };
 
   // ---- rings -----------------------------------------------------------------------------------
   void init_core(int core) {
@@ -363,25 +366,39 @@ class MlaBuilder : private ProgramBuilder {
     CoreRings& rings = cores_[static_cast<std::size_t>(core)];
     block_slot_.assign(static_cast<std::size_t>(task.num_blocks), 0);
     // q (int8 nope + bf16 rope) stays in L1 for the whole task.
-    acquire(core, rings.q_tile, StageTag::setup, -1);
-    gm_read(core, 0, StageTag::setup, -1, label("load q (HBM->L1)"), q_bytes(task), MemLevel::hbm,
-            false, Buffer::l1, q_bytes(task));
-    ready(core, rings.q_tile, 0, StageTag::setup, -1);
+    stage(core, 0, -1, {{kLoadQ, task.rows}}, [&] {
+      acquire(core, rings.q_tile, StageTag::setup, -1);
+      gm_read(core, 0, StageTag::setup, -1, label("load q (HBM->L1)"), q_bytes(task), MemLevel::hbm,
+              false, Buffer::l1, q_bytes(task));
+      ready(core, rings.q_tile, 0, StageTag::setup, -1);
+    });
     int qks_left = task.num_blocks;
     for (const sched::StageInstance& item : schedule.cube) {
+      const int tokens = block_tokens(task, item.block);
+      const bool set = flag_at_group_end(item, task.num_blocks);
       if (item.stage == sched::Stage::qk) {
         block_slot_[static_cast<std::size_t>(item.block)] = rings.k_tiles.uses;
-        emit_qk(task, item);
+        const int ends = (item.block == 0 ? 1 : 0) + (item.block == task.num_blocks - 1 ? 2 : 0);
+        stage(core, 0, item.block, {{kQk, tokens, task.rows, ends, set ? 1 : 0}},
+              [&] { emit_qk(task, item); });
         --qks_left;
       } else {
-        emit_pv(task, item, qks_left == 0);
+        const bool drain = qks_left == 0;
+        const int flags = (flag_at_group_start(item) ? 1 : 0) + (set ? 2 : 0) + (drain ? 4 : 0);
+        stage(core, 0, item.block, {{kPv, tokens, task.rows, flags}},
+              [&] { emit_pv(task, item, drain); });
       }
     }
     for (int aiv = 0; aiv < 2; ++aiv) {
+      const int rows = aiv_rows(task, aiv);
       const auto& order = schedule.vector;
       for (std::size_t i = 0; i < order.size();) {
         if (order[i].stage == sched::Stage::sm) {
-          emit_sm(task, order[i], aiv);
+          const int flags = (flag_at_group_start(order[i]) ? 1 : 0) +
+                            (flag_at_group_end(order[i], task.num_blocks) ? 2 : 0);
+          stage(core, aiv + 1, order[i].block,
+                {{kSm, block_tokens(task, order[i].block), rows, flags}},
+                [&] { emit_sm(task, order[i], aiv); });
           ++i;
           continue;
         }
@@ -391,7 +408,17 @@ class MlaBuilder : private ProgramBuilder {
                order[j].group == order[i].group) {
           run.push_back(order[j++]);
         }
-        emit_up(task, run, aiv);
+        // The UP pass's shape: its blocks, whether it starts or ends the task, and which of its
+        // blocks wait for UPDATE_READY.
+        int waits = 0;
+        for (std::size_t k = 0; k < run.size(); ++k) {
+          if (flag_at_group_start(run[k])) waits |= 1 << k;
+        }
+        const int ends =
+            (run.front().block == 0 ? 1 : 0) + (run.back().block == task.num_blocks - 1 ? 2 : 0);
+        stage(core, aiv + 1, run.front().block,
+              {{kUp, static_cast<int>(run.size()), rows, ends, waits}},
+              [&] { emit_up(task, run, aiv); });
         i = j;
       }
     }
@@ -401,8 +428,10 @@ class MlaBuilder : private ProgramBuilder {
     // Every AIV of the launch reaches the mode-0 barrier after its last GM write.
     for (int core = 0; core < config_.cores; ++core) {
       for (int unit = 1; unit <= 2; ++unit) {
-        set_cross(core, unit, Pipe::mte3, kFlagCombine, 0, StageTag::sync, -1);
-        wait_cross(core, unit, Pipe::mte2, kFlagCombine, StageTag::sync, -1);
+        stage(core, unit, -1, {{kBarrier}}, [&] {
+          set_cross(core, unit, Pipe::mte3, kFlagCombine, 0, StageTag::sync, -1);
+          wait_cross(core, unit, Pipe::mte2, kFlagCombine, StageTag::sync, -1);
+        });
       }
     }
     // Rows to merge, cut into UP-sized tiles and dealt out evenly over all AIVs.
@@ -429,28 +458,30 @@ class MlaBuilder : private ProgramBuilder {
       const int aiv = target % 2;
       const int unit = aiv + 1;
       CoreRings& rings = cores_[static_cast<std::size_t>(core)];
-      const double tile = static_cast<double>(tiles[t].rows) * kNopeDim * kAccBytes;
-      const int acc_slot = acquire(core, rings.acc[aiv], StageTag::combine, -1);
-      ready(core, rings.acc[aiv], acc_slot, StageTag::combine, -1, Buffer::ub, tile);
-      await(core, rings.acc[aiv], acc_slot, StageTag::combine, -1);
-      for (int split = 0; split < plan_.splits; ++split) {
-        const int slot = acquire(core, rings.up_in[aiv], StageTag::combine, -1);
-        gm_read(core, unit, StageTag::combine, -1, load, tile + tiles[t].rows * 4.0, MemLevel::l2,
-                false, Buffer::ub, tile);
-        ready(core, rings.up_in[aiv], slot, StageTag::combine, -1);
-        await(core, rings.up_in[aiv], slot, StageTag::combine, -1);
+      stage(core, unit, -1, {{kCombine, tiles[t].rows}}, [&] {
+        const double tile = static_cast<double>(tiles[t].rows) * kNopeDim * kAccBytes;
+        const int acc_slot = acquire(core, rings.acc[aiv], StageTag::combine, -1);
+        ready(core, rings.acc[aiv], acc_slot, StageTag::combine, -1, Buffer::ub, tile);
+        await(core, rings.acc[aiv], acc_slot, StageTag::combine, -1);
+        for (int split = 0; split < plan_.splits; ++split) {
+          const int slot = acquire(core, rings.up_in[aiv], StageTag::combine, -1);
+          gm_read(core, unit, StageTag::combine, -1, load, tile + tiles[t].rows * 4.0, MemLevel::l2,
+                  false, Buffer::ub, tile);
+          ready(core, rings.up_in[aiv], slot, StageTag::combine, -1);
+          await(core, rings.up_in[aiv], slot, StageTag::combine, -1);
+          compute(core, unit, Pipe::v, StageTag::combine, -1, merge,
+                  vector_cycles(kCombineSplitPasses, tile, 2));
+          release(core, rings.up_in[aiv], slot, StageTag::combine, -1, Buffer::ub, tile);
+        }
         compute(core, unit, Pipe::v, StageTag::combine, -1, merge,
-                vector_cycles(kCombineSplitPasses, tile, 2));
-        release(core, rings.up_in[aiv], slot, StageTag::combine, -1, Buffer::ub, tile);
-      }
-      compute(core, unit, Pipe::v, StageTag::combine, -1, merge,
-              vector_cycles(kCombineFinalPasses, tile, 2));
-      set_event(core, unit, Pipe::v, Pipe::mte3, 2 + acc_slot, StageTag::combine, -1);
-      wait_event(core, unit, Pipe::v, Pipe::mte3, 2 + acc_slot, StageTag::combine, -1,
-                 label("wait O tile computed"));
-      gm_write(core, unit, StageTag::combine, -1, store,
-               static_cast<double>(tiles[t].rows) * kNopeDim * kOutBytes);
-      release(core, rings.acc[aiv], acc_slot, StageTag::combine, -1, Buffer::ub, tile);
+                vector_cycles(kCombineFinalPasses, tile, 2));
+        set_event(core, unit, Pipe::v, Pipe::mte3, 2 + acc_slot, StageTag::combine, -1);
+        wait_event(core, unit, Pipe::v, Pipe::mte3, 2 + acc_slot, StageTag::combine, -1,
+                   label("wait O tile computed"));
+        gm_write(core, unit, StageTag::combine, -1, store,
+                 static_cast<double>(tiles[t].rows) * kNopeDim * kOutBytes);
+        release(core, rings.acc[aiv], acc_slot, StageTag::combine, -1, Buffer::ub, tile);
+      });
     }
   }
 

@@ -49,6 +49,7 @@ struct MlaConfig {
   int block_size = 128;  // paged KV block size (64 or 128)
   int chunk = 2;         // 1, 2 or 4
   MlaOptimizations opts;
+  SimMode mode = SimMode::fine;  // every instruction, or one folded event per stage
   // Flash-decoding split policy: a split gets at least this many KV blocks, so its QK/PV
   // pipeline has a full chunk-4 group to overlap (fewer blocks would be all fill and drain).
   int min_blocks_per_split = 4;

@@ -28,6 +28,10 @@ const char* stage_tag_name(StageTag tag) noexcept {
   return "?";
 }
 
+const char* sim_mode_name(SimMode mode) noexcept {
+  return mode == SimMode::coarse ? "coarse" : "fine";
+}
+
 int local_pipe_index(int unit, Pipe pipe) {
   if (unit == 0) {
     switch (pipe) {
@@ -150,6 +154,7 @@ std::size_t Program::CostHash::operator()(const InstrCost& cost) const noexcept 
     mix(std::bit_cast<std::uint64_t>(value));
   }
   mix((static_cast<std::uint64_t>(cost.alloc_bytes) << 32) | cost.free_bytes);
+  mix((static_cast<std::uint64_t>(cost.wait_label) << 8) | cost.wait_flag);
   return static_cast<std::size_t>(hash ^ (hash >> 29));
 }
 
@@ -157,7 +162,7 @@ bool Program::CostEqual::operator()(const InstrCost& a, const InstrCost& b) cons
   return same_bits(a.cycles, b.cycles) && same_bits(a.latency, b.latency) &&
          same_bits(a.bytes, b.bytes) && same_bits(a.port_rate, b.port_rate) &&
          same_bits(a.ideal_cycles, b.ideal_cycles) && a.alloc_bytes == b.alloc_bytes &&
-         a.free_bytes == b.free_bytes;
+         a.free_bytes == b.free_bytes && a.wait_flag == b.wait_flag && a.wait_label == b.wait_label;
 }
 
 std::uint32_t Program::intern_cost(const InstrCost& cost, std::uint32_t label) {
@@ -200,9 +205,10 @@ std::uint32_t Program::add(const Instr& instr) {
   packed.core = static_cast<std::uint16_t>(instr.core);
   packed.block = instr.block;
   packed.label = instr.label;
-  packed.cost = intern_cost(InstrCost{instr.cycles, instr.latency, instr.bytes, instr.port_rate,
-                                      instr.ideal_cycles, instr.alloc_bytes, instr.free_bytes},
-                            instr.label);
+  packed.cost = intern_cost(
+      InstrCost{instr.cycles, instr.latency, instr.bytes, instr.port_rate, instr.ideal_cycles,
+                instr.alloc_bytes, instr.free_bytes, instr.wait_flag, instr.wait_label},
+      instr.label);
   instrs.push_back(packed);
   queues[static_cast<std::size_t>(instr.core) * kPipesPerCore + local].push_back(index);
   return index;

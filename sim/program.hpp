@@ -36,7 +36,19 @@ enum class Op : std::uint8_t {
   wait_event,  // intra-unit WAIT_FLAG(peer_pipe -> pipe, flag)
   set_cross,   // CrossCoreSetFlag<mode, pipe>(flag)
   wait_cross,  // CrossCoreWaitFlag(flag)
+  stage,       // coarse mode: one folded stage of a unit. Waits for its cross-core flag
+               // (InstrCost::wait_flag, unless kNoFlag), then holds its pipe like a transfer
+               // (head `cycles`, then `bytes` on `level` at up to `port_rate`), retires
+               // `latency` later and then sets cross-core `flag` in `mode` (unless kNoFlag)
 };
+
+/// How a program models the kernel (sim/README.md, "Simulator scale"): every instruction, or one
+/// folded event per (core, unit, stage) with the same flags and the same L2/HBM sharing.
+enum class SimMode : std::uint8_t { fine, coarse };
+const char* sim_mode_name(SimMode mode) noexcept;  // "fine", "coarse"
+
+/// No cross-core flag: a coarse stage that waits for nothing or sets nothing.
+inline constexpr std::uint8_t kNoFlag = 0xff;
 
 /// Tag used by reports to color and group work: the pipeline stage an instruction belongs to.
 enum class StageTag : std::uint8_t { setup, qk, sm, pv, up, combine, sync };
@@ -66,6 +78,9 @@ struct Instr {
   double bytes = 0;         // transfer size
   double port_rate = 0;     // B/cycle limit of this unit's port for a transfer
   double ideal_cycles = 0;  // head + bytes / port rate: the pipe time without contention
+  // Op::stage only: the cross-core flag waited for before the stage, and the wait's label.
+  std::uint8_t wait_flag = kNoFlag;
+  std::uint32_t wait_label = 0;
 };
 
 /// The numbers of an instruction (Instr's fields of the same names). A program has millions of
@@ -79,6 +94,9 @@ struct InstrCost {
   double ideal_cycles = 0;
   std::uint32_t alloc_bytes = 0;
   std::uint32_t free_bytes = 0;
+  // Op::stage only (kept here, not per instruction: a stage's wait repeats across every tile).
+  std::uint8_t wait_flag = kNoFlag;
+  std::uint32_t wait_label = 0;
 };
 
 /// An instruction as a program stores it: Instr without its numbers, which are in
@@ -112,6 +130,11 @@ std::string local_pipe_name(int local_index);
 
 struct Program {
   int num_cores = 0;
+  // Coarse flash attention: the two AIVs of a core run the same stages on the two halves of a
+  // query tile, so only AIV0's are in the program and stand for both (their flags count for
+  // both AIVs, their transfers twice in the L2/HBM shares and traffic, their statistics for
+  // AIV1 too).
+  bool mirrored_aivs = false;
   std::vector<PackedInstr> instrs;
   std::vector<InstrCost> costs;                    // the distinct costs; costs[0] is all zeros
   std::vector<std::vector<std::uint32_t>> queues;  // per global pipe: instruction indices

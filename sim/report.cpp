@@ -329,8 +329,8 @@ void write_chrome_trace(std::ostream& out, const Program& program, const SimResu
     if (!shown[static_cast<std::size_t>(instr.core)]) continue;
     const InstrRecord& record = result.records[index];
     const int tid = local_pipe_index(instr.unit, instr.pipe);
-    const bool work =
-        instr.op == Op::compute || instr.op == Op::gm_read || instr.op == Op::gm_write;
+    const bool work = instr.op == Op::compute || instr.op == Op::gm_read ||
+                      instr.op == Op::gm_write || instr.op == Op::stage;
     // Work shows the time it held its pipe; waits and sets span until they took effect.
     const double start = record.start / per_us;
     double duration = ((work ? record.release : record.end) - record.start) / per_us;
@@ -343,6 +343,7 @@ void write_chrome_trace(std::ostream& out, const Program& program, const SimResu
         break;
       case Op::gm_read:
       case Op::gm_write:
+      case Op::stage:
         args["bytes"] = program.cost(instr).bytes;
         args["ideal_us"] = program.cost(instr).ideal_cycles / per_us;
         args["data_landed_us"] = record.end / per_us;
@@ -534,8 +535,8 @@ void write_svg(std::ostream& out, const Program& program, const SimResult& resul
     if (row < 0) continue;
     const InstrRecord& record = result.records[index];
     const bool wait = instr.op == Op::wait_event || instr.op == Op::wait_cross;
-    const bool work =
-        instr.op == Op::compute || instr.op == Op::gm_read || instr.op == Op::gm_write;
+    const bool work = instr.op == Op::compute || instr.op == Op::gm_read ||
+                      instr.op == Op::gm_write || instr.op == Op::stage;
     const double end = work ? record.release : record.end;
     if (!(wait || work) || end <= record.start) continue;
     const double x = kLabelWidth + record.start * scale;

@@ -79,6 +79,9 @@ const FlagSpec kSetFlag{"--set", "NAME=VALUE[,...]", "",
 const FlagSpec kJsonFlag{"--json", nullptr, "", "print JSON instead of a table"};
 const FlagSpec kMaxInstructionsFlag{"--max-instructions", "N", "30000000",
                                     "refuse a program estimated larger (~30 bytes each)"};
+const FlagSpec kModeFlag{"--mode", "fine|coarse|auto", "auto",
+                         "fine: every instruction; coarse: one event per (core, unit, stage); "
+                         "auto: fine unless above --max-instructions"};
 const FlagSpec kOptFlag{"--opt", "NAME[,NAME...]", "none",
                         "optimization switches, or all / none (sim/README.md lists them)"};
 const FlagSpec kTraceFlag{"--trace", "FILE.json", "",
@@ -101,6 +104,7 @@ const std::vector<CommandSpec>& commands() {
         kHwFlag,
         kSetFlag,
         kMaxInstructionsFlag,
+        kModeFlag,
         kTraceFlag,
         kCsvFlag,
         kSvgFlag,
@@ -118,6 +122,7 @@ const std::vector<CommandSpec>& commands() {
         kHwFlag,
         kSetFlag,
         kMaxInstructionsFlag,
+        kModeFlag,
         {"--cpu", "BENCH.json", "",
          "put the CPU kernel's chunk ratios beside the simulator's (ditops_bench mla_grid "
          "--benchmark_out)"},
@@ -144,6 +149,7 @@ const std::vector<CommandSpec>& commands() {
         kHwFlag,
         kSetFlag,
         kMaxInstructionsFlag,
+        kModeFlag,
         kTraceFlag,
         kCsvFlag,
         kSvgFlag,
@@ -330,26 +336,82 @@ sim::MlaConfig mla_config(const Options& options, const sim::HwParams& hw) {
   return config;
 }
 
-/// Refuses a program estimated above --max-instructions before it is built.
-void check_program_size(const Options& options, std::uint64_t estimate,
-                        const std::string& description) {
-  const int limit = int_flag(options, "--max-instructions", kDefaultMaxInstructions);
-  if (estimate > static_cast<std::uint64_t>(limit)) {
-    throw UsageError(description + " needs about " + std::to_string(estimate) +
-                     " instructions, more than the limit of " + std::to_string(limit) +
-                     " (~30 bytes each); raise it with --max-instructions N");
+/// The model a run uses (--mode) and why, for the report.
+struct ModeChoice {
+  sim::SimMode mode = sim::SimMode::fine;
+  std::string reason;
+};
+
+/// --mode fine or coarse as asked; auto runs fine unless the fine program would exceed
+/// --max-instructions, then coarse. Either program is refused, before it is built, when its
+/// estimate (instructions, or stage events in coarse mode: each takes about as much memory)
+/// exceeds the limit.
+ModeChoice choose_mode(const Options& options,
+                       const std::function<std::uint64_t(sim::SimMode)>& estimate,
+                       const std::string& description) {
+  const std::string asked = options.get("--mode").value_or("auto");
+  if (asked != "fine" && asked != "coarse" && asked != "auto") {
+    throw UsageError("--mode must be fine, coarse or auto (got '" + asked + "')");
   }
+  const auto limit =
+      static_cast<std::uint64_t>(int_flag(options, "--max-instructions", kDefaultMaxInstructions));
+  ModeChoice choice;
+  if (asked != "coarse") {
+    const std::uint64_t fine = estimate(sim::SimMode::fine);
+    const std::string size = "about " + std::to_string(fine) + " instructions";
+    if (fine <= limit) {
+      if (asked == "auto") {
+        choice.reason = "auto: the fine program has " + size + ", within --max-instructions";
+      }
+      return choice;
+    }
+    if (asked == "fine") {
+      throw UsageError(description + " needs " + size + ", more than the limit of " +
+                       std::to_string(limit) +
+                       " (~30 bytes each); raise it with --max-instructions N or use --mode "
+                       "coarse");
+    }
+    choice.reason = "auto: the fine program would have " + size + ", above --max-instructions " +
+                    std::to_string(limit);
+  }
+  choice.mode = sim::SimMode::coarse;
+  const std::uint64_t coarse = estimate(sim::SimMode::coarse);
+  if (coarse > limit) {
+    throw UsageError(description + " needs about " + std::to_string(coarse) +
+                     " stage events in coarse mode, more than the limit of " +
+                     std::to_string(limit) + "; raise it with --max-instructions N");
+  }
+  return choice;
 }
 
-/// The configuration's values, and the size of its program (estimated before it is built).
-void validate_config(const sim::MlaConfig& config, const sim::HwParams& hw,
-                     const Options& options) {
+/// The report's line on the model that ran.
+std::string mode_line(const ModeChoice& choice) {
+  std::string text = choice.mode == sim::SimMode::coarse
+                         ? "mode: coarse (one event per core, unit and stage; sim/README.md)"
+                         : "mode: fine (every instruction)";
+  if (!choice.reason.empty()) text += "; " + choice.reason;
+  return text;
+}
+
+/// The configuration's values, and the model it runs in (from the size of its program,
+/// estimated before it is built).
+ModeChoice validate_config(sim::MlaConfig& config, const sim::HwParams& hw,
+                           const Options& options) {
   try {
     sim::validate(config, hw);
   } catch (const sim::SimError& error) {
     throw UsageError(std::string("--") + error.what());
   }
-  check_program_size(options, sim::estimate_mla_instructions(config, hw), sim::describe(config));
+  const ModeChoice choice = choose_mode(
+      options,
+      [&](sim::SimMode mode) {
+        sim::MlaConfig sized = config;
+        sized.mode = mode;
+        return sim::estimate_mla_instructions(sized, hw);
+      },
+      sim::describe(config));
+  config.mode = choice.mode;
+  return choice;
 }
 
 // ---- run
@@ -376,6 +438,7 @@ bool wants_files(const Options& options) { return options.get("--trace") || opti
 
 struct SweepRow {
   int batch, kv, chunk;
+  sim::SimMode mode;
   sim::Summary summary;
 };
 
@@ -387,7 +450,7 @@ std::vector<SweepRow> run_sweep(const std::vector<sim::MlaConfig>& configs,
   const bool tty = isatty(fileno(stderr)) != 0;
   auto last_report = std::chrono::steady_clock::now();
   for (const sim::MlaConfig& config : configs) {
-    rows.push_back({config.batch, config.kv, config.chunk,
+    rows.push_back({config.batch, config.kv, config.chunk, config.mode,
                     simulate(sim::build_mla_program(config, hw), hw, false).summary});
     const auto now = std::chrono::steady_clock::now();
     if (total > 1 && (tty || now - last_report > std::chrono::seconds(1))) {
@@ -459,17 +522,20 @@ std::string plan_text(const sim::MlaConfig& config, const sim::MlaPlan& plan) {
 
 int command_mla(const Options& options) {
   const sim::HwParams hw = load_hw(options);
-  const sim::MlaConfig config = mla_config(options, hw);
-  validate_config(config, hw, options);
+  sim::MlaConfig config = mla_config(options, hw);
+  const ModeChoice mode = validate_config(config, hw, options);
   sim::MlaPlan plan;
   const Run run = simulate(sim::build_mla_program(config, hw, &plan), hw, wants_files(options));
   const std::string title = "ditops-sim mla: " + sim::describe(config);
   write_run_files(options, run, hw, title);
   if (!options.json) {
-    std::cout << sim::format_table(run.summary, title + "\n" + plan_text(config, plan) + "\n");
+    std::cout << sim::format_table(
+        run.summary, title + "\n" + mode_line(mode) + "\n" + plan_text(config, plan) + "\n");
     return 0;
   }
   nlohmann::ordered_json head;
+  head["mode"] = sim::sim_mode_name(config.mode);
+  if (!mode.reason.empty()) head["mode_reason"] = mode.reason;
   head["config"] = {{"batch", config.batch}, {"kv", config.kv},
                     {"heads", config.heads}, {"q_len", config.q_len},
                     {"cores", config.cores}, {"block_size", config.block_size},
@@ -548,7 +614,8 @@ double parse_double(const std::string& flag, const std::string& text) {
   return value;
 }
 
-sim::FaConfig fa_config(const Options& options, const sim::HwParams& hw) {
+/// The fa flags, validated; `mode` gets the model the run uses.
+sim::FaConfig fa_config(const Options& options, const sim::HwParams& hw, ModeChoice& mode) {
   sim::FaConfig config;
   config.batch = int_flag(options, "--batch", config.batch);
   config.heads = int_flag(options, "--heads", config.heads);
@@ -598,13 +665,22 @@ sim::FaConfig fa_config(const Options& options, const sim::HwParams& hw) {
   } catch (const sim::SimError& error) {
     throw UsageError(std::string("--") + error.what());
   }
-  check_program_size(options, sim::estimate_fa_instructions(config, hw), sim::describe(config));
+  mode = choose_mode(
+      options,
+      [&](sim::SimMode candidate) {
+        sim::FaConfig sized = config;
+        sized.mode = candidate;
+        return sim::estimate_fa_instructions(sized, hw);
+      },
+      sim::describe(config));
+  config.mode = mode.mode;
   return config;
 }
 
 int command_fa(const Options& options) {
   const sim::HwParams hw = load_hw(options);
-  const sim::FaConfig config = fa_config(options, hw);
+  ModeChoice mode;
+  const sim::FaConfig config = fa_config(options, hw, mode);
   sim::FaPlan plan;
   const Run run = simulate(sim::build_fa_program(config, hw, &plan), hw, wants_files(options));
   const std::string title = "ditops-sim fa: " + sim::describe(config);
@@ -620,10 +696,25 @@ int command_fa(const Options& options) {
                                   " cores, " + std::to_string(plan.kv_blocks) + " KV blocks, " +
                                   std::to_string(plan.kv_tile_tokens) + " keys per stage, masks " +
                                   masks + ", kept share " + kept;
-    std::cout << sim::format_table(run.summary, title + "\n" + plan_line + "\n");
+    std::cout << sim::format_table(run.summary,
+                                   title + "\n" + mode_line(mode) + "\n" + plan_line + "\n");
+    if (config.rainfusion) {
+      const sim::FaBreakdown breakdown =
+          sim::rainfusion_breakdown(config, hw, plan, run.summary.time_us);
+      std::printf(
+          "\nRainFusion: ideal speedup over dense 1 / (1 - %s) = %.2fx; where the time "
+          "goes (sim/README.md):\n",
+          sim::number_text(config.sparsity).c_str(), breakdown.ideal_speedup);
+      for (const auto& [name, us] : breakdown.parts) {
+        std::printf("  %-62s %12.1f us  %5.1f%%\n", name.c_str(), us,
+                    100 * us / run.summary.time_us);
+      }
+    }
     return 0;
   }
   nlohmann::ordered_json head;
+  head["mode"] = sim::sim_mode_name(config.mode);
+  if (!mode.reason.empty()) head["mode_reason"] = mode.reason;
   head["config"] = {{"batch", config.batch},
                     {"heads", config.heads},
                     {"seq", config.seq},
@@ -637,6 +728,15 @@ int command_fa(const Options& options) {
                   {"kv_blocks", plan.kv_blocks},   {"kv_tile_tokens", plan.kv_tile_tokens},
                   {"cores_used", plan.cores_used}, {"masks", plan.mask_names},
                   {"kept_share", plan.kept_share}};
+  if (config.rainfusion) {
+    const sim::FaBreakdown breakdown =
+        sim::rainfusion_breakdown(config, hw, plan, run.summary.time_us);
+    nlohmann::ordered_json parts = nlohmann::ordered_json::object();
+    for (const auto& [name, us] : breakdown.parts) parts[name] = us;
+    head["rainfusion"] = {{"sparsity", config.sparsity},
+                          {"ideal_speedup", breakdown.ideal_speedup},
+                          {"time_us_by_part", parts}};
+  }
   print_run_json(head, run.summary);
   return 0;
 }
@@ -660,7 +760,7 @@ std::vector<sim::MlaConfig> sweep_grid(const Options& options, const sim::HwPara
         config.batch = batch;
         config.kv = kv;
         config.chunk = chunk;
-        validate_config(config, hw, options);
+        validate_config(config, hw, options);  // sets config.mode
         configs.push_back(config);
       }
     }
@@ -693,6 +793,7 @@ void report_sweep(const Options& options, const sim::MlaConfig& base,
       item["batch"] = row.batch;
       item["kv"] = row.kv;
       item["chunk"] = row.chunk;
+      item["mode"] = sim::sim_mode_name(row.mode);
       item["time_us"] = row.summary.time_us;
       item["cycles"] = row.summary.cycles;
       item["ratio_to_chunk" + std::to_string(reference_chunk)] =
@@ -718,6 +819,14 @@ void report_sweep(const Options& options, const sim::MlaConfig& base,
   header = header.substr(header.find("heads"));
   header.replace(header.find(", chunk"), header.find(", opts") - header.find(", chunk"), "");
   std::printf("ditops-sim sweep: %s\n", header.c_str());
+  const auto coarse_rows = std::count_if(rows.begin(), rows.end(), [](const SweepRow& row) {
+    return row.mode == sim::SimMode::coarse;
+  });
+  std::printf("mode: %s\n", coarse_rows == 0 ? "fine (every instruction)"
+                            : coarse_rows == static_cast<long>(rows.size())
+                                ? "coarse (one event per core, unit and stage; sim/README.md)"
+                                : "fine, and coarse where the fine program would exceed "
+                                  "--max-instructions (marked c)");
   std::printf("time in us; (xN) = time / time at chunk=%d; AIC/AIV = compute-pipe idle share\n\n",
               reference_chunk);
   if (!cpu.empty()) {
@@ -734,9 +843,12 @@ void report_sweep(const Options& options, const sim::MlaConfig& base,
     std::printf("%5d %6d", rows[i].batch, rows[i].kv);
     for (std::size_t c = 0; c < chunks.size(); ++c) {
       const SweepRow& row = rows[i + c];
-      std::printf("  | %11.2f  (x%.3f)  %5.1f%%   %5.1f%%", row.summary.time_us,
-                  row.summary.time_us / reference_time(row), 100.0 * row.summary.bubbles[0].idle,
-                  100.0 * row.summary.bubbles[1].idle);
+      std::printf("  |%c%11.2f  (x%.3f)  %5.1f%%   %5.1f%%",
+                  row.mode == sim::SimMode::coarse && coarse_rows < static_cast<long>(rows.size())
+                      ? 'c'
+                      : ' ',
+                  row.summary.time_us, row.summary.time_us / reference_time(row),
+                  100.0 * row.summary.bubbles[0].idle, 100.0 * row.summary.bubbles[1].idle);
       if (cpu.empty()) continue;
       const double cpu_us = cpu_time(row.batch, row.kv, row.chunk),
                    cpu_reference = cpu_time(row.batch, row.kv, reference_chunk);

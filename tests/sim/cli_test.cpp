@@ -347,14 +347,18 @@ TEST_F(Cli, SweepCpuLeavesOutInfiniteTimes) {
 
 // The program's size is estimated before it is built: batch 4096 x kv 1M x 1024 heads would need
 // ~1e11 instructions (the old CLI grew past 2.7 GB building it).
+// Above the limit --mode auto runs coarse; a coarse program above it is refused the same way.
 TEST_F(Cli, ProgramsAboveTheInstructionLimitExit2BeforeTheyAreBuilt) {
-  expect_usage_error("mla --batch 4096 --kv 1048576 --heads 1024",
+  expect_usage_error("mla --batch 4096 --kv 1048576 --heads 1024 --mode fine",
                      "instructions, more than the limit of 30000000");
+  expect_usage_error("mla --batch 4096 --kv 1048576 --heads 1024",
+                     "stage events in coarse mode, more than the limit of 30000000");
   expect_usage_error("sweep --batch 1,4096 --kv 1048576", "raise it with --max-instructions N");
-  expect_usage_error("mla --batch 2 --kv 512 --max-instructions 1000",
+  expect_usage_error("mla --batch 2 --kv 512 --max-instructions 1000 --mode fine",
                      "batch 2, kv 512, heads 128, q-len 1, block 128, cores 24, chunk 2, opts "
                      "none needs about ");
   EXPECT_EQ(run("mla --batch 2 --kv 512 --max-instructions 100000 --json").status, 0);
+  EXPECT_EQ(run("mla --batch 2 --kv 512 --max-instructions 1000 --json").status, 0);
   expect_usage_error("mla --max-instructions lots", "--max-instructions expects");
 }
 
@@ -461,6 +465,59 @@ TEST_F(Cli, FaBadValuesExit2) {
   // Hostile sizes are refused before anything is built.
   expect_usage_error("fa --seq 1048576", "pairs");
   expect_usage_error("fa --batch 4096 --heads 1024 --seq 65536", "instructions");
+}
+
+// --mode: fine, coarse, or auto (fine unless the fine program would exceed --max-instructions);
+// the report and --json (key "mode") say which ran, and why for auto.
+TEST_F(Cli, ModeChoosesTheModelAndReportsIt) {
+  const auto json_of = [&](const std::string& args) {
+    const CliRun result = run(args + " --json");
+    EXPECT_EQ(result.status, 0) << args << ": " << result.err;
+    return result.status == 0 ? nlohmann::json::parse(result.out) : nlohmann::json();
+  };
+  EXPECT_EQ(json_of("fa --seq 512 --heads 2 --mode fine")["mode"], "fine");
+  EXPECT_EQ(json_of("fa --seq 512 --heads 2 --mode coarse")["mode"], "coarse");
+  EXPECT_EQ(json_of("mla --mode coarse")["mode"], "coarse");
+  const nlohmann::json below = json_of("fa --seq 512 --heads 2");
+  EXPECT_EQ(below["mode"], "fine");
+  EXPECT_NE(below["mode_reason"].get<std::string>().find("within"), std::string::npos);
+  // FLUX needs ~2 M instructions at the fine level: above this limit auto runs coarse.
+  const nlohmann::json above = json_of("fa --max-instructions 500000");
+  EXPECT_EQ(above["mode"], "coarse");
+  EXPECT_NE(above["mode_reason"].get<std::string>().find("above --max-instructions 500000"),
+            std::string::npos);
+  EXPECT_LT(above["instructions"].get<double>(), 500000);
+  for (const auto& row :
+       json_of("sweep --batch 1,48 --kv 512 --chunk 1 --max-instructions 50000")) {
+    EXPECT_EQ(row["mode"], row["batch"] == 1 ? "fine" : "coarse") << row["batch"];
+  }
+  const CliRun table = run("fa --max-instructions 500000");
+  EXPECT_EQ(table.status, 0);
+  EXPECT_NE(table.out.find("mode: coarse"), std::string::npos);
+  EXPECT_NE(run("fa --seq 512 --heads 2").out.find("mode: fine"), std::string::npos);
+  expect_usage_error("fa --mode medium", "--mode must be fine, coarse or auto");
+  expect_usage_error("mla --mode", "--mode needs a value");
+  expect_usage_error("fa --mode fine --max-instructions 500000", "use --mode coarse");
+  expect_usage_error("fa --mode coarse --max-instructions 1000", "stage events in coarse mode");
+}
+
+// RainFusion runs say where the time goes beside the ideal speedup; the parts add up.
+TEST_F(Cli, FaRainFusionBreakdownAddsUpToTheTime) {
+  const CliRun result = run("fa --video 3,16,24 --text 64 --sparsity 0.8 --heads 3 --json");
+  ASSERT_EQ(result.status, 0) << result.err;
+  const nlohmann::json json = nlohmann::json::parse(result.out);
+  EXPECT_DOUBLE_EQ(json["rainfusion"]["ideal_speedup"].get<double>(), 5.0);
+  double total = 0;
+  for (const auto& [name, us] : json["rainfusion"]["time_us_by_part"].items()) {
+    EXPECT_GE(us.get<double>(), 0) << name;
+    total += us.get<double>();
+  }
+  EXPECT_NEAR(total, json["time_us"].get<double>(), 1e-6 * json["time_us"].get<double>());
+  const CliRun table = run("fa --video 3,16,24 --text 64 --sparsity 0.8 --heads 3");
+  EXPECT_NE(table.out.find("ideal speedup over dense 1 / (1 - 0.8) = 5.00x"), std::string::npos)
+      << table.out;
+  EXPECT_NE(table.out.find("text and first-frame keys"), std::string::npos);
+  EXPECT_EQ(run("fa --seq 512 --heads 2 --json").out.find("rainfusion"), std::string::npos);
 }
 
 TEST_F(Cli, CalibrateFitsAndWritesAHwFile) {
