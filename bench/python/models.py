@@ -8,7 +8,8 @@ shared machine hits them alike; medians. Random fp32 weights, torch.inference_mo
         tools/ditops-quantize made of the model's own weights).
   wan:  a Wan-shaped video transformer (hidden 1536, 12 heads x 128, one block, 8 x 30 x 52
         latent tokens after patching + 512 text tokens): default / enable (dense) / enable
-        with RainFusion at sparsity 0.75 (and its output's rel-L2 to the default's).
+        with RainFusion at sparsity 0.75, with and without the first frame kept whole (and
+        each output's rel-L2 to the default's).
 
 For each configuration, the share of the forward spent inside ditops' calls; the rest is
 torch's (its linears, elementwise ops, convolutions).
@@ -148,6 +149,9 @@ def bench_wan(args):
         ("enable (dense)", model, lambda: ditops.diffusers.enable(model)),
         ("enable (RainFusion 0.75)", model,
          lambda: ditops.diffusers.enable(model, backend="rainfusion", sparsity=0.75)),
+        ("enable (RainFusion 0.75, first frame not kept whole)", model,
+         lambda: ditops.diffusers.enable(model, backend="rainfusion", sparsity=0.75,
+                                         keep_sink=False)),
     ]
     seconds, shares, outputs = run(configs, inputs, args.runs)
     base = outputs["diffusers default"]

@@ -22,7 +22,7 @@ _BACKENDS = {"dense": "ditops", "int8": "ditops_int8", "rainfusion": "ditops_rai
 
 # The options of the RainFusion backend and the video layout of the model running now (set by
 # a forward pre-hook from the model's input: the backend function sees only q, k and v).
-_rainfusion = {"sparsity": 0.75, "block_size": 128, "layout": None}
+_rainfusion = {"sparsity": 0.75, "block_size": 128, "keep_sink": True, "layout": None}
 
 
 def _diffusers():
@@ -92,7 +92,8 @@ def _rainfusion_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_c
         query, key, value, scale=scale, input_layout="BSND", sparse_type="rf_v2",
         txt_len=layout["text"], text_first=layout["text_first"],
         latent_shape_q=[layout["frames"], layout["height"], layout["width"]],
-        block_size=_rainfusion["block_size"], sparsity=_rainfusion["sparsity"])
+        block_size=_rainfusion["block_size"], sparsity=_rainfusion["sparsity"],
+        keep_sink=_rainfusion["keep_sink"])
 
 
 _FUNCTIONS = {"ditops": _dense, "ditops_int8": _int8, "ditops_rainfusion": _rainfusion_attention}
@@ -304,10 +305,12 @@ def _layout_hook(model):
 # ---- enable / disable ------------------------------------------------------------------------------
 
 
-def enable(model, backend="dense", sparsity=0.75, block_size=128, fuse_rope_and_norms=True):
+def enable(model, backend="dense", sparsity=0.75, block_size=128, keep_sink=True,
+           fuse_rope_and_norms=True):
     """Routes every attention of the diffusers transformer `model` through ditops: backend
     "dense" (flash attention), "int8" or "rainfusion" (RainFusion's adaptive blocks at
-    `sparsity` on the self-attention of video models; dense elsewhere). With
+    `sparsity` on the self-attention of video models, the first latent frame's blocks kept
+    whole unless keep_sink=False; dense elsewhere). With
     fuse_rope_and_norms the q/k RMSNorms and rotary embeddings run on ditops too. Returns the
     model; disable(model) restores diffusers' own."""
     if backend not in _BACKENDS:
@@ -344,7 +347,8 @@ def enable(model, backend="dense", sparsity=0.75, block_size=128, fuse_rope_and_
         _patch_rope(True)
         state["rope"] = True
     if backend == "rainfusion":
-        _rainfusion.update(sparsity=float(sparsity), block_size=int(block_size))
+        _rainfusion.update(sparsity=float(sparsity), block_size=int(block_size),
+                           keep_sink=bool(keep_sink))
         state["hooks"].append(_layout_hook(model))
     model._ditops_state = state
     return model
