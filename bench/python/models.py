@@ -112,14 +112,19 @@ def rel_l2(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def report(title, seconds, shares, baseline, notes=None):
+def compare(title, configs, inputs, runs):
+    """Runs the configurations (the first is the baseline) and prints their table: median
+    time, speedup, ditops' share and each output's rel-L2 to the baseline's."""
+    seconds, shares, outputs = run(configs, inputs, runs)
+    baseline = configs[0][0]
     print(f"\n{title}")
-    print("| configuration | median s | speedup vs default | ditops share | torch share |")
-    print("|---|---:|---:|---:|---:|")
+    print("| configuration | median s | speedup vs default | ditops share | torch share |"
+          " rel-L2 to default |")
+    print("|---|---:|---:|---:|---:|---:|")
     for name, value in seconds.items():
-        note = f" ({notes[name]})" if notes and name in notes else ""
-        print(f"| {name}{note} | {value:.2f} | {seconds[baseline] / value:.2f}x | "
-              f"{shares[name]:.0%} | {1 - shares[name]:.0%} |")
+        error = "-" if name == baseline else f"{rel_l2(outputs[name], outputs[baseline]):.1e}"
+        print(f"| {name} | {value:.2f} | {seconds[baseline] / value:.2f}x | "
+              f"{shares[name]:.0%} | {1 - shares[name]:.0%} | {error} |")
 
 
 def bench_flux(args):
@@ -134,12 +139,8 @@ def bench_flux(args):
         ("ditops.diffusers.enable", model, lambda: ditops.diffusers.enable(model)),
         ("enable + quantize (W8A8_DYNAMIC)", quantized, lambda: None),
     ]
-    seconds, shares, outputs = run(configs, inputs, args.runs)
-    base = outputs["diffusers default"]
-    notes = {name: f"rel-L2 {rel_l2(out, base):.1e}" for name, out in outputs.items()
-             if name != "diffusers default"}
-    report("FLUX-shaped: hidden 3072, 24 x 128 heads, 4096 + 512 tokens, 1 double + 1 single "
-           "block, fp32", seconds, shares, "diffusers default", notes)
+    compare("FLUX-shaped: hidden 3072, 24 x 128 heads, 4096 + 512 tokens, 1 double + 1 single "
+            "block, fp32", configs, inputs, args.runs)
 
 
 def bench_wan(args):
@@ -153,12 +154,8 @@ def bench_wan(args):
          lambda: ditops.diffusers.enable(model, backend="rainfusion", sparsity=0.75,
                                          keep_sink=False)),
     ]
-    seconds, shares, outputs = run(configs, inputs, args.runs)
-    base = outputs["diffusers default"]
-    notes = {name: f"rel-L2 {rel_l2(out, base):.1e}" for name, out in outputs.items()
-             if name != "diffusers default"}
-    report("Wan-shaped: hidden 1536, 12 x 128 heads, 1 block, 8 x 30 x 52 latent + 512 text "
-           "tokens, fp32", seconds, shares, "diffusers default", notes)
+    compare("Wan-shaped: hidden 1536, 12 x 128 heads, 1 block, 8 x 30 x 52 latent + 512 text "
+            "tokens, fp32", configs, inputs, args.runs)
 
 
 def main():
