@@ -14,7 +14,7 @@ shared machine hits them alike; medians. Random fp32 weights, torch.inference_mo
 For each configuration, the share of the forward spent inside ditops' calls; the rest is
 torch's (its linears, elementwise ops, convolutions).
 
-    PYTHONPATH=build/release/python build/venv/bin/python bench/python/models.py \
+    PYTHONPATH=build/release/python build/venv/bin/python bench/python/model_speed.py \
         [--model flux|wan|all] [--runs 3] [--threads 2] [--tools build/release/tools]
 """
 
