@@ -20,8 +20,8 @@ from . import ops
 
 _BACKENDS = {"dense": "ditops", "int8": "ditops_int8", "rainfusion": "ditops_rainfusion"}
 
-# The options of the RainFusion backend and the video layout of the model running now (set by
-# a forward pre-hook from the model's input: the backend function sees only q, k and v).
+# The RainFusion options and the video layout of the model running now, set by its forward
+# pre-hook from its own options and input: the backend function sees only q, k and v.
 _rainfusion = {"sparsity": 0.75, "block_size": 128, "keep_sink": True, "layout": None}
 
 
@@ -273,9 +273,10 @@ def _cogvideox_processor_class():
 # ---- the video layout RainFusion needs ------------------------------------------------------------
 
 
-def _layout_hook(model):
-    """A forward pre-hook that records the token layout of the model's self-attention from its
-    input (video models: hidden_states [B, C, F, H, W] or CogVideoX's [B, F, C, H, W])."""
+def _layout_hook(model, options):
+    """A forward pre-hook that sets the model's RainFusion options and the token layout of its
+    self-attention from its input (video models: hidden_states [B, C, F, H, W] or CogVideoX's
+    [B, F, C, H, W])."""
     name = type(model).__name__
     config = model.config
 
@@ -297,7 +298,7 @@ def _layout_hook(model):
                 f, (h, w) = hidden.shape[1], hidden.shape[3:]
                 layout = dict(frames=f, height=h // patch, width=w // patch,
                               text=text.shape[1] if text is not None else 0, text_first=True)
-        _rainfusion["layout"] = layout
+        _rainfusion.update(options, layout=layout)
 
     return model.register_forward_pre_hook(hook, with_kwargs=True)
 
@@ -347,9 +348,9 @@ def enable(model, backend="dense", sparsity=0.75, block_size=128, keep_sink=True
         _patch_rope(True)
         state["rope"] = True
     if backend == "rainfusion":
-        _rainfusion.update(sparsity=float(sparsity), block_size=int(block_size),
-                           keep_sink=bool(keep_sink))
-        state["hooks"].append(_layout_hook(model))
+        options = dict(sparsity=float(sparsity), block_size=int(block_size),
+                       keep_sink=bool(keep_sink))
+        state["hooks"].append(_layout_hook(model, options))
     model._ditops_state = state
     return model
 
