@@ -48,7 +48,6 @@ def wan(dtype=torch.float32, frames=3, height=16, width=16, heads=2, head_dim=64
 def cogvideox(dtype=torch.float32, frames=2, height=16, width=16, text=16):
     from diffusers import CogVideoXTransformer3DModel
     from diffusers.models.embeddings import get_3d_rotary_pos_embed
-    from diffusers.pipelines.cogvideo.pipeline_cogvideox import get_resize_crop_region_for_grid
 
     torch.manual_seed(0)
     model = CogVideoXTransformer3DModel(
@@ -57,7 +56,7 @@ def cogvideox(dtype=torch.float32, frames=2, height=16, width=16, text=16):
         sample_height=height, sample_frames=9, patch_size=2, temporal_compression_ratio=4,
         max_text_seq_length=text, use_rotary_positional_embeddings=True).eval().to(dtype)
     grid = (height // 2, width // 2)
-    crops = get_resize_crop_region_for_grid(grid, width // 2, height // 2)
+    crops = ((0, 0), grid)  # the pipeline's crop region when the grid is the base size
     cos, sin = get_3d_rotary_pos_embed(embed_dim=64, crops_coords=crops, grid_size=grid,
                                        temporal_size=frames, device="cpu")
     inputs = dict(hidden_states=torch.randn(1, frames, 16, height, width, dtype=dtype),

@@ -36,7 +36,10 @@ def test_attention_matches_reference(dtype, head_first, threads):
     want, want_lse = reference_attention(q, k, v, head_first=head_first)
     assert out.dtype == dtype and out.shape == q.shape
     close(out, want)
-    torch.testing.assert_close(lse.double(), want_lse, atol=1e-4, rtol=1e-5)
+    # docs/operators.md's LSE bound: 2e-4, or 1e-2 where 16-bit inputs take bf16 dot products
+    # (flash_bf16, which the tuner may pick for bf16 and f16).
+    lse_atol = 2e-4 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(lse.double(), want_lse, atol=lse_atol, rtol=1e-5)
 
 
 @pytest.mark.parametrize("causal", [False, True])
