@@ -24,7 +24,7 @@ ctest --preset release -j2
 # pip install . as a user runs it (no build isolation: the venv has the build requirements;
 # the build directory under build/ is reused by the next run), then the installed package,
 # imported from outside the source tree, runs an attention.
-"$ditops_python" -m pip install -q . --no-build-isolation -Cbuild-dir=build/pip
+"$ditops_python" -m pip install -q . --no-build-isolation --config-settings=build-dir=build/pip
 (cd /tmp && "$ditops_python" -c '
 import ditops, torch
 q = torch.randn(1, 64, 2, 32)
