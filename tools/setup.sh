@@ -42,8 +42,8 @@ ditops_python_requirements=(numpy safetensors torch diffusers nanobind scikit-bu
 ditops_venv=${DITOPS_VENV:-build/venv}
 ditops_ensure_venv() {
   [ -x "$ditops_venv/bin/python" ] || python3 -m venv "$ditops_venv"
-  if ! "$ditops_venv/bin/python" -c 'import numpy, safetensors, torch, diffusers, nanobind,
-import scikit_build_core, pytest' 2>/dev/null; then
+  local modules="numpy, safetensors, torch, diffusers, nanobind, scikit_build_core, pytest"
+  if ! "$ditops_venv/bin/python" -c "import $modules" 2>/dev/null; then
     echo "ditops: installing ${ditops_python_requirements[*]} into $ditops_venv"
     "$ditops_venv/bin/pip" install -q "${ditops_python_requirements[@]}"
   fi
