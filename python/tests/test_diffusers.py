@@ -89,7 +89,7 @@ def test_compiled_enabled_model_agrees():
     model, inputs = models.flux()
     want = model(**inputs)[0]
     ditops.diffusers.enable(model)
-    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    compiled = torch.compile(model, fullgraph=True)  # inductor: ditops' ops stay opaque calls
     assert rel_l2(compiled(**inputs)[0], want) <= 1e-4
     ditops.diffusers.disable(model)
 
