@@ -335,3 +335,29 @@ def test_gil_is_released_while_a_kernel_runs():
     ditops.set_num_threads(threads_before)
     margin = (end - start) / 4
     assert any(start + margin < t < end - margin for t in stamps)
+
+
+def test_mla_decode_paged_matches_the_dequantized_cache():
+    # Two sequences over a paged int8 cache (block size 64, scale groups of 128 values): the
+    # result against softmax(scale · (q_nope·nope + q_rope·rope)) · nope in float64 on the
+    # dequantized cache. The kernel quantizes q_nope to int8 per (sequence, head) and rounds the
+    # P·V weights to u8 levels (docs/operators.md; 127 levels on AVX2). Measured on these
+    # uniform int8 latents: 0.9 % relative L2 with AVX-512, 1.6 % with AVX2; bound 3e-2.
+    blocks, block_size, heads, groups = 6, 64, 4, 4
+    nope = torch.randint(-127, 128, (blocks, block_size, 512), dtype=torch.int8)
+    nope_scale = torch.rand(blocks, block_size, groups) * 0.02 + 0.005
+    rope = torch.randn(blocks, block_size, 64)
+    table = torch.tensor([[4, 1, 0], [2, 5, 3]], dtype=torch.int32)
+    lengths = [150, 77]
+    q_nope, q_rope = torch.randn(2, heads, 512), torch.randn(2, heads, 64)
+    out = ditops.mla_decode_paged(q_nope, q_rope, nope, nope_scale, rope, table, lengths)
+    values = nope.double() * nope_scale.double().repeat_interleave(512 // groups, dim=-1)
+    scale = 1 / math.sqrt(576)
+    for b, length in enumerate(lengths):
+        tokens = torch.arange(length)
+        rows = table[b, tokens // block_size].long(), tokens % block_size
+        latent, rotary = values[rows], rope[rows].double()
+        scores = scale * (q_nope[b].double() @ latent.T + q_rope[b].double() @ rotary.T)
+        want = torch.softmax(scores, dim=-1) @ latent
+        error = ((out[b].double() - want).norm() / want.norm()).item()
+        assert error < 3e-2, error
