@@ -20,10 +20,12 @@ def native(function):
     if torch is None:
         return function
     to_dlpack = torch._C._to_dlpack
-    tensor = torch.Tensor
+    # By exact type, the cheapest test per argument; other Tensor subclasses still work, through
+    # nanobind's own (slower) Tensor.__dlpack__ call.
+    tensor_types = frozenset({torch.Tensor, torch.nn.Parameter})
 
     def call(*args):
-        return function(*[to_dlpack(a) if isinstance(a, tensor) else a for a in args])
+        return function(*[to_dlpack(a) if type(a) in tensor_types else a for a in args])
 
     call.__name__ = function.__name__
     call.__doc__ = function.__doc__

@@ -27,10 +27,12 @@ class Op:
         return [out] + [_arrays.empty(like, shape, dtype) for shape, dtype in specs[1:]]
 
     def __call__(self, *args, out=None):
+        specs = self.outputs(*args)
+        if len(specs) == 1:  # the common case, without lists and tuples
+            result = _arrays.empty(args[0], *specs[0]) if out is None else out
+            self.run(*args, result)
+            return result
         outs = self.allocate(args, out)
-        if len(outs) == 1:  # the common case, without building a tuple
-            self.run(*args, outs[0])
-            return outs[0]
         self.run(*args, *outs)
         return tuple(outs)
 

@@ -193,26 +193,20 @@ _mla = Op(
 
 
 def attention_forward(query, key, value, attn_mask=None, scale=None, fused=True,
-                      head_first=False, **kwargs):
+                      head_first=False, *, causal=False, return_lse=False, backend="automatic",
+                      out=None, int8_chunk=2):
     """MindIE-SD's attention_forward: softmax(scale · q·kᵀ + mask) · v per head, BSND
     (head_first=False) or BNSD, output in the input layout. attn_mask: boolean (True = attend)
     or additive float, [Sq, Sk] or broadcastable [B|1, N|1, Sq|1, Sk]. fused=False runs the
-    reference math. kwargs: causal=False, return_lse=False (then (out, lse), lse float32
-    [B, N, Sq]), backend (a name of backend_names(), default automatic), out=None, int8_chunk=2.
-    GQA: key and value may have fewer heads."""
-    causal = kwargs.pop("causal", False)
-    return_lse = kwargs.pop("return_lse", False)
-    backend = kwargs.pop("backend", "automatic")
-    out = kwargs.pop("out", None)
-    chunk = kwargs.pop("int8_chunk", 2)
-    if kwargs:
-        raise TypeError(f"attention_forward: unexpected arguments {sorted(kwargs)}")
+    reference math. Keywords: causal, return_lse (then (out, lse), lse float32 [B, N, Sq]),
+    backend (a name of backend_names(), default automatic), out, int8_chunk. GQA: key and value
+    may have fewer heads."""
     if not fused:
         backend = "reference"
     _arrays.forbid_grad("attention_forward", query, key, value, attn_mask)
     mask = _arrays.float32_mask(attn_mask)
     return call(_attention_lse if return_lse else _attention, query, key, value, mask, scale,
-                causal, head_first, backend, chunk, out=out)
+                causal, head_first, backend, int8_chunk, out=out)
 
 
 def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
