@@ -58,22 +58,22 @@ def _lse_for_diffusers(result, return_lse):
     return out, lse.transpose(1, 2)  # diffusers' lse is [B, S, N]
 
 
-def _dense(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-           enable_gqa=False, return_lse=False, _parallel_config=None):
-    _checked(dropout_p, _parallel_config)
-    mask = _key_padding(attn_mask, query, key)
-    return _lse_for_diffusers(ops.attention_forward(query, key, value, mask, scale,
-                                                    causal=is_causal, return_lse=return_lse),
-                              return_lse)
+def _flash_backend(backend):
+    """The dispatcher's backend function for ditops' attention_forward with `backend`."""
+
+    def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                  enable_gqa=False, return_lse=False, _parallel_config=None):
+        _checked(dropout_p, _parallel_config)
+        mask = _key_padding(attn_mask, query, key)
+        return _lse_for_diffusers(ops.attention_forward(query, key, value, mask, scale,
+                                                        causal=is_causal, return_lse=return_lse,
+                                                        backend=backend), return_lse)
+
+    return attention
 
 
-def _int8(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-          enable_gqa=False, return_lse=False, _parallel_config=None):
-    _checked(dropout_p, _parallel_config)
-    mask = _key_padding(attn_mask, query, key)
-    return _lse_for_diffusers(ops.attention_forward(query, key, value, mask, scale,
-                                                    causal=is_causal, return_lse=return_lse,
-                                                    backend="int8"), return_lse)
+_dense = _flash_backend("automatic")
+_int8 = _flash_backend("int8")
 
 
 def _rainfusion_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
