@@ -10,7 +10,7 @@ import torch
 
 from . import _ditops
 from ._op import Op, call
-from ._arrays import forbid_grad
+from ._arrays import forbid_grad, native
 
 # The layers of the live QuantLinear modules, by id: a custom op takes the id (an int the graph
 # can hold), not the C++ object. Emptied at exit, before the module's types go.
@@ -30,9 +30,8 @@ _quant_linear = Op(
 )
 
 
-def _forward(layer, x, y, activation):
-    to_dlpack = torch._C._to_dlpack
-    layer.forward(to_dlpack(x), to_dlpack(y), activation)
+# QuantLinear.forward(layer, x, y, activation), tensors passed as the other calls pass them.
+_forward = native(_ditops.QuantLinear.forward)
 
 
 class QuantLinear(torch.nn.Module):
