@@ -52,6 +52,19 @@ void attention_forward_varlen(const TensorView& q, const TensorView& k, const Te
                               std::span<const std::int32_t> cu_seqlens_k, const TensorView& out,
                               const VarlenOptions& options = {});
 
+/// The attention over the union of two disjoint key sets, from the attention over each:
+/// out = (e^lse_a · out_a + e^lse_b · out_b) / (e^lse_a + e^lse_b) and
+/// lse = log(e^lse_a + e^lse_b), per row, computed in fp32 around the larger lse (what ring
+/// attention and split-KV decoding merge; vLLM and FlashInfer call it merge_state).
+/// out_a, out_b, out: [B, S, N, D] (BSND; a BNSD tensor passes as its permuted view), each f32,
+/// bf16 or f16; lse_a, lse_b, lse: f32 [B, N, S], natural-log. A row whose lse is -inf on one
+/// side (no key attended there) takes the other side exactly; -inf on both gives 0 and -inf. A
+/// NaN or +inf lse gives a NaN row. out may be out_a or out_b itself and lse may be lse_a or
+/// lse_b (in place); no other overlap.
+void merge_attention_states(const TensorView& out_a, const TensorView& lse_a,
+                            const TensorView& out_b, const TensorView& lse_b, const TensorView& out,
+                            const TensorView& lse);
+
 struct AttentionChoice {
   AttentionBackend backend;
   std::string detail;  ///< e.g. internal layout and tile sizes

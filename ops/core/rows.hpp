@@ -9,7 +9,7 @@
 
 namespace ditops::core {
 
-inline constexpr int kMaxRowOperands = 4;
+inline constexpr int kMaxRowOperands = 6;
 
 struct RowLayout {
   int dims = 0;  ///< leading dimensions
