@@ -16,6 +16,7 @@ from .ops import (
     attention_forward_varlen,
     block_sparse_attention,
     cfg_combine,
+    merge_attention_states,
     mla_decode_paged,
     rainfusion_attention,
     rms_norm,

@@ -43,12 +43,9 @@ def _key_padding(attn_mask, query, key):
     return attn_mask
 
 
-def _checked(dropout_p, _parallel_config):
+def _checked(dropout_p):
     if dropout_p:
         raise ValueError(f"ditops attention: dropout_p ({dropout_p}) must be 0 (inference)")
-    if _parallel_config is not None:
-        raise NotImplementedError("ditops attention: diffusers' context parallelism is not "
-                                  "supported by the ditops backends")
 
 
 def _lse_for_diffusers(result, return_lse):
@@ -58,13 +55,41 @@ def _lse_for_diffusers(result, return_lse):
     return out, lse.transpose(1, 2)  # diffusers' lse is [B, S, N]
 
 
+def _context_parallel(query, key, value, attn_mask, is_causal, scale, return_lse,
+                      parallel_config):
+    """One attention of a model under diffusers' context parallelism (enable_parallelism with
+    a ContextParallelConfig): Ulysses over the config's Ulysses mesh, ring over its ring mesh,
+    on ditops.distributed (dense: the block-sparse and int8 backends run it dense)."""
+    from . import distributed
+
+    if attn_mask is not None:
+        raise NotImplementedError("ditops attention: an attention mask under diffusers' context "
+                                  "parallelism is not supported")
+    config = parallel_config.context_parallel_config
+    ring = config._ring_mesh.get_group() if config.ring_degree > 1 else None
+    ulysses = config._ulysses_mesh.get_group() if config.ulysses_degree > 1 else None
+    return distributed.context_parallel_attention(query, key, value, ring, ulysses,
+                                                  causal=is_causal, scale=scale,
+                                                  return_lse=return_lse)
+
+
+def _parallel(parallel_config):
+    return (parallel_config is not None
+            and parallel_config.context_parallel_config is not None
+            and parallel_config.context_parallel_config._world_size > 1)
+
+
 def _flash_backend(backend):
     """The dispatcher's backend function for ditops' attention_forward with `backend`."""
 
     def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                   enable_gqa=False, return_lse=False, _parallel_config=None):
-        _checked(dropout_p, _parallel_config)
+        _checked(dropout_p)
         mask = _key_padding(attn_mask, query, key)
+        if _parallel(_parallel_config):
+            return _lse_for_diffusers(_context_parallel(query, key, value, mask, is_causal, scale,
+                                                        return_lse, _parallel_config),
+                                      return_lse)
         return _lse_for_diffusers(ops.attention_forward(query, key, value, mask, scale,
                                                         causal=is_causal, return_lse=return_lse,
                                                         backend=backend), return_lse)
@@ -80,12 +105,12 @@ def _rainfusion_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_c
                           scale=None, enable_gqa=False, return_lse=False, _parallel_config=None):
     """RainFusion's adaptive blocks on self-attention over the model's whole token layout;
     every other attention (cross-attention, masked, causal) is dense."""
-    _checked(dropout_p, _parallel_config)
+    _checked(dropout_p)
     layout = _rainfusion["layout"]
     tokens = None if layout is None else (
         layout["frames"] * layout["height"] * layout["width"] + layout["text"])
     if (tokens is None or attn_mask is not None or is_causal or return_lse
-            or query.shape[1] != tokens or key.shape[1] != tokens):
+            or _parallel(_parallel_config) or query.shape[1] != tokens or key.shape[1] != tokens):
         return _dense(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                       return_lse, _parallel_config)
     return ops.sparse_attention(
@@ -114,8 +139,8 @@ def _backend_member(name):
     member = names(name)
     registry = dispatch._AttentionBackendRegistry
     if member not in registry._backends:
-        registry.register(member, constraints=[dispatch._check_device, dispatch._check_shape])(
-            _FUNCTIONS[name])
+        registry.register(member, constraints=[dispatch._check_device, dispatch._check_shape],
+                          supports_context_parallel=True)(_FUNCTIONS[name])
     return member
 
 
@@ -376,6 +401,29 @@ def disable(model):
     return model
 
 
+def enable_parallelism(model, ring_degree=1, ulysses_degree=1):
+    """diffusers' context parallelism on the CPU: `model.enable_parallelism` with a
+    ContextParallelConfig of these degrees (their product the world size of the initialized
+    torch.distributed), after enable(model) so that every attention runs on
+    ditops.distributed. diffusers picks the mesh's device from the accelerator count, which is 0
+    on a CPU-only machine: during the call the CPU counts as one device. Returns the model."""
+    import diffusers
+
+    if getattr(model, "_ditops_state", None) is None:
+        raise ValueError("ditops.diffusers.enable_parallelism: call ditops.diffusers.enable(model) "
+                         "first (the attention must run on ditops)")
+    config = diffusers.ContextParallelConfig(ring_degree=ring_degree,
+                                             ulysses_degree=ulysses_degree)
+    count = torch.accelerator.device_count
+    if count() == 0:
+        torch.accelerator.device_count = lambda: 1
+    try:
+        model.enable_parallelism(config=config)
+    finally:
+        torch.accelerator.device_count = count
+    return model
+
+
 @contextlib.contextmanager
 def enabled(model, **options):
     """`with ditops.diffusers.enabled(model): ...` enables ditops for the block."""
@@ -386,4 +434,4 @@ def enabled(model, **options):
         disable(model)
 
 
-__all__ = ["enable", "disable", "enabled"]
+__all__ = ["enable", "disable", "enabled", "enable_parallelism"]

@@ -110,6 +110,14 @@ _cfg_combine = Op(
     lambda cond, uncond, scale, out: _ditops.cfg_combine(cond, uncond, scale, out),
 )
 
+_merge = Op(
+    "merge_attention_states",
+    "(Tensor out_a, Tensor lse_a, Tensor out_b, Tensor lse_b) -> (Tensor, Tensor)",
+    lambda out_a, lse_a, out_b, lse_b: [(None, None), (tuple(lse_a.shape), "float32")],
+    lambda out_a, lse_a, out_b, lse_b, out, lse: _ditops.merge_attention_states(
+        out_a, lse_a, out_b, lse_b, out, lse),
+)
+
 _block_sparse = Op(
     "block_sparse_attention",
     "(Tensor q, Tensor k, Tensor v, Tensor block_mask, int block_size, float? scale, "
@@ -227,6 +235,25 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=N
             raise _ditops.Error(f"attention_forward_varlen: {name} ({given}) is below the "
                                 f"longest sequence ({max(lengths)})")
     return call(_varlen, q, k, v, cu_q, cu_k, softmax_scale, causal, backend)
+
+
+def merge_attention_states(out_a, lse_a, out_b, lse_b, out=None, lse=None):
+    """The attention over the union of two disjoint key sets from the attention over each:
+    (out, lse) with out = (e^lse_a·out_a + e^lse_b·out_b) / (e^lse_a + e^lse_b) per row and
+    lse = log(e^lse_a + e^lse_b). out_* [B, S, N, D] (BSND; a BNSD tensor passes as its
+    .transpose(1, 2) view), float32, bfloat16 or float16 each; lse_* float32 [B, N, S]. A row
+    whose lse is -inf on one side takes the other side; -inf on both gives 0 and -inf. `out`
+    and `lse` (optional) receive the result, and may be out_a / lse_a (or the b side) to merge
+    in place; by default out has out_a's dtype."""
+    _arrays.forbid_grad("merge_attention_states", out_a, out_b)
+    if out is None and lse is None:
+        return call(_merge, out_a, lse_a, out_b, lse_b)
+    if out is None:
+        out = _arrays.empty(out_a, None)
+    if lse is None:
+        lse = _arrays.empty(lse_a, tuple(lse_a.shape), "float32")
+    _ditops.merge_attention_states(out_a, lse_a, out_b, lse_b, out, lse)
+    return out, lse
 
 
 def rotary_position_embedding(x, cos, sin, rotated_mode="rotated_half", head_first=False,

@@ -254,6 +254,17 @@ NB_MODULE(_ditops, m) {
       nb::arg("sum_out"), release);
 
   m.def(
+      "merge_attention_states",
+      [](const Array& out_a, const Array& lse_a, const Array& out_b, const Array& lse_b,
+         const Array& out, const Array& lse) {
+        merge_attention_states(as_view(out_a, "out_a"), as_view(lse_a, "lse_a"),
+                               as_view(out_b, "out_b"), as_view(lse_b, "lse_b"),
+                               as_view(out, "out"), as_view(lse, "lse"));
+      },
+      nb::arg("out_a"), nb::arg("lse_a"), nb::arg("out_b"), nb::arg("lse_b"), nb::arg("out"),
+      nb::arg("lse"), release);
+
+  m.def(
       "cfg_combine",
       [](const Array& cond, const Array& uncond, float scale, const Array& out) {
         cfg_combine(as_view(cond, "cond"), as_view(uncond, "uncond"), scale, as_view(out, "out"));
