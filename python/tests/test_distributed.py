@@ -29,3 +29,21 @@ def test_a_lost_peer_raises_within_the_timeout(mode, tmp_path):
     seconds, message = result.read_text().split("\n", 1)
     assert float(seconds) < 10, message  # the timeout is 3 s
     assert "ditops.distributed" in message and "died or is stuck" in message, message
+
+
+def test_the_torchrun_example_matches_one_process():
+    """examples/python/context_parallel.py as docs/distributed.md launches it (hybrid: ring 2 x
+    Ulysses 2 on 4 processes), with its own comparison against one process."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "python" / \
+        "context_parallel.py"
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
+         str(example), "--model", "wan", "--ulysses", "2", "--check"],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert "largest difference from one process" in result.stdout, result.stdout
