@@ -70,7 +70,8 @@ def _context_parallel(query, key, value, attn_mask, is_causal, scale, return_lse
     ulysses = config._ulysses_mesh.get_group() if config.ulysses_degree > 1 else None
     return distributed.context_parallel_attention(query, key, value, ring, ulysses,
                                                   causal=is_causal, scale=scale,
-                                                  return_lse=return_lse)
+                                                  return_lse=return_lse,
+                                                  group=config._flattened_mesh.get_group())
 
 
 def _parallel(parallel_config):

@@ -51,14 +51,27 @@ def _wait(works, call, what):
             f"({error})") from error
 
 
-def _shard_lengths(length, group, call):
-    """Every rank's shard length, in the group's rank order (one small all-gather)."""
+_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _shard_lengths(q, k, v, group, call):
+    """Every rank's shard length, in the group's rank order (one small all-gather), after
+    checking that every rank passes the same batch, heads, head sizes and dtype: a rank whose
+    tensors disagree makes every rank raise, before any shard is exchanged."""
     size = dist.get_world_size(group)
-    mine = torch.tensor([length], dtype=torch.int64)
-    everyone = [torch.empty(1, dtype=torch.int64) for _ in range(size)]
+    dtype = _DTYPES.index(q.dtype) if q.dtype in _DTYPES else -1
+    mine = torch.tensor([q.shape[1], q.shape[0], q.shape[2], k.shape[2], q.shape[3],
+                         v.shape[3], dtype], dtype=torch.int64)
+    everyone = [torch.empty_like(mine) for _ in range(size)]
     _wait([dist.all_gather(everyone, mine, group=group, async_op=True)], call,
           "the other ranks' shard lengths")
-    return [int(t.item()) for t in everyone]
+    for rank, theirs in enumerate(everyone):
+        if not torch.equal(theirs[1:], everyone[0][1:]):
+            raise Error(
+                f"ditops.distributed.{call}: rank {rank} of the group passes batch, heads, key "
+                f"heads, head sizes and dtype {theirs[1:].tolist()} where rank 0 passes "
+                f"{everyone[0][1:].tolist()}: every rank must pass shards of one attention")
+    return [int(t[0]) for t in everyone]
 
 
 def _group_size(group):
@@ -97,6 +110,15 @@ class _Problem:
         if block_mask is not None and self.causal:
             raise Error(f"ditops.distributed.{call}: block_mask is not causal: pass "
                         "causal=False")
+        q, k, v = self.query, self.key, self.value
+        if not (q.dtype == k.dtype == v.dtype and q.shape[0] == k.shape[0] == v.shape[0]
+                and k.shape[1:3] == v.shape[1:3] and q.shape[3] == k.shape[3]
+                and k.shape[2] > 0 and q.shape[2] % k.shape[2] == 0):
+            raise Error(f"ditops.distributed.{call}: query {list(q.shape)}, key "
+                        f"{list(k.shape)} and value {list(v.shape)} ({q.dtype}, {k.dtype}, "
+                        f"{v.dtype}) are not one attention's: one dtype, one batch, key and "
+                        "value of one length and heads, the query's heads a multiple of the "
+                        "key's, query and key of one head size")
         if self.key.shape[1] != self.query.shape[1]:
             raise Error(f"ditops.distributed.{call}: each rank's key shard "
                         f"({self.key.shape[1]} tokens) must match its query shard "
@@ -146,7 +168,7 @@ def _ring(p, q, k, v, group):
     around the ring while the shard at hand is attended. q, k, v: BSND, this rank's (after any
     Ulysses exchange)."""
     size, rank = dist.get_world_size(group), dist.get_rank(group)
-    lengths = _shard_lengths(q.shape[1], group, p.call)
+    lengths = _shard_lengths(q, k, v, group, p.call)
     starts = [sum(lengths[:r]) for r in range(size)]
     ranges = None
     if p.block_mask is not None:  # every rank checks every shard: all refuse, or none does
@@ -231,14 +253,22 @@ def _lse_to_sequence(lse, group, lengths, rank, call):
 # ---- the strategies ------------------------------------------------------------------------------
 
 
-def _context_parallel(p, ring_group, ulysses_group, return_lse):
+def _context_parallel(p, ring_group, ulysses_group, return_lse, whole_group=None):
     """Ulysses over `ulysses_group` (if it has more than one rank), then ring over `ring_group`
-    (likewise) or one local attention, then Ulysses back."""
+    (likewise) or one local attention, then Ulysses back. With both, `whole_group` (default:
+    the world) holds every rank of both: all of them check their arguments agree first, so
+    that a disagreement makes them all raise."""
+    for group in (ring_group, ulysses_group):
+        if group is not None and dist.get_rank(group) < 0:
+            raise Error(f"ditops.distributed.{p.call}: rank {dist.get_rank()} is not a member of "
+                        "the group it was given")
     q, k, v = p.query, p.key, p.value
     ulysses = _group_size(ulysses_group) > 1
+    if ulysses and _group_size(ring_group) > 1:
+        _shard_lengths(q, k, v, whole_group or dist.group.WORLD, p.call)
     if ulysses:
         rank = dist.get_rank(ulysses_group)
-        lengths = _shard_lengths(q.shape[1], ulysses_group, p.call)
+        lengths = _shard_lengths(q, k, v, ulysses_group, p.call)
         size = len(lengths)
         if k.shape[2] % size and size % k.shape[2] == 0:
             # Fewer key heads than ranks (GQA): each rank gets a copy of its query heads' one.
@@ -345,19 +375,20 @@ def hybrid_attention(query, key, value, ulysses_degree, group=None, causal=False
     ring_group, ulysses_group = hybrid_groups(ulysses_degree, group)
     p = _Problem("hybrid_attention", query, key, value, causal, head_first, scale, joint_key,
                  joint_value, block_mask, block_size)
-    return _context_parallel(p, ring_group, ulysses_group, return_lse)
+    return _context_parallel(p, ring_group, ulysses_group, return_lse, group)
 
 
 def context_parallel_attention(query, key, value, ring_group=None, ulysses_group=None,
                                causal=False, head_first=False, return_lse=False, *, scale=None,
                                joint_key=None, joint_value=None, block_mask=None,
-                               block_size=128):
+                               block_size=128, group=None):
     """Ulysses over `ulysses_group`, ring over `ring_group` (either may be None: not used),
     with groups the caller made (a device mesh's, say); the sequence shards are in ring-major
-    order (ring member i holds the i-th run of Ulysses groups' shards)."""
+    order (ring member i holds the i-th run of Ulysses groups' shards). `group` (default: the
+    world) holds every rank of both groups."""
     p = _Problem("context_parallel_attention", query, key, value, causal, head_first, scale,
                  joint_key, joint_value, block_mask, block_size)
-    return _context_parallel(p, ring_group, ulysses_group, return_lse)
+    return _context_parallel(p, ring_group, ulysses_group, return_lse, group)
 
 
 ring_attention.__doc__ = ("Ring attention: key/value shards pass around the ranks, overlapped "

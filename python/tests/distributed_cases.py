@@ -103,6 +103,15 @@ def attention_cases(rank, world, store_path):
         check_close(f"{name} bf16 vs one process", out, shard(single, uneven, rank), 2e-2)
     block_mask_cases(rank, world, strategies)
     merge_case()
+    # A rank passing another attention's tensors: every rank raises, none waits.
+    q, k, v = whole[4, 4] if rank != 1 else whole[8, 1]
+    for name, attention in strategies.items():
+        try:
+            attention(*(shard(x, even, rank) for x in (q, k, v)))
+        except ditops.Error as error:
+            assert "every rank must pass shards of one attention" in str(error), str(error)
+        else:
+            raise AssertionError(f"{name} accepted ranks passing different heads")
     dist.destroy_process_group()
 
 
@@ -190,7 +199,7 @@ def failure_case(rank, world, store_path, mode, result_path):
     call = dd.ring_attention if mode.startswith("ring") else dd.ulysses_attention
     call(q, q, q)  # every rank is up and connected
     if rank == 1:
-        dd._shard_lengths(64, dist.group.WORLD, "test")  # takes part in the first exchange
+        dd._shard_lengths(q, q, q, dist.group.WORLD, "test")  # takes part in the first exchange
         if mode.endswith("dead"):
             os._exit(0)
         time.sleep(20)
