@@ -4,6 +4,7 @@
 // keys; thread counts; every class of bad input.
 
 #include <cmath>
+#include <cstring>
 #include <ditops/attention.hpp>
 #include <ditops/runtime.hpp>
 #include <limits>
@@ -12,6 +13,7 @@
 
 #include "tests/reference/attention_ref.hpp"
 #include "tests/support/expect_rejected.hpp"
+#include "tests/support/line_offsets.hpp"
 #include "tests/support/test_tensor.hpp"
 
 namespace ditops::test {
@@ -318,6 +320,52 @@ TEST(MergeAttentionStates, MergedKeyHalvesEqualAttentionOverAllKeys) {
       }
     }
   }
+}
+
+// Buffers as user allocators place them: the outputs at every offset within a cache line (f32:
+// multiples of 4 bytes; bf16: of 2) equal the line-aligned run bit for bit, 2 threads, and
+// nothing is written around them.
+template <class T>
+void expect_every_line_offset_equal() {
+  set_num_threads(2);
+  constexpr std::int64_t kS = 37, kN = 8, kD = 72;
+  const auto count = static_cast<std::size_t>(kS * kN * kD);
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal;
+  std::vector<T> a0(count), b0(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    a0[i] = from_float<T>(normal(rng));
+    b0[i] = from_float<T>(normal(rng));
+  }
+  std::vector<float> lse_a(kS * kN), lse_b(kS * kN), lse(kS * kN);
+  for (std::size_t i = 0; i < lse_a.size(); ++i) {
+    lse_a[i] = 3 * normal(rng);
+    lse_b[i] = i % 5 == 0 ? -kInf : 3 * normal(rng);
+  }
+  OffsetBuffer<T> a(count), b(count), out(count);
+  std::vector<T> aligned(count);
+  const auto run = [&](std::size_t offset) {
+    T *pa = a.place(offset), *pb = b.place(offset), *po = out.place(offset);
+    std::memcpy(pa, a0.data(), a.bytes());
+    std::memcpy(pb, b0.data(), b.bytes());
+    merge_attention_states(view(pa, {1, kS, kN, kD}), view(lse_a.data(), {1, kN, kS}),
+                           view(pb, {1, kS, kN, kD}), view(lse_b.data(), {1, kN, kS}),
+                           view(po, {1, kS, kN, kD}), view(lse.data(), {1, kN, kS}));
+    EXPECT_TRUE(out.guards_intact()) << "offset " << offset;
+    return po;
+  };
+  std::memcpy(aligned.data(), run(0), out.bytes());
+  for (std::size_t offset = sizeof(T); offset < kLineBytes; offset += sizeof(T)) {
+    EXPECT_EQ(std::memcmp(run(offset), aligned.data(), out.bytes()), 0)
+        << dtype_name(detail::dtype_of<T>()) << ": buffers " << offset
+        << " bytes past a line differ from the aligned run, isa " << active_isa_name();
+  }
+  set_num_threads(0);
+}
+
+TEST(MergeAttentionStates, EveryLineOffsetEqualsTheAlignedRun) {
+  expect_every_line_offset_equal<float>();
+  expect_every_line_offset_equal<bf16>();
 }
 
 TEST(MergeAttentionStates, RejectsBadInputsBeforeWriting) {
