@@ -195,6 +195,42 @@ def test_cfg_combine():
     close(out, want)
 
 
+def test_merge_attention_states_matches_fp64_with_empty_sides():
+    out_a, out_b = randn(2, 7, 3, 40), randn(2, 7, 3, 40, dtype=torch.bfloat16)
+    lse_a, lse_b = 3 * torch.randn(2, 3, 7), 3 * torch.randn(2, 3, 7)
+    lse_a[0, 0, :3] = -math.inf            # a side with no key: the other side exactly
+    lse_b[1, 2, 2:6] = -math.inf
+    lse_a[1, 1, 6] = lse_b[1, 1, 6] = -math.inf  # no key on either side: 0 and -inf
+    out_b[1, 5, 2] = math.nan              # (b, s, n) = (1, 5, 2) has lse_b -inf: not read
+    a, b = lse_a.double(), lse_b.double()
+    top = torch.maximum(a, b).nan_to_num(neginf=0.0)
+    wa, wb = (a - top).exp(), (b - top).exp()
+    total = wa + wb
+    weight = lambda w: (w / total).nan_to_num(0.0).transpose(1, 2).unsqueeze(-1)
+    want = weight(wa) * out_a.double() + weight(wb) * out_b.double().nan_to_num(0.0)
+    want_lse = top + total.log()
+    out, lse = ditops.merge_attention_states(out_a, lse_a, out_b, lse_b)
+    assert out.dtype == torch.float32 and lse.shape == (2, 3, 7)
+    close(out, want)
+    torch.testing.assert_close(lse.double(), want_lse, atol=1e-6, rtol=1e-6)
+    assert torch.equal(out[0, :3, 0], out_b[0, :3, 0].float())
+    assert torch.equal(lse[0, 0, :3], lse_b[0, 0, :3])
+    assert torch.all(out[1, 6, 1] == 0) and lse[1, 1, 6] == -math.inf
+    # In place into the a side, and on numpy arrays.
+    a_copy, lse_copy = out_a.clone(), lse_a.clone()
+    ditops.merge_attention_states(a_copy, lse_copy, out_b, lse_b, out=a_copy, lse=lse_copy)
+    assert torch.equal(a_copy, out) and torch.equal(lse_copy, lse)
+    np_out, np_lse = ditops.merge_attention_states(out_a.numpy(), lse_a.numpy(),
+                                                   out_b.float().numpy(), lse_b.numpy())
+    close(torch.from_numpy(np_out), want)
+    # BNSD tensors as their transposed views.
+    out_t, _ = ditops.merge_attention_states(out_a.transpose(1, 2).contiguous().transpose(1, 2),
+                                             lse_a, out_b, lse_b)
+    assert torch.equal(out_t, out)
+    with pytest.raises(ditops.Error, match="lse_b"):
+        ditops.merge_attention_states(out_a, lse_a, out_b, lse_b[:, :, :6])
+
+
 # ---- sparse attention ----------------------------------------------------------------------------
 
 
@@ -276,6 +312,8 @@ def test_custom_ops_pass_opcheck():
         (torch.ops.ditops.rotary_position_embedding, (q, angles.cos(), angles.sin(),
                                                       "rotated_half", False)),
         (torch.ops.ditops.cfg_combine, (x, x, 2.0)),
+        (torch.ops.ditops.merge_attention_states, (q, torch.randn(1, 2, 24), k,
+                                                   torch.randn(1, 2, 24))),
     ]
     for op, args in checks:
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
