@@ -400,7 +400,7 @@ using core::aligned_array;  // checked: a size the machine cannot hold is an Err
 /// in the calling thread's scratch (core::thread_scratch), which later calls reuse.
 struct Packed {
   float *k = nullptr, *v = nullptr;
-  std::uint16_t* k_bf16 = nullptr;
+  std::uint16_t *k_bf16 = nullptr, *v_bf16 = nullptr;
   std::vector<std::int64_t> k_offset, v_offset;
 };
 
@@ -450,7 +450,11 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
   } else if (pack_k) {
     packed.k = core::thread_scratch<float>(core::ScratchUse::attention_k, k_total);
   }
-  if (pack_v) packed.v = core::thread_scratch<float>(core::ScratchUse::attention_v, v_total);
+  if (pack_v && p.bf16_dot) {
+    packed.v_bf16 = core::thread_scratch<std::uint16_t>(core::ScratchUse::attention_v, v_total);
+  } else if (pack_v) {
+    packed.v = core::thread_scratch<float>(core::ScratchUse::attention_v, v_total);
+  }
   using WidenKernel = decltype(&widen_row<xsimd::sse2>);
   static const core::IsaTable<WidenKernel> widen_kernels = DITOPS_ISA_TABLE(widen_row);
   const WidenKernel widen = widen_kernels.get();
@@ -466,6 +470,16 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
           widen(p.dtype, static_cast<const char*>(base) + offset * element_bytes, count,
                 widened.data());
           return static_cast<const float*>(widened.data());
+        };
+        // bf16 words of a row: bf16 rows in place, others widened and rounded into `words`.
+        core::AlignedBuffer<std::uint16_t> words(
+            p.bf16_dot && p.dtype != DType::bf16 ? static_cast<std::size_t>(std::max(p.dk, p.dv))
+                                                 : 0);
+        const auto row_as_bf16 = [&](const void* base, std::int64_t offset, std::int64_t count) {
+          if (p.dtype == DType::bf16) return static_cast<const std::uint16_t*>(base) + offset;
+          const float* row = row_as_f32(base, offset, count);
+          for (std::int64_t i = 0; i < count; ++i) words.data()[i] = bf16::from_float(row[i]).bits;
+          return static_cast<const std::uint16_t*>(words.data());
         };
         const auto prefetch_row = [&](const void* base, std::int64_t offset, std::int64_t count) {
           const char* row = static_cast<const char*>(base) + offset * element_bytes;
@@ -492,10 +506,10 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
                 packed.k_bf16 + packed.k_offset[slot] + job.block * k_block_elements;
             std::fill(kt, kt + k_block_elements, std::uint16_t{0});
             for (std::int64_t key = 0; key < keys; ++key) {
-              const float* row = row_as_f32(p.k, k_row(key), p.dk);
-              for (std::int64_t d = 0; d < p.dk; ++d) {
-                kt[(d / 2) * 2 * kKvBlock + key * 2 + d % 2] = bf16::from_float(row[d]).bits;
-              }
+              if (key + kPanel < keys) prefetch_row(p.k, k_row(key + kPanel), p.dk);
+              const std::uint16_t* row = row_as_bf16(p.k, k_row(key), p.dk);
+              for (std::int64_t d = 0; d < p.dk; ++d)
+                kt[(d / 2) * 2 * kKvBlock + key * 2 + d % 2] = row[d];
             }
           } else if (pack_k) {
             float* kt = packed.k + packed.k_offset[slot] + job.block * k_block_elements;
@@ -517,12 +531,28 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
               }
             }
           }
-          if (pack_v) {
+          auto v_row = [&](std::int64_t key) {
+            return job.seq * p.v_strides.batch + job.head * p.v_strides.head +
+                   source_key(key) * p.v_strides.seq;
+          };
+          if (pack_v && p.bf16_dot) {
+            // Key pairs interleaved per column (packed_v_pair_offset); keys past the sequence
+            // end and columns past dv are zero (P is 0 there, and 0 x garbage could be NaN).
+            std::uint16_t* vp = packed.v_bf16 + packed.v_offset[slot] + first_key * p.dv_padded;
+            if (keys < kKvBlock || p.dv < p.dv_padded) {
+              std::fill(vp, vp + kKvBlock * p.dv_padded, std::uint16_t{0});
+            }
+            for (std::int64_t key = 0; key < keys; ++key) {
+              if (key + kPanel < keys) prefetch_row(p.v, v_row(key + kPanel), p.dv);
+              const std::uint16_t* row = row_as_bf16(p.v, v_row(key), p.dv);
+              for (std::int64_t first = 0; first < p.dv; first += kPanel) {
+                std::uint16_t* dst = vp + packed_v_pair_offset(key, first);
+                const std::int64_t count = std::min(kPanel, p.dv - first);
+                for (std::int64_t i = 0; i < count; ++i) dst[2 * i] = row[first + i];
+              }
+            }
+          } else if (pack_v) {
             float* vp = packed.v + packed.v_offset[slot] + first_key * p.dv_padded;
-            auto v_row = [&](std::int64_t key) {
-              return job.seq * p.v_strides.batch + job.head * p.v_strides.head +
-                     source_key(key) * p.v_strides.seq;
-            };
             // Panels of kPanel columns, each [key][kPanel] (see FlashProblem::v_packed), filled
             // key by key so each V row is read in order; rows kVAhead keys ahead are prefetched
             // (as for K, every row is a fresh page).
@@ -548,6 +578,7 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
   p.k_packed_bf16 = packed.k_bf16;
   p.k_packed_offset = packed.k_offset.data();
   p.v_packed = packed.v;
+  p.v_packed_bf16 = packed.v_bf16;
   p.v_packed_offset = packed.v_offset.data();
 }
 

@@ -77,6 +77,16 @@ inline void qk_packed(const float* q_tile, std::int64_t q_stride, const float* k
   }
 }
 
+/// acc + the per-lane dot products of the bf16 pairs of a and b (vdpbf16ps). Inline asm, as
+/// simd::dot_u8s8 for vpdpbusd: around the intrinsic GCC 12 copies accumulators between
+/// registers (and spills them with 24 live).
+template <class Arch>
+inline __m512 dot_bf16(__m512 acc, __m512i a, __m512i b) noexcept {
+  static_assert(simd::kHasBf16Vnni<Arch>);
+  asm("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+
 /// flash_bf16: S tile [kRows][kBlockVecs] = bf16 Q tile · K^T, with K^T packed as
 /// [ceil(dk / 2)][64 keys][2] bf16 words (pairs of consecutive d per key, zero padded). Each
 /// vdpbf16ps multiplies 16 key pairs by one broadcast query pair: 32 MACs at fp32 accumulation.
@@ -104,7 +114,7 @@ inline void qk_bf16(const std::uint16_t* q, std::int64_t q_stride, const std::ui
       const __m512i qb = _mm512_set1_epi32(static_cast<int>(both));
 #pragma GCC unroll 4
       for (int c = 0; c < C; ++c) {
-        acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)qb, (__m512bh)kv[c]);
+        acc[r][c] = dot_bf16<Arch>(acc[r][c], qb, kv[c]);
       }
     }
   }
@@ -167,6 +177,7 @@ class TaskRunner {
     row_max_ = p_tile_ + rows * kKvBlock;
     row_sum_ = row_max_ + rows;
     q_bf16_ = reinterpret_cast<std::uint16_t*>(row_sum_ + rows * kMaxLanes);
+    p_bf16_ = reinterpret_cast<std::uint16_t*>(p_tile_);  // bf16 P in the fp32 P tile's place
     heads_ = task_heads(p, task);
     rows_per_head_ = task.q_end - task.q_begin;
     kv_end_ = std::min(task.kv_end, seq_.kv_len);
@@ -176,7 +187,9 @@ class TaskRunner {
       k_base_ = static_cast<const T*>(p.k) + task.seq * p.k_strides.batch +
                 seq_.k_row0 * p.k_strides.seq + kh * p.k_strides.head;
     }
-    if (p.v_packed) {
+    if (p.v_packed_bf16) {
+      v_bf16_ = p.v_packed_bf16 + p.v_packed_offset[task.seq * p.kv_heads + kh];
+    } else if (p.v_packed) {
       v_packed_ = p.v_packed + p.v_packed_offset[task.seq * p.kv_heads + kh];
     } else if (p.v != nullptr) {
       v_base_ = static_cast<const T*>(p.v) + task.seq * p.v_strides.batch +
@@ -259,7 +272,7 @@ class TaskRunner {
       // on the causal diagonal only up to the tile's last visible key (P is 0 past it).
       std::int64_t tile_keys[kMaxRowGroup];
       const std::int64_t next = i + 1 < walk ? block_at(i + 1) : group_end;
-      const bool prefetch_next = kt_ && v_packed_ && next < group_end;
+      const bool prefetch_next = p_.k_layout == KLayout::packed && next < group_end;
       for (int t = 0; t < tiles; ++t) {
         if (prefetch_next) prefetch_next_block(next, t, tiles);
         // Blocks above the causal diagonal for every row of the tile are skipped.
@@ -267,7 +280,11 @@ class TaskRunner {
                                                                 block + kKvBlock > tile_min[t]);
         tile_keys[t] = attends ? std::min(keys, tile_max[t] - block) : 0;
       }
-      if (v_packed_) {
+      if (v_bf16_) {
+        if constexpr (simd::kHasBf16Vnni<Arch>) {  // bf16_dot is set only for this variant
+          pv_bf16(tile_keys, tiles, v_bf16_ + block * p_.dv_padded);
+        }
+      } else if (v_packed_) {
         pv(tile_keys, tiles, v_packed_ + block * p_.dv_padded, p_.dv_padded);
       } else {
         pv(tile_keys, tiles, v_base_ + block * p_.v_strides.seq, p_.v_strides.seq);
@@ -284,10 +301,16 @@ class TaskRunner {
   /// in from L3 while this one computes (a KV head's K^T and V do not stay in L2 between
   /// row groups), instead of stalling the first micro-tile that reads it.
   void prefetch_next_block(std::int64_t next, int part, int parts) noexcept {
-    const char* kt = reinterpret_cast<const char*>(kt_ + next / kKvBlock * p_.dk * kKvBlock);
-    const char* v = reinterpret_cast<const char*>(v_packed_ + next * p_.dv_padded);
-    const std::int64_t k_lines = p_.dk * kKvBlock * 4 / 64,
-                       v_lines = p_.dv_padded * kKvBlock * 4 / 64;
+    const bool bf16 = p_.bf16_dot;
+    const std::int64_t k_bytes = bf16 ? dk_padded_ * kKvBlock * 2 : p_.dk * kKvBlock * 4;
+    const std::int64_t v_bytes = p_.dv_padded * kKvBlock * (bf16 ? 2 : 4);
+    const char* kt =
+        bf16 ? reinterpret_cast<const char*>(kt_bf16_) : reinterpret_cast<const char*>(kt_);
+    kt += next / kKvBlock * k_bytes;
+    const char* v =
+        bf16 ? reinterpret_cast<const char*>(v_bf16_) : reinterpret_cast<const char*>(v_packed_);
+    v += next / kKvBlock * v_bytes;
+    const std::int64_t k_lines = k_bytes / 64, v_lines = v_bytes / 64;
     for (std::int64_t i = k_lines * part / parts; i < k_lines * (part + 1) / parts; ++i) {
       _mm_prefetch(kt + i * 64, _MM_HINT_T1);
     }
@@ -298,11 +321,8 @@ class TaskRunner {
 
   /// bf16 copy of the scaled Q rows (pairs along d feed vdpbf16ps).
   void convert_q_to_bf16(int tiles) noexcept {
-    for (int index = 0; index < tiles * R; ++index) {
-      const float* q_row = q_tile_ + index * dk_padded_;
-      for (std::int64_t d = 0; d < dk_padded_; ++d) {
-        q_bf16_[index * dk_padded_ + d] = bf16::from_float(q_row[d]).bits;
-      }
+    for (std::int64_t i = 0; i < tiles * R * dk_padded_; i += L) {
+      simd::store<Arch>(reinterpret_cast<bf16*>(q_bf16_ + i), B<Arch>::load_aligned(q_tile_ + i));
     }
   }
 
@@ -348,7 +368,12 @@ class TaskRunner {
       for (int c = 1; c < BV; ++c) top = xsimd::max(top, s[c]);
       const float block_max = simd::reduce_max<Arch>(top);
       if (!(block_max > kMinusInf)) {  // nothing attended in this row (or NaN scores)
-        std::fill(p_row, p_row + kKvBlock, 0.f);
+        if (p_.bf16_dot) {
+          std::fill(p_bf16_ + (first_index + r) * kKvBlock,
+                    p_bf16_ + (first_index + r + 1) * kKvBlock, std::uint16_t{0});
+        } else {
+          std::fill(p_row, p_row + kKvBlock, 0.f);
+        }
         if (block_max != block_max) row_max_[first_index + r] = block_max;  // propagate NaN
         continue;
       }
@@ -369,10 +394,25 @@ class TaskRunner {
       const B<Arch> shift(m);
       // The row sum stays a vector of per-lane sums: one horizontal add per row at the end.
       B<Arch> sum = B<Arch>::load_aligned(l);
-      for (int c = 0; c < BV; ++c) {
-        const B<Arch> prob = exp2_scores<Arch>(s[c] - shift);
-        prob.store_aligned(p_row + c * L);
-        sum += prob;
+      if (p_.bf16_dot) {
+        if constexpr (simd::kHasBf16Vnni<Arch>) {
+          // P rounded to bf16 once; the sum adds the rounded weights P·V multiplies, so the
+          // output stays a weighted mean of V rows (rounding only perturbs the weights). The
+          // degree-4 exp2 (4.2e-5 relative) is exact enough for weights kept to 2^-9.
+          std::uint16_t* p_words = p_bf16_ + (first_index + r) * kKvBlock;
+          for (int c = 0; c < BV; ++c) {
+            const __m256i words = simd::avx512_bf16_pack<Arch>(exp2_scores<Arch, 4>(s[c] - shift));
+            _mm256_store_si256(reinterpret_cast<__m256i*>(p_words + c * L), words);
+            sum +=
+                B<Arch>(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(words), 16)));
+          }
+        }
+      } else {
+        for (int c = 0; c < BV; ++c) {
+          const B<Arch> prob = exp2_scores<Arch>(s[c] - shift);
+          prob.store_aligned(p_row + c * L);
+          sum += prob;
+        }
       }
       sum.store_aligned(l);
     }
@@ -460,6 +500,69 @@ class TaskRunner {
     }
   }
 
+  /// flash_bf16: O[tile rows][col, col + V vectors) += P · V over the key pairs [0, pairs) of
+  /// the block, bf16 P (a broadcast pair per row) times V packed as key pairs (v: the block's
+  /// panel of column col): 32 MACs per vdpbf16ps.
+  template <int V>
+  void pv_bf16_chunk(int first_index, const std::uint16_t* v, std::int64_t pairs,
+                     std::int64_t col) noexcept {
+    __m512 acc[R][V];
+    float* o = o_tile_ + first_index * p_.dv_padded + col;
+    const std::uint16_t* p_words = p_bf16_ + first_index * kKvBlock;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int c = 0; c < V; ++c) acc[r][c] = _mm512_load_ps(o + r * p_.dv_padded + c * L);
+    }
+    for (std::int64_t pair = 0; pair < pairs; ++pair) {
+      __m512i vv[V];
+#pragma GCC unroll 4
+      for (int c = 0; c < V; ++c) {
+        vv[c] = _mm512_load_si512(v + c * L / kPanel * kKvBlock * kPanel + pair * 2 * kPanel);
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        std::uint32_t both;
+        std::memcpy(&both, p_words + r * kKvBlock + 2 * pair, sizeof both);
+        const __m512i pb = _mm512_set1_epi32(static_cast<int>(both));
+#pragma GCC unroll 4
+        for (int c = 0; c < V; ++c) acc[r][c] = dot_bf16<Arch>(acc[r][c], pb, vv[c]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int c = 0; c < V; ++c) _mm512_store_ps(o + r * p_.dv_padded + c * L, acc[r][c]);
+    }
+  }
+
+  /// flash_bf16: O[tile rows] += P · V[first tile_keys[t] block rows] for each micro-tile t,
+  /// column passes outermost as in pv. v: the block's bf16 key pairs (packed_v_pair_offset).
+  void pv_bf16(const std::int64_t* tile_keys, int tiles, const std::uint16_t* v) noexcept {
+    constexpr int DV = Tl::kDvVecs;
+    const std::int64_t vectors = p_.dv_padded / L;
+    const auto pass = [&]<int V>(std::integral_constant<int, V>, std::int64_t vec) {
+      const std::uint16_t* panel = v + packed_v_pair_offset(0, vec * L);
+      for (int t = 0; t < tiles; ++t) {
+        // An odd key count ends with a pair whose second key has P = 0 (masked or padding).
+        const std::int64_t pairs = (tile_keys[t] + 1) / 2;
+        if (pairs > 0) pv_bf16_chunk<V>(t * R, panel, pairs, vec * L);
+      }
+    };
+    std::int64_t vec = 0;
+    for (; vec + DV <= vectors; vec += DV) pass(std::integral_constant<int, DV>{}, vec);
+    switch (vectors - vec) {
+      case 1:
+        return pass(std::integral_constant<int, 1>{}, vec);
+      case 2:
+        return pass(std::integral_constant<int, 2>{}, vec);
+      case 3:
+        return pass(std::integral_constant<int, 3>{}, vec);
+      default:
+        return;
+    }
+  }
+
   template <bool kPartial, class Source>
   void pv_last(int first_index, const Source& at, std::int64_t keys, std::int64_t vec,
                std::int64_t left, std::int64_t tail) noexcept {
@@ -485,12 +588,13 @@ class TaskRunner {
   Sequence seq_;
   std::int64_t dk_padded_ = 0, heads_ = 1, rows_per_head_ = 0, kv_end_ = 0;
   float *q_tile_, *o_tile_, *p_tile_, *row_max_, *row_sum_;
-  std::uint16_t* q_bf16_;
+  std::uint16_t *q_bf16_, *p_bf16_;
   const T* k_base_ = nullptr;
   const T* v_base_ = nullptr;
   const float* v_packed_ = nullptr;
   const float* kt_ = nullptr;
   const std::uint16_t* kt_bf16_ = nullptr;
+  const std::uint16_t* v_bf16_ = nullptr;
 };
 
 }  // namespace
