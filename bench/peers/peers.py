@@ -86,10 +86,11 @@ def worker(args):
             ov.Model([sdpa], params), "CPU",
             {"INFERENCE_NUM_THREADS": args.threads, "INFERENCE_PRECISION_HINT": precision})
         request = compiled.create_infer_request()
-        # Inputs bound once and shared with numpy (no copy per call), line-aligned.
-        for i, x in enumerate((q, k, v)):
-            bnsd = line_aligned(np, np.ascontiguousarray(x.transpose(0, 2, 1, 3)))
-            request.set_input_tensor(i, ov.Tensor(bnsd, shared_memory=True))
+        # Inputs bound once and shared with numpy (no copy per call), line-aligned; the arrays
+        # must outlive the request (the tensors do not own them).
+        inputs = [line_aligned(np, np.ascontiguousarray(x.transpose(0, 2, 1, 3))) for x in (q, k, v)]
+        for i, x in enumerate(inputs):
+            request.set_input_tensor(i, ov.Tensor(x, shared_memory=True))
 
         def call():
             request.infer()

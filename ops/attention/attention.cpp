@@ -471,15 +471,18 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
                 widened.data());
           return static_cast<const float*>(widened.data());
         };
-        // bf16 words of a row: bf16 rows in place, others widened and rounded into `words`.
+        // bf16 words of a row: bf16 rows in place, others widened and rounded into slot 0 or
+        // 1 of `words` (V's key pairs need two rows at once).
+        const std::int64_t word_slot = std::max(p.dk, p.dv);
         core::AlignedBuffer<std::uint16_t> words(
-            p.bf16_dot && p.dtype != DType::bf16 ? static_cast<std::size_t>(std::max(p.dk, p.dv))
-                                                 : 0);
-        const auto row_as_bf16 = [&](const void* base, std::int64_t offset, std::int64_t count) {
+            p.bf16_dot && p.dtype != DType::bf16 ? static_cast<std::size_t>(2 * word_slot) : 0);
+        const auto row_as_bf16 = [&](const void* base, std::int64_t offset, std::int64_t count,
+                                     int slot) {
           if (p.dtype == DType::bf16) return static_cast<const std::uint16_t*>(base) + offset;
           const float* row = row_as_f32(base, offset, count);
-          for (std::int64_t i = 0; i < count; ++i) words.data()[i] = bf16::from_float(row[i]).bits;
-          return static_cast<const std::uint16_t*>(words.data());
+          std::uint16_t* dst = words.data() + slot * word_slot;
+          for (std::int64_t i = 0; i < count; ++i) dst[i] = bf16::from_float(row[i]).bits;
+          return static_cast<const std::uint16_t*>(dst);
         };
         const auto prefetch_row = [&](const void* base, std::int64_t offset, std::int64_t count) {
           const char* row = static_cast<const char*>(base) + offset * element_bytes;
@@ -505,11 +508,15 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
             std::uint16_t* kt =
                 packed.k_bf16 + packed.k_offset[slot] + job.block * k_block_elements;
             std::fill(kt, kt + k_block_elements, std::uint16_t{0});
+            // A pair of d (one 32-bit word) per store: kt[(d / 2) * 2 kKvBlock + 2 key + d % 2].
             for (std::int64_t key = 0; key < keys; ++key) {
               if (key + kPanel < keys) prefetch_row(p.k, k_row(key + kPanel), p.dk);
-              const std::uint16_t* row = row_as_bf16(p.k, k_row(key), p.dk);
-              for (std::int64_t d = 0; d < p.dk; ++d)
-                kt[(d / 2) * 2 * kKvBlock + key * 2 + d % 2] = row[d];
+              const std::uint16_t* row = row_as_bf16(p.k, k_row(key), p.dk, 0);
+              std::uint16_t* column = kt + 2 * key;
+              for (std::int64_t d = 0; d + 1 < p.dk; d += 2) {
+                std::memcpy(column + d * kKvBlock, row + d, 2 * sizeof(std::uint16_t));
+              }
+              if (p.dk % 2) column[(p.dk - 1) * kKvBlock] = row[p.dk - 1];
             }
           } else if (pack_k) {
             float* kt = packed.k + packed.k_offset[slot] + job.block * k_block_elements;
@@ -542,13 +549,22 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
             if (keys < kKvBlock || p.dv < p.dv_padded) {
               std::fill(vp, vp + kKvBlock * p.dv_padded, std::uint16_t{0});
             }
-            for (std::int64_t key = 0; key < keys; ++key) {
-              if (key + kPanel < keys) prefetch_row(p.v, v_row(key + kPanel), p.dv);
-              const std::uint16_t* row = row_as_bf16(p.v, v_row(key), p.dv);
+            // A key pair per pass: its two words of a column in one 32-bit store.
+            for (std::int64_t key = 0; key < keys; key += 2) {
+              if (key + kPanel < keys) {
+                prefetch_row(p.v, v_row(key + kPanel), p.dv);
+                if (key + kPanel + 1 < keys) prefetch_row(p.v, v_row(key + kPanel + 1), p.dv);
+              }
+              const std::uint16_t* even = row_as_bf16(p.v, v_row(key), p.dv, 0);
+              const std::uint16_t* odd =
+                  key + 1 < keys ? row_as_bf16(p.v, v_row(key + 1), p.dv, 1) : nullptr;
               for (std::int64_t first = 0; first < p.dv; first += kPanel) {
-                std::uint16_t* dst = vp + packed_v_pair_offset(key, first);
+                auto* dst = reinterpret_cast<std::uint32_t*>(vp + packed_v_pair_offset(key, first));
                 const std::int64_t count = std::min(kPanel, p.dv - first);
-                for (std::int64_t i = 0; i < count; ++i) dst[2 * i] = row[first + i];
+                for (std::int64_t i = 0; i < count; ++i) {
+                  const std::uint32_t high = odd ? odd[first + i] : 0;
+                  dst[i] = even[first + i] | high << 16;
+                }
               }
             }
           } else if (pack_v) {
