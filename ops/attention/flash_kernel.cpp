@@ -408,6 +408,7 @@ class TaskRunner {
           // output stays a weighted mean of V rows (rounding only perturbs the weights). The
           // degree-4 exp2 (4.2e-5 relative) is exact enough for weights kept to 2^-9.
           std::uint16_t* p_words = p_bf16_ + (first_index + r) * kKvBlock;
+#pragma GCC unroll 4
           for (int c = 0; c < BV; ++c) {
             const __m256i words = simd::avx512_bf16_pack<Arch>(exp2_scores<Arch, 4>(s[c] - shift));
             _mm256_store_si256(reinterpret_cast<__m256i*>(p_words + c * L), words);
@@ -435,12 +436,15 @@ class TaskRunner {
   void pv_chunk(int first_index, const VT* v, std::int64_t v_stride, std::int64_t panel_step,
                 std::int64_t keys, std::int64_t col, std::int64_t last_count) noexcept {
     B<Arch> acc[R][V];
-    float* o = o_tile_ + first_index * p_.dv_padded + col;
+    // O's row stride in a local: the compiler cannot tell the stores from p_ and reloaded it
+    // after each one.
+    const std::int64_t o_stride = p_.dv_padded;
+    float* o = o_tile_ + first_index * o_stride + col;
     const float* p_tile = p_tile_ + first_index * kKvBlock;
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-      for (int c = 0; c < V; ++c) acc[r][c] = B<Arch>::load_aligned(o + r * p_.dv_padded + c * L);
+      for (int c = 0; c < V; ++c) acc[r][c] = B<Arch>::load_aligned(o + r * o_stride + c * L);
     }
     const VT* v_vector[V];
 #pragma GCC unroll 4
@@ -463,7 +467,7 @@ class TaskRunner {
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-      for (int c = 0; c < V; ++c) acc[r][c].store_aligned(o + r * p_.dv_padded + c * L);
+      for (int c = 0; c < V; ++c) acc[r][c].store_aligned(o + r * o_stride + c * L);
     }
   }
 
@@ -515,12 +519,13 @@ class TaskRunner {
   void pv_bf16_chunk(int first_index, const std::uint16_t* v, std::int64_t pairs,
                      std::int64_t col) noexcept {
     __m512 acc[R][V];
-    float* o = o_tile_ + first_index * p_.dv_padded + col;
+    const std::int64_t o_stride = p_.dv_padded;  // a local, as in pv_chunk
+    float* o = o_tile_ + first_index * o_stride + col;
     const std::uint16_t* p_words = p_bf16_ + first_index * kKvBlock;
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-      for (int c = 0; c < V; ++c) acc[r][c] = _mm512_load_ps(o + r * p_.dv_padded + c * L);
+      for (int c = 0; c < V; ++c) acc[r][c] = _mm512_load_ps(o + r * o_stride + c * L);
     }
     for (std::int64_t pair = 0; pair < pairs; ++pair) {
       __m512i vv[V];
@@ -540,7 +545,7 @@ class TaskRunner {
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-      for (int c = 0; c < V; ++c) _mm512_store_ps(o + r * p_.dv_padded + c * L, acc[r][c]);
+      for (int c = 0; c < V; ++c) _mm512_store_ps(o + r * o_stride + c * L, acc[r][c]);
     }
   }
 
