@@ -180,7 +180,7 @@ void flash_merge_splits(const FlashProblem& problem, const FlashTask& task, std:
 template <class Arch>
 void widen_row(DType dtype, const void* src, std::int64_t count, float* dst) noexcept;
 
-/// The flash_bf16 Q·K^T path (vdpbf16ps) runs: the avx512 kernel variant with AVX512-BF16.
+/// The flash_bf16 bf16 dot products (vdpbf16ps) run: the avx512 kernel variant with AVX512-BF16.
 bool bf16_dot_available() noexcept;
 
 }  // namespace ditops::attention
