@@ -9,8 +9,9 @@
 // so every register-tile pass streams whole consecutive cache lines.
 // Per micro-tile and KV block: S = Q·K^T in registers (scale·log2 e folded into Q, so scores
 // are in the log2 domain), mask only when the block is partial (causal diagonal, sequence end,
-// explicit mask), running max with a lazy rescale of O (only when the max rises), P = 2^(S-m)
-// by a polynomial, per-lane row sums, then O += P·V with O in scratch.
+// explicit mask), running max with a lazy rescale of O (only when a score passes the max by
+// more than kLazyMax), P = 2^(S-m) by a polynomial, per-lane row sums, then O += P·V with O in
+// scratch.
 // flash_bf16 on AVX512-BF16 runs both products on vdpbf16ps (32 MACs per instruction, twice the
 // fp32 FMA rate): K^T packed as pairs of d per key, V as pairs of keys per column, P rounded to
 // bf16 once (the row sums add the rounded weights) and fed as broadcast key pairs.
@@ -365,10 +366,11 @@ class TaskRunner {
     return softmax_update(rows, first_index, block, partial, scores);
   }
 
-  /// Masks (partial blocks), updates the running max/sum, rescales O when the max rises and
-  /// writes P. Returns false when no row attends any key of the block.
+  /// Masks (partial blocks), updates the running max/sum, rescales O when the max rises by
+  /// more than kLazyMax and writes P. Returns false when no row attends any key of the block.
   bool softmax_update(const RowRef* rows, int first_index, std::int64_t block, bool partial,
                       B<Arch>* scores) noexcept {
+    constexpr float kLazyMax = 8;  // log2 units: weights up to 256
     bool any = false;
     for (int r = 0; r < R; ++r) {
       B<Arch>* s = scores + r * BV;
@@ -377,7 +379,13 @@ class TaskRunner {
       if (partial) mask_scores<Arch>(p_, row, block, seq_.kv_len, s);
       B<Arch> top = s[0];
       for (int c = 1; c < BV; ++c) top = xsimd::max(top, s[c]);
-      const float block_max = simd::reduce_max<Arch>(top);
+      float& m = row_max_[first_index + r];
+      // The running max moves lazily: while every score stays within kLazyMax of it (the
+      // usual case after the first blocks), the weights are 2^(s - m) <= 2^kLazyMax, harmless
+      // in fp32 sums and bf16 weights, and neither the horizontal max nor a rescale of O runs.
+      // !(s <= bound) is also true for NaN scores, which take the exact path below.
+      const bool within = m > kMinusInf && xsimd::all(top <= B<Arch>(m + kLazyMax));
+      const float block_max = within ? m : simd::reduce_max<Arch>(top);
       if (!(block_max > kMinusInf)) {  // nothing attended in this row (or NaN scores)
         if (p_.bf16_dot) {
           std::fill(p_bf16_ + (first_index + r) * kKvBlock,
@@ -389,7 +397,6 @@ class TaskRunner {
         continue;
       }
       any = true;
-      float& m = row_max_[first_index + r];
       float* l = row_sum_ + (first_index + r) * L;
       if (block_max > m) {
         if (m > kMinusInf) {  // O and l hold earlier blocks
