@@ -397,8 +397,8 @@ void store_element(DType dtype, void* base, std::int64_t offset, float value) {
 using core::aligned_array;  // checked: a size the machine cannot hold is an Error
 
 /// K^T blocks and contiguous fp32 V rows (bf16 key pairs for bf16 dot products), once per call,
-/// shared by every task. The data lives
-/// in the calling thread's scratch (core::thread_scratch), which later calls reuse.
+/// shared by every task. The data lives in the calling thread's scratch (core::thread_scratch),
+/// which later calls reuse.
 struct Packed {
   float *k = nullptr, *v = nullptr;
   std::uint16_t *k_bf16 = nullptr, *v_bf16 = nullptr;

@@ -100,8 +100,8 @@ struct FlashProblem {
   // [dv_padded / kPanel][kKvBlock][kPanel] floats; with bf16_dot, V as bf16 key pairs
   // (packed_v_pair_offset) in v_packed_bf16 instead, at the same element offsets.
   const float* k_packed = nullptr;
-  const std::uint16_t* k_packed_bf16 =
-      nullptr;  ///< bf16_dot: [dk_padded / 2][kKvBlock][2] per block
+  /// bf16_dot: K^T as [dk_padded / 2][kKvBlock][2] bf16 words per block (pairs of d per key).
+  const std::uint16_t* k_packed_bf16 = nullptr;
   const std::int64_t* k_packed_offset = nullptr;
   const float* v_packed = nullptr;
   const std::uint16_t* v_packed_bf16 = nullptr;
