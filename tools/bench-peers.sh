@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # ditops beside the libraries a user would pick instead, measured in one run, interleaved, at the
-# same thread counts: attention beside PyTorch SDPA and ONNX Runtime's MultiHeadAttention;
+# same thread counts: attention beside PyTorch SDPA, ONNX Runtime's MultiHeadAttention and
+# OpenVINO's scaled_dot_product_attention (fp32, and bf16 with its precision hint);
 # RMSNorm, add_rms_norm and RoPE beside ONNX Runtime's SimplifiedLayerNormalization,
 # SkipSimplifiedLayerNormalization and RotaryEmbedding. Writes DIR/peers.md (ms, GFLOP/s or GB/s,
 # fraction of the FP32 FMA peak or of the memory triad, ratio), DIR/peers.json and DIR/peers.svg.
 # Not part of tools/test.sh: it needs PyPI.
 #
 # Usage: tools/bench-peers.sh [--quick] [--rounds N] [--out DIR] [--build-dir DIR]
-#                             [--only attention|rowwise]
+#                             [--only attention|rowwise] [--libs LIB...]
 #   --quick          attention: S = 2048 at 2 threads only; row-wise: f32 and bf16 at 2 threads
 #                    only (about two minutes in all; the full grids take about 10 minutes for
 #                    attention and 5 for the row-wise operators)
@@ -17,9 +18,11 @@
 #                    bench/ditops-rowwise-peer and bench/ditops_bench already built (default:
 #                    build/release, configured and built here)
 #   --only PART      one table: attention (needs torch) or rowwise (needs onnxruntime only)
+#   --libs LIB...    attention: only these of ditops torch ort ov ditops-bf16 ov-bf16 (while
+#                    iterating on one kernel; the table keeps the others' columns empty)
 # The virtual environment is the project's one, build/venv (DITOPS_PEERS_VENV or DITOPS_VENV
 # override; tools/test.sh fills it with torch); what this script needs besides (onnxruntime,
-# onnx, numpy, and torch for attention) is installed on the first run.
+# onnx, numpy, and torch and openvino for attention) is installed on the first run.
 set -euo pipefail
 
 out=out
@@ -29,6 +32,13 @@ peers_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) peers_args+=(--quick) ;;
+    --libs)
+      peers_args+=(--libs)
+      while [ $# -ge 2 ] && [ "${2#--}" = "$2" ]; do
+        peers_args+=("$2")
+        shift
+      done
+      ;;
     --rounds | --out | --build-dir | --only)
       [ $# -ge 2 ] || { echo "tools/bench-peers.sh: $1 needs a value" >&2; exit 2; }
       case "$1" in
@@ -46,7 +56,7 @@ while [ $# -gt 0 ]; do
       ;;
     *)
       echo "usage: tools/bench-peers.sh [--quick] [--rounds N] [--out DIR] [--build-dir DIR]" \
-        "[--only attention|rowwise]" >&2
+        "[--only attention|rowwise] [--libs LIB...]" >&2
       exit 2
       ;;
   esac
@@ -67,6 +77,9 @@ if [ "$only" != rowwise ] && ! "$venv/bin/python" -c 'import torch' 2>/dev/null;
   "$venv/bin/pip" install -q --index-url https://download.pytorch.org/whl/cpu torch ||
     "$venv/bin/pip" install -q torch
 fi
+if [ "$only" != rowwise ] && ! "$venv/bin/python" -c 'import openvino' 2>/dev/null; then
+  "$venv/bin/pip" install -q openvino
+fi
 
 if [ -z "$build" ]; then
   build=build/release
@@ -74,16 +87,20 @@ if [ -z "$build" ]; then
   cmake --build --preset release --target ditops-attention-peer ditops-rowwise-peer ditops_bench
 fi
 mkdir -p "$out"
-# The FP32 FMA peak and the memory triad at 1 and 2 threads, for the fraction columns.
-limits=$("$build/bench/ditops_bench" --benchmark_filter='peak_fp32|triad' --benchmark_format=json |
-  "$venv/bin/python" -c 'import json, sys
+# The FP32 FMA and bf16 dot peaks and the memory triad at 1 and 2 threads, for the fraction
+# columns (no bf16 figures where the CPU lacks AVX512-BF16).
+limits=$("$build/bench/ditops_bench" --benchmark_filter='peak_fp32|peak_bf16|triad' \
+  --benchmark_format=json | "$venv/bin/python" -c 'import json, sys
 rows = json.load(sys.stdin)["benchmarks"]
-for counter in ("GFLOP/s", "GB/s"):
-    print(" ".join(str(r[counter]) for r in rows if counter in r))')
+for name in ("peak_fp32", "peak_bf16", "triad"):
+    print(" ".join(str(r.get("GFLOP/s", r.get("GB/s"))) for r in rows
+                   if name in r["name"] and ("GFLOP/s" in r or "GB/s" in r)))')
 peak=$(sed -n 1p <<<"$limits")
-triad=$(sed -n 2p <<<"$limits")
+bf16_peak=$(sed -n 2p <<<"$limits")
+triad=$(sed -n 3p <<<"$limits")
 limit_flags=()
 [ "$(wc -w <<<"$peak")" -eq 2 ] && limit_flags+=(--peak-gflops $peak)
+[ "$(wc -w <<<"$bf16_peak")" -eq 2 ] && limit_flags+=(--bf16-peak-gflops $bf16_peak)
 [ "$(wc -w <<<"$triad")" -eq 2 ] && limit_flags+=(--triad-gbs $triad)
 part_flags=()
 [ "$only" = rowwise ] || part_flags+=(--ditops "$build/bench/ditops-attention-peer")

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """ditops beside the libraries a user would pick instead, in one run: attention beside PyTorch
-SDPA and ONNX Runtime MultiHeadAttention; RMSNorm, add_rms_norm and RoPE beside ONNX Runtime's
+SDPA, ONNX Runtime MultiHeadAttention and OpenVINO's scaled_dot_product_attention (fp32, and bf16
+beside ditops on bf16 inputs); RMSNorm, add_rms_norm and RoPE beside ONNX Runtime's
 SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization and RotaryEmbedding.
 
 Each measurement is a fresh process (`peers.py worker ...` / `peers.py rowwise-worker ...` for the
@@ -11,8 +12,8 @@ of them alike; the table gives the median of all timed calls of the rounds. Run 
 tools/bench-peers.sh, which makes the virtual environment.
 
     peers.py run [--ditops BIN] [--ditops-rowwise BIN] --out DIR [--rounds 3] [--quick]
-                 [--peak-gflops X Y] [--triad-gbs X Y]
-    peers.py worker --lib torch|ort --seq S --heads N --dim D --causal 0|1 --threads T
+                 [--peak-gflops X Y] [--bf16-peak-gflops X Y] [--triad-gbs X Y]
+    peers.py worker --lib torch|ort|ov|ov-bf16 --seq S --causal 0|1 --threads T
     peers.py rowwise-worker --op OP --dtype f32|bf16|f16 --rows R --dim D [--heads N] --threads T
 """
 
@@ -38,8 +39,13 @@ SHAPES = [
 ]
 QUICK_SHAPES = [(2048, False, 2), (2048, True, 2)]
 HEADS, DIM, BATCH = 24, 128, 1
-LIBRARIES = ["ditops", "torch", "ort"]
-TITLES = {"ditops": "ditops", "torch": "PyTorch SDPA", "ort": "ONNX Runtime MHA"}
+LIBRARIES = ["ditops", "torch", "ort", "ov"]
+# bf16 attention: ditops on bf16 inputs (its automatic choice), OpenVINO on the fp32 inputs with
+# its bf16 inference precision hint (it converts inside, as a user of the hint would run it).
+BF16_LIBRARIES = ["ditops-bf16", "ov-bf16"]
+PEERS = ["torch", "ort", "ov"]
+TITLES = {"ditops": "ditops", "torch": "PyTorch SDPA", "ort": "ONNX Runtime MHA",
+          "ov": "OpenVINO SDPA", "ditops-bf16": "ditops bf16", "ov-bf16": "OpenVINO SDPA bf16 hint"}
 
 
 def flops(seq, causal):
@@ -67,6 +73,29 @@ def worker(args):
                 F.scaled_dot_product_attention(tq, tk, tv, is_causal=bool(args.causal))
 
         version = torch.__version__
+    elif args.lib in ("ov", "ov-bf16"):
+        import openvino as ov
+        import openvino.opset13 as ops
+
+        # BNSD, as for PyTorch: the layout OpenVINO's SDPA reads without a transpose.
+        shape_bnsd = (BATCH, HEADS, args.seq, DIM)
+        params = [ops.parameter(list(shape_bnsd), ov.Type.f32, name=name) for name in ("q", "k", "v")]
+        sdpa = ops.scaled_dot_product_attention(*params, causal=bool(args.causal))
+        precision = "bf16" if args.lib == "ov-bf16" else "f32"
+        compiled = ov.Core().compile_model(
+            ov.Model([sdpa], params), "CPU",
+            {"INFERENCE_NUM_THREADS": args.threads, "INFERENCE_PRECISION_HINT": precision})
+        request = compiled.create_infer_request()
+        # Inputs bound once and shared with numpy (no copy per call), line-aligned; the arrays
+        # must outlive the request (the tensors do not own them).
+        inputs = [line_aligned(np, np.ascontiguousarray(x.transpose(0, 2, 1, 3))) for x in (q, k, v)]
+        for i, x in enumerate(inputs):
+            request.set_input_tensor(i, ov.Tensor(x, shared_memory=True))
+
+        def call():
+            request.infer()
+
+        version = ov.__version__.split("-")[0]
     else:
         import onnx
         import onnxruntime as ort
@@ -323,14 +352,14 @@ def rowwise_table(rows, versions, args):
 
 
 def measure(library, ditops_bin, seq, causal, threads, tune_cache=None):
-    if library == "ditops":
+    if library.startswith("ditops"):
         command = [ditops_bin, "--seq", seq, "--heads", HEADS, "--dim", DIM, "--causal", int(causal),
-                   "--threads", threads]
+                   "--threads", threads, "--dtype", "bf16" if library == "ditops-bf16" else "f32"]
     else:
         command = [sys.executable, os.path.abspath(__file__), "worker", "--lib", library, "--seq", seq,
                    "--causal", int(causal), "--threads", threads]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    if library == "ditops" and tune_cache:
+    if library.startswith("ditops") and tune_cache:
         # The first call of a shape tunes (several full runs): once per shape, not per round.
         env["DITOPS_TUNE_CACHE"] = tune_cache
     result = subprocess.run([str(c) for c in command], capture_output=True, text=True, env=env)
@@ -341,9 +370,9 @@ def measure(library, ditops_bin, seq, causal, threads, tune_cache=None):
 
 def svg_chart(rows, path):
     """Grouped bars of GFLOP/s per shape, one colour per library."""
-    colours = {"ditops": "#1f77b4", "torch": "#ff7f0e", "ort": "#2ca02c"}
+    colours = {"ditops": "#1f77b4", "torch": "#ff7f0e", "ort": "#2ca02c", "ov": "#9467bd"}
     width_bar, gap, left, top, height = 18, 22, 60, 30, 220
-    best = max(r["gflops"][lib] for r in rows for lib in LIBRARIES if lib in r["gflops"])
+    best = max((r["gflops"][lib] for r in rows for lib in LIBRARIES if lib in r["gflops"]), default=1.0)
     group = width_bar * len(LIBRARIES) + gap
     width = left + group * len(rows) + 20
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{top + height + 90}"'
@@ -390,16 +419,18 @@ def run(args):
 
 
 def run_attention(args):
-    """Interleaved rounds of ditops, PyTorch and ONNX Runtime attention; returns the report
-    lines and the measurements, and draws peers.svg."""
+    """Interleaved rounds of ditops, PyTorch, ONNX Runtime and OpenVINO attention (fp32), and of
+    ditops and OpenVINO in bf16; returns the report lines and the measurements, and draws
+    peers.svg."""
     shapes = QUICK_SHAPES if args.quick else SHAPES
+    libraries = [lib for lib in LIBRARIES + BF16_LIBRARIES if not args.libs or lib in args.libs]
     rows = []
     versions = {}
     for seq, causal, threads in shapes:
-        samples = {lib: [] for lib in LIBRARIES}
+        samples = {lib: [] for lib in libraries}
         failures = {}
         for _ in range(args.rounds):
-            for lib in LIBRARIES:
+            for lib in libraries:
                 if lib in failures:
                     continue
                 try:
@@ -410,8 +441,8 @@ def run_attention(args):
                     continue
                 samples[lib].extend(result["ms"])
                 versions[lib] = result.get("version") or result.get("isa", "")
-                if lib == "ditops":
-                    versions["ditops"] = f'backend {result["backend"]} ({result["detail"]}), ISA {result["isa"]}'
+                if lib.startswith("ditops"):
+                    versions[lib] = f'backend {result["backend"]} ({result["detail"]}), ISA {result["isa"]}'
         medians = {lib: statistics.median(v) for lib, v in samples.items() if v}
         row = {"seq": seq, "causal": causal, "threads": threads, "ms": medians,
                "gflops": {lib: flops(seq, causal) / ms / 1e6 for lib, ms in medians.items()},
@@ -422,33 +453,49 @@ def run_attention(args):
         for lib, error in failures.items():
             print(f"  {lib}: {error}", file=sys.stderr)
     lines = ["# ditops attention beside its peers", "",
-             f"FLUX self-attention, B=1, N={HEADS}, D={DIM}, fp32, BSND inputs (PyTorch: BNSD). "
+             f"FLUX self-attention, B=1, N={HEADS}, D={DIM}, BSND inputs (PyTorch and OpenVINO: BNSD). "
              f"Median of {args.rounds} interleaved rounds (one timed call each, after one untimed call), "
-             "same thread count for every library.", ""]
-    for lib in LIBRARIES:
+             "same thread count for every library. fp32 table: fp32 inputs everywhere; bf16 table: ditops "
+             "on bf16 inputs (its automatic choice), OpenVINO on the fp32 inputs with "
+             "INFERENCE_PRECISION_HINT bf16 (it converts inside).", ""]
+    for lib in LIBRARIES + BF16_LIBRARIES:
         if lib in versions:
             lines.append(f"- {TITLES[lib]}: {versions[lib]}")
     if args.peak_gflops:
         lines.append(f"- FP32 FMA peak measured by ditops_bench: {args.peak_gflops[0]:.1f} GFLOP/s at 1 thread, "
                      f"{args.peak_gflops[1]:.1f} at 2")
-    lines += ["", "| S | mode | threads | ditops ms | PyTorch ms | ORT ms | ditops GFLOP/s | ditops fraction of peak "
-              "| best peer / ditops |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for row in rows:
-        ms = row["ms"]
+    if args.bf16_peak_gflops:
+        lines.append(f"- bf16 dot (vdpbf16ps) peak measured by ditops_bench: {args.bf16_peak_gflops[0]:.1f} "
+                     f"GFLOP/s at 1 thread, {args.bf16_peak_gflops[1]:.1f} at 2")
 
-        def cell(lib):
-            return f"{ms[lib]:.0f}" if lib in ms else "failed"
+    def table(ours_lib, peers, peak):
+        out = ["", f"| S | mode | threads | {TITLES[ours_lib]} ms | " +
+               " | ".join(f"{TITLES[lib]} ms" for lib in peers) +
+               " | ditops GFLOP/s | ditops fraction of peak | best peer / ditops |",
+               "|---:|---|---:|---:|" + "---:|" * len(peers) + "---:|---:|---:|"]
+        for row in rows:
+            ms = row["ms"]
+            if ours_lib not in ms and not any(lib in ms for lib in peers):
+                continue
+            ours = ms.get(ours_lib)
+            present = [ms[lib] for lib in peers if lib in ms]
+            ratio = f"{min(present) / ours:.2f}x" if ours and present else ""
+            fraction = ""
+            if ours and peak:
+                fraction = f'{row["gflops"][ours_lib] / peak[row["threads"] - 1]:.0%}'
+            gflops = f'{row["gflops"][ours_lib]:.1f}' if ours else ""
+            cells = " | ".join(f"{ms[lib]:.0f}" if lib in ms else "failed" if lib in row["failures"] else ""
+                               for lib in [ours_lib] + peers)
+            out.append(f'| {row["seq"]} | {"causal" if row["causal"] else "non-causal"} | {row["threads"]} | '
+                       f"{cells} | {gflops} | {fraction} | {ratio} |")
+        return out
 
-        ours = ms.get("ditops")
-        peers = [ms[lib] for lib in ("torch", "ort") if lib in ms]
-        ratio = f"{min(peers) / ours:.2f}x" if ours and peers else ""
-        fraction = ""
-        if ours and args.peak_gflops:
-            fraction = f'{row["gflops"]["ditops"] / args.peak_gflops[row["threads"] - 1]:.0%}'
-        gflops = f'{row["gflops"]["ditops"]:.1f}' if ours else ""
-        lines.append(f'| {row["seq"]} | {"causal" if row["causal"] else "non-causal"} | {row["threads"]} | '
-                     f"{cell('ditops')} | {cell('torch')} | {cell('ort')} | {gflops} | {fraction} | {ratio} |")
-    lines += ["", "best peer / ditops > 1 means ditops is faster. Chart: peers.svg."]
+    if any(lib in libraries for lib in LIBRARIES):
+        lines += ["", "## fp32"] + table("ditops", [lib for lib in PEERS if lib in libraries], args.peak_gflops)
+    if any(lib in libraries for lib in BF16_LIBRARIES):
+        lines += ["", "## bf16 (fraction of the bf16 dot peak)"] + table("ditops-bf16", ["ov-bf16"],
+                                                                          args.bf16_peak_gflops)
+    lines += ["", "best peer / ditops > 1 means ditops is faster. Chart (fp32): peers.svg."]
     svg_chart(rows, os.path.join(args.out, "peers.svg"))
     return lines, {"rows": rows, "versions": versions}
 
@@ -457,7 +504,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     w = sub.add_parser("worker")
-    w.add_argument("--lib", choices=["torch", "ort"], required=True)
+    w.add_argument("--lib", choices=["torch", "ort", "ov", "ov-bf16"], required=True)
     w.add_argument("--seq", type=int, required=True)
     w.add_argument("--causal", type=int, default=0)
     w.add_argument("--threads", type=int, default=1)
@@ -478,6 +525,9 @@ def main():
     r.add_argument("--quick", action="store_true",
                    help="attention: S=2048 at 2 threads only; row-wise: f32 and bf16 at 2 threads only")
     r.add_argument("--peak-gflops", type=float, nargs=2, help="FP32 FMA peak at 1 and 2 threads")
+    r.add_argument("--bf16-peak-gflops", type=float, nargs=2, help="bf16 dot peak at 1 and 2 threads")
+    r.add_argument("--libs", nargs="+", choices=LIBRARIES + BF16_LIBRARIES,
+                   help="attention: only these libraries (default: all)")
     r.add_argument("--triad-gbs", type=float, nargs=2, help="memory triad GB/s at 1 and 2 threads")
     r.add_argument("--rowwise-dtypes", nargs="+", choices=ROWWISE_DTYPES, help="row-wise dtypes (default: all)")
     r.add_argument("--rowwise-threads", nargs="+", type=int, help="row-wise thread counts (default: 2 1)")

@@ -396,11 +396,12 @@ void store_element(DType dtype, void* base, std::int64_t offset, float value) {
 
 using core::aligned_array;  // checked: a size the machine cannot hold is an Error
 
-/// K^T blocks and contiguous fp32 V rows, once per call, shared by every task. The data lives
-/// in the calling thread's scratch (core::thread_scratch), which later calls reuse.
+/// K^T blocks and contiguous fp32 V rows (bf16 key pairs for bf16 dot products), once per call,
+/// shared by every task. The data lives in the calling thread's scratch (core::thread_scratch),
+/// which later calls reuse.
 struct Packed {
   float *k = nullptr, *v = nullptr;
-  std::uint16_t* k_bf16 = nullptr;
+  std::uint16_t *k_bf16 = nullptr, *v_bf16 = nullptr;
   std::vector<std::int64_t> k_offset, v_offset;
 };
 
@@ -450,7 +451,11 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
   } else if (pack_k) {
     packed.k = core::thread_scratch<float>(core::ScratchUse::attention_k, k_total);
   }
-  if (pack_v) packed.v = core::thread_scratch<float>(core::ScratchUse::attention_v, v_total);
+  if (pack_v && p.bf16_dot) {
+    packed.v_bf16 = core::thread_scratch<std::uint16_t>(core::ScratchUse::attention_v, v_total);
+  } else if (pack_v) {
+    packed.v = core::thread_scratch<float>(core::ScratchUse::attention_v, v_total);
+  }
   using WidenKernel = decltype(&widen_row<xsimd::sse2>);
   static const core::IsaTable<WidenKernel> widen_kernels = DITOPS_ISA_TABLE(widen_row);
   const WidenKernel widen = widen_kernels.get();
@@ -466,6 +471,19 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
           widen(p.dtype, static_cast<const char*>(base) + offset * element_bytes, count,
                 widened.data());
           return static_cast<const float*>(widened.data());
+        };
+        // bf16 words of a row: bf16 rows in place, others widened and rounded into slot 0 or
+        // 1 of `words` (V's key pairs need two rows at once).
+        const std::int64_t word_slot = std::max(p.dk, p.dv);
+        core::AlignedBuffer<std::uint16_t> words(
+            p.bf16_dot && p.dtype != DType::bf16 ? static_cast<std::size_t>(2 * word_slot) : 0);
+        const auto row_as_bf16 = [&](const void* base, std::int64_t offset, std::int64_t count,
+                                     int slot) {
+          if (p.dtype == DType::bf16) return static_cast<const std::uint16_t*>(base) + offset;
+          const float* row = row_as_f32(base, offset, count);
+          std::uint16_t* dst = words.data() + slot * word_slot;
+          for (std::int64_t i = 0; i < count; ++i) dst[i] = bf16::from_float(row[i]).bits;
+          return static_cast<const std::uint16_t*>(dst);
         };
         const auto prefetch_row = [&](const void* base, std::int64_t offset, std::int64_t count) {
           const char* row = static_cast<const char*>(base) + offset * element_bytes;
@@ -491,11 +509,15 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
             std::uint16_t* kt =
                 packed.k_bf16 + packed.k_offset[slot] + job.block * k_block_elements;
             std::fill(kt, kt + k_block_elements, std::uint16_t{0});
+            // A pair of d (one 32-bit word) per store: kt[(d / 2) * 2 kKvBlock + 2 key + d % 2].
             for (std::int64_t key = 0; key < keys; ++key) {
-              const float* row = row_as_f32(p.k, k_row(key), p.dk);
-              for (std::int64_t d = 0; d < p.dk; ++d) {
-                kt[(d / 2) * 2 * kKvBlock + key * 2 + d % 2] = bf16::from_float(row[d]).bits;
+              if (key + kPanel < keys) prefetch_row(p.k, k_row(key + kPanel), p.dk);
+              const std::uint16_t* row = row_as_bf16(p.k, k_row(key), p.dk, 0);
+              std::uint16_t* column = kt + 2 * key;
+              for (std::int64_t d = 0; d + 1 < p.dk; d += 2) {
+                std::memcpy(column + d * kKvBlock, row + d, 2 * sizeof(std::uint16_t));
               }
+              if (p.dk % 2) column[(p.dk - 1) * kKvBlock] = row[p.dk - 1];
             }
           } else if (pack_k) {
             float* kt = packed.k + packed.k_offset[slot] + job.block * k_block_elements;
@@ -517,12 +539,37 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
               }
             }
           }
-          if (pack_v) {
+          auto v_row = [&](std::int64_t key) {
+            return job.seq * p.v_strides.batch + job.head * p.v_strides.head +
+                   source_key(key) * p.v_strides.seq;
+          };
+          if (pack_v && p.bf16_dot) {
+            // Key pairs interleaved per column (packed_v_pair_offset); keys past the sequence
+            // end and columns past dv are zero (P is 0 there, and 0 x garbage could be NaN).
+            std::uint16_t* vp = packed.v_bf16 + packed.v_offset[slot] + first_key * p.dv_padded;
+            if (keys < kKvBlock || p.dv < p.dv_padded) {
+              std::fill(vp, vp + kKvBlock * p.dv_padded, std::uint16_t{0});
+            }
+            // A key pair per pass: its two words of a column in one 32-bit store.
+            for (std::int64_t key = 0; key < keys; key += 2) {
+              if (key + kPanel < keys) {
+                prefetch_row(p.v, v_row(key + kPanel), p.dv);
+                if (key + kPanel + 1 < keys) prefetch_row(p.v, v_row(key + kPanel + 1), p.dv);
+              }
+              const std::uint16_t* even = row_as_bf16(p.v, v_row(key), p.dv, 0);
+              const std::uint16_t* odd =
+                  key + 1 < keys ? row_as_bf16(p.v, v_row(key + 1), p.dv, 1) : nullptr;
+              for (std::int64_t first = 0; first < p.dv; first += kPanel) {
+                auto* dst = reinterpret_cast<std::uint32_t*>(vp + packed_v_pair_offset(key, first));
+                const std::int64_t count = std::min(kPanel, p.dv - first);
+                for (std::int64_t i = 0; i < count; ++i) {
+                  const std::uint32_t high = odd ? odd[first + i] : 0;
+                  dst[i] = even[first + i] | high << 16;
+                }
+              }
+            }
+          } else if (pack_v) {
             float* vp = packed.v + packed.v_offset[slot] + first_key * p.dv_padded;
-            auto v_row = [&](std::int64_t key) {
-              return job.seq * p.v_strides.batch + job.head * p.v_strides.head +
-                     source_key(key) * p.v_strides.seq;
-            };
             // Panels of kPanel columns, each [key][kPanel] (see FlashProblem::v_packed), filled
             // key by key so each V row is read in order; rows kVAhead keys ahead are prefetched
             // (as for K, every row is a fresh page).
@@ -548,6 +595,7 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
   p.k_packed_bf16 = packed.k_bf16;
   p.k_packed_offset = packed.k_offset.data();
   p.v_packed = packed.v;
+  p.v_packed_bf16 = packed.v_bf16;
   p.v_packed_offset = packed.v_offset.data();
 }
 

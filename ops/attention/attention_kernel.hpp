@@ -40,6 +40,13 @@ inline constexpr std::int64_t packed_k_offset(std::int64_t key, std::int64_t d,
 inline constexpr std::int64_t packed_v_offset(std::int64_t key, std::int64_t column) noexcept {
   return column / kPanel * kKvBlock * kPanel + key * kPanel + column % kPanel;
 }
+/// Offset of V[key][column] in a bf16 V block for bf16 dot products
+/// ([dv_padded / kPanel][kKvBlock / 2][kPanel][2]): the two keys of a pair side by side per
+/// column, so one 64-byte line holds a key pair of a panel's 16 columns, the operand
+/// vdpbf16ps multiplies by a broadcast pair of P.
+inline constexpr std::int64_t packed_v_pair_offset(std::int64_t key, std::int64_t column) noexcept {
+  return column / kPanel * kKvBlock * kPanel + key / 2 * 2 * kPanel + column % kPanel * 2 + key % 2;
+}
 /// Lanes of the widest fp32 vector (AVX-512): per-row softmax sums are kept as vectors.
 inline constexpr std::int64_t kMaxLanes = 16;
 
@@ -86,15 +93,18 @@ struct FlashProblem {
   // Tiles (chosen by the tuner or the defaults).
   KLayout k_layout = KLayout::packed;
   int row_group = kMaxRowGroup;  ///< micro-tiles per row group (1..kMaxRowGroup)
-  bool bf16_dot = false;         ///< flash_bf16: Q·K^T with bf16 dot products
+  bool bf16_dot = false;         ///< flash_bf16: Q·K^T and P·V with bf16 dot products
   // Per-call packed operands (KLayout::packed), per block of kKvBlock keys: K^T as
   // [kKvBlock / kPanel][dk][kPanel] floats (zero padded past the sequence end) starting at
   // k_packed + k_packed_offset[seq * kv_heads + h]; V as fp32 when v_packed is set (prefill):
-  // [dv_padded / kPanel][kKvBlock][kPanel] floats.
+  // [dv_padded / kPanel][kKvBlock][kPanel] floats; with bf16_dot, V as bf16 key pairs
+  // (packed_v_pair_offset) in v_packed_bf16 instead, at the same element offsets.
   const float* k_packed = nullptr;
-  const std::uint16_t* k_packed_bf16 = nullptr;  ///< bf16_dot: pairs along d, see pack_k_bf16
+  /// bf16_dot: K^T as [dk_padded / 2][kKvBlock][2] bf16 words per block (pairs of d per key).
+  const std::uint16_t* k_packed_bf16 = nullptr;
   const std::int64_t* k_packed_offset = nullptr;
   const float* v_packed = nullptr;
+  const std::uint16_t* v_packed_bf16 = nullptr;
   const std::int64_t* v_packed_offset = nullptr;
   std::int64_t dv_padded = 0;  ///< dv rounded up to 16
   // Token orders and row windows (block-sparse attention; null/0 for dense calls). A task's
@@ -170,7 +180,7 @@ void flash_merge_splits(const FlashProblem& problem, const FlashTask& task, std:
 template <class Arch>
 void widen_row(DType dtype, const void* src, std::int64_t count, float* dst) noexcept;
 
-/// The flash_bf16 Q·K^T path (vdpbf16ps) runs: the avx512 kernel variant with AVX512-BF16.
+/// The flash_bf16 bf16 dot products (vdpbf16ps) run: the avx512 kernel variant with AVX512-BF16.
 bool bf16_dot_available() noexcept;
 
 }  // namespace ditops::attention

@@ -9,8 +9,12 @@
 // so every register-tile pass streams whole consecutive cache lines.
 // Per micro-tile and KV block: S = Q·K^T in registers (scale·log2 e folded into Q, so scores
 // are in the log2 domain), mask only when the block is partial (causal diagonal, sequence end,
-// explicit mask), running max with a lazy rescale of O (only when the max rises), P = 2^(S-m)
-// by a polynomial, per-lane row sums, then O += P·V with O in scratch.
+// explicit mask), running max with a lazy rescale of O (only when a score passes the max by
+// more than kLazyMax), P = 2^(S-m) by a polynomial, per-lane row sums, then O += P·V with O in
+// scratch.
+// flash_bf16 on AVX512-BF16 runs both products on vdpbf16ps (32 MACs per instruction, twice the
+// fp32 FMA rate): K^T packed as pairs of d per key, V as pairs of keys per column, P rounded to
+// bf16 once (the row sums add the rounded weights) and fed as broadcast key pairs.
 
 #include <type_traits>
 
@@ -77,6 +81,16 @@ inline void qk_packed(const float* q_tile, std::int64_t q_stride, const float* k
   }
 }
 
+/// acc + the per-lane dot products of the bf16 pairs of a and b (vdpbf16ps). Inline asm, as
+/// simd::dot_u8s8 for vpdpbusd: around the intrinsic GCC 12 copies accumulators between
+/// registers (and spills them with 24 live).
+template <class Arch>
+inline __m512 dot_bf16(__m512 acc, __m512i a, __m512i b) noexcept {
+  static_assert(simd::kHasBf16Vnni<Arch>);
+  asm("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+
 /// flash_bf16: S tile [kRows][kBlockVecs] = bf16 Q tile · K^T, with K^T packed as
 /// [ceil(dk / 2)][64 keys][2] bf16 words (pairs of consecutive d per key, zero padded). Each
 /// vdpbf16ps multiplies 16 key pairs by one broadcast query pair: 32 MACs at fp32 accumulation.
@@ -104,7 +118,7 @@ inline void qk_bf16(const std::uint16_t* q, std::int64_t q_stride, const std::ui
       const __m512i qb = _mm512_set1_epi32(static_cast<int>(both));
 #pragma GCC unroll 4
       for (int c = 0; c < C; ++c) {
-        acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)qb, (__m512bh)kv[c]);
+        acc[r][c] = dot_bf16<Arch>(acc[r][c], qb, kv[c]);
       }
     }
   }
@@ -167,6 +181,7 @@ class TaskRunner {
     row_max_ = p_tile_ + rows * kKvBlock;
     row_sum_ = row_max_ + rows;
     q_bf16_ = reinterpret_cast<std::uint16_t*>(row_sum_ + rows * kMaxLanes);
+    p_bf16_ = reinterpret_cast<std::uint16_t*>(p_tile_);  // bf16 P in the fp32 P tile's place
     heads_ = task_heads(p, task);
     rows_per_head_ = task.q_end - task.q_begin;
     kv_end_ = std::min(task.kv_end, seq_.kv_len);
@@ -176,7 +191,9 @@ class TaskRunner {
       k_base_ = static_cast<const T*>(p.k) + task.seq * p.k_strides.batch +
                 seq_.k_row0 * p.k_strides.seq + kh * p.k_strides.head;
     }
-    if (p.v_packed) {
+    if (p.v_packed_bf16) {
+      v_bf16_ = p.v_packed_bf16 + p.v_packed_offset[task.seq * p.kv_heads + kh];
+    } else if (p.v_packed) {
       v_packed_ = p.v_packed + p.v_packed_offset[task.seq * p.kv_heads + kh];
     } else if (p.v != nullptr) {
       v_base_ = static_cast<const T*>(p.v) + task.seq * p.v_strides.batch +
@@ -225,19 +242,27 @@ class TaskRunner {
           continue;
         }
         rows[index] = make_row<T>(p_, task_, seq_, first + index);
-        // Vector loads: each Q row is a fresh page (rows of one head are N·D elements apart),
-        // and few instructions per row let the out-of-order window overlap many rows' misses.
-        const T* q = static_cast<const T*>(rows[index].q);
-        for (std::int64_t d = 0; d < dk_padded_; d += L) {
-          const std::int64_t width = std::min<std::int64_t>(L, p_.dk - d);
-          const B<Arch> value =
-              width > 0 ? simd::load_chunk<Arch>(q, d, width) * scale : B<Arch>(0.f);
-          value.store_aligned(q_row + d);
-        }
+        const char* q = static_cast<const char*>(rows[index].q);
+        const std::int64_t bytes = p_.dk * std::int64_t{sizeof(T)};
+        for (std::int64_t byte = 0; byte < bytes; byte += 64) _mm_prefetch(q + byte, _MM_HINT_T0);
+        _mm_prefetch(q + bytes - 1, _MM_HINT_T0);  // the row need not start on a line
         tile_min[t] = std::min(tile_min[t], rows[index].visible_end);
         tile_max[t] = std::max(tile_max[t], rows[index].visible_end);
       }
       group_end = std::max(group_end, tile_max[t]);
+    }
+    // Q rows once every row's lines were prefetched above: each row is a fresh page (rows of one
+    // head are N·D elements apart), and loaded right after each make_row the out-of-order window
+    // overlapped only a few rows' misses (5 % of the bf16 kernel's time at S = 2048).
+    for (int index = 0; index < row_count; ++index) {
+      const T* q = static_cast<const T*>(rows[index].q);
+      float* q_row = q_tile_ + index * dk_padded_;
+      for (std::int64_t d = 0; d < dk_padded_; d += L) {
+        const std::int64_t width = std::min<std::int64_t>(L, p_.dk - d);
+        const B<Arch> value =
+            width > 0 ? simd::load_chunk<Arch>(q, d, width) * scale : B<Arch>(0.f);
+        value.store_aligned(q_row + d);
+      }
     }
     if (p_.bf16_dot) convert_q_to_bf16(tiles);
     // Per KV block, Q·K^T and the softmax for every micro-tile first, then P·V for every
@@ -259,7 +284,7 @@ class TaskRunner {
       // on the causal diagonal only up to the tile's last visible key (P is 0 past it).
       std::int64_t tile_keys[kMaxRowGroup];
       const std::int64_t next = i + 1 < walk ? block_at(i + 1) : group_end;
-      const bool prefetch_next = kt_ && v_packed_ && next < group_end;
+      const bool prefetch_next = p_.k_layout == KLayout::packed && next < group_end;
       for (int t = 0; t < tiles; ++t) {
         if (prefetch_next) prefetch_next_block(next, t, tiles);
         // Blocks above the causal diagonal for every row of the tile are skipped.
@@ -267,7 +292,11 @@ class TaskRunner {
                                                                 block + kKvBlock > tile_min[t]);
         tile_keys[t] = attends ? std::min(keys, tile_max[t] - block) : 0;
       }
-      if (v_packed_) {
+      if (v_bf16_) {
+        if constexpr (simd::kHasBf16Vnni<Arch>) {  // bf16_dot is set only for this variant
+          pv_bf16(tile_keys, tiles, v_bf16_ + block * p_.dv_padded);
+        }
+      } else if (v_packed_) {
         pv(tile_keys, tiles, v_packed_ + block * p_.dv_padded, p_.dv_padded);
       } else {
         pv(tile_keys, tiles, v_base_ + block * p_.v_strides.seq, p_.v_strides.seq);
@@ -284,10 +313,16 @@ class TaskRunner {
   /// in from L3 while this one computes (a KV head's K^T and V do not stay in L2 between
   /// row groups), instead of stalling the first micro-tile that reads it.
   void prefetch_next_block(std::int64_t next, int part, int parts) noexcept {
-    const char* kt = reinterpret_cast<const char*>(kt_ + next / kKvBlock * p_.dk * kKvBlock);
-    const char* v = reinterpret_cast<const char*>(v_packed_ + next * p_.dv_padded);
-    const std::int64_t k_lines = p_.dk * kKvBlock * 4 / 64,
-                       v_lines = p_.dv_padded * kKvBlock * 4 / 64;
+    const bool bf16 = p_.bf16_dot;
+    const std::int64_t k_bytes = bf16 ? dk_padded_ * kKvBlock * 2 : p_.dk * kKvBlock * 4;
+    const std::int64_t v_bytes = p_.dv_padded * kKvBlock * (bf16 ? 2 : 4);
+    const char* kt =
+        bf16 ? reinterpret_cast<const char*>(kt_bf16_) : reinterpret_cast<const char*>(kt_);
+    kt += next / kKvBlock * k_bytes;
+    const char* v =
+        bf16 ? reinterpret_cast<const char*>(v_bf16_) : reinterpret_cast<const char*>(v_packed_);
+    v += next / kKvBlock * v_bytes;
+    const std::int64_t k_lines = k_bytes / 64, v_lines = v_bytes / 64;
     for (std::int64_t i = k_lines * part / parts; i < k_lines * (part + 1) / parts; ++i) {
       _mm_prefetch(kt + i * 64, _MM_HINT_T1);
     }
@@ -298,11 +333,8 @@ class TaskRunner {
 
   /// bf16 copy of the scaled Q rows (pairs along d feed vdpbf16ps).
   void convert_q_to_bf16(int tiles) noexcept {
-    for (int index = 0; index < tiles * R; ++index) {
-      const float* q_row = q_tile_ + index * dk_padded_;
-      for (std::int64_t d = 0; d < dk_padded_; ++d) {
-        q_bf16_[index * dk_padded_ + d] = bf16::from_float(q_row[d]).bits;
-      }
+    for (std::int64_t i = 0; i < tiles * R * dk_padded_; i += L) {
+      simd::store<Arch>(reinterpret_cast<bf16*>(q_bf16_ + i), B<Arch>::load_aligned(q_tile_ + i));
     }
   }
 
@@ -334,10 +366,11 @@ class TaskRunner {
     return softmax_update(rows, first_index, block, partial, scores);
   }
 
-  /// Masks (partial blocks), updates the running max/sum, rescales O when the max rises and
-  /// writes P. Returns false when no row attends any key of the block.
+  /// Masks (partial blocks), updates the running max/sum, rescales O when the max rises by
+  /// more than kLazyMax and writes P. Returns false when no row attends any key of the block.
   bool softmax_update(const RowRef* rows, int first_index, std::int64_t block, bool partial,
                       B<Arch>* scores) noexcept {
+    constexpr float kLazyMax = 8;  // log2 units: weights up to 256
     bool any = false;
     for (int r = 0; r < R; ++r) {
       B<Arch>* s = scores + r * BV;
@@ -346,14 +379,24 @@ class TaskRunner {
       if (partial) mask_scores<Arch>(p_, row, block, seq_.kv_len, s);
       B<Arch> top = s[0];
       for (int c = 1; c < BV; ++c) top = xsimd::max(top, s[c]);
-      const float block_max = simd::reduce_max<Arch>(top);
+      float& m = row_max_[first_index + r];
+      // The running max moves lazily: while every score stays within kLazyMax of it (the
+      // usual case after the first blocks), the weights are 2^(s - m) <= 2^kLazyMax, harmless
+      // in fp32 sums and bf16 weights, and neither the horizontal max nor a rescale of O runs.
+      // !(s <= bound) is also true for NaN scores, which take the exact path below.
+      const bool within = m > kMinusInf && xsimd::all(top <= B<Arch>(m + kLazyMax));
+      const float block_max = within ? m : simd::reduce_max<Arch>(top);
       if (!(block_max > kMinusInf)) {  // nothing attended in this row (or NaN scores)
-        std::fill(p_row, p_row + kKvBlock, 0.f);
+        if (p_.bf16_dot) {
+          std::fill(p_bf16_ + (first_index + r) * kKvBlock,
+                    p_bf16_ + (first_index + r + 1) * kKvBlock, std::uint16_t{0});
+        } else {
+          std::fill(p_row, p_row + kKvBlock, 0.f);
+        }
         if (block_max != block_max) row_max_[first_index + r] = block_max;  // propagate NaN
         continue;
       }
       any = true;
-      float& m = row_max_[first_index + r];
       float* l = row_sum_ + (first_index + r) * L;
       if (block_max > m) {
         if (m > kMinusInf) {  // O and l hold earlier blocks
@@ -369,10 +412,26 @@ class TaskRunner {
       const B<Arch> shift(m);
       // The row sum stays a vector of per-lane sums: one horizontal add per row at the end.
       B<Arch> sum = B<Arch>::load_aligned(l);
-      for (int c = 0; c < BV; ++c) {
-        const B<Arch> prob = exp2_scores<Arch>(s[c] - shift);
-        prob.store_aligned(p_row + c * L);
-        sum += prob;
+      if (p_.bf16_dot) {
+        if constexpr (simd::kHasBf16Vnni<Arch>) {
+          // P rounded to bf16 once; the sum adds the rounded weights P·V multiplies, so the
+          // output stays a weighted mean of V rows (rounding only perturbs the weights). The
+          // degree-4 exp2 (4.2e-5 relative) is exact enough for weights kept to 2^-9.
+          std::uint16_t* p_words = p_bf16_ + (first_index + r) * kKvBlock;
+#pragma GCC unroll 4
+          for (int c = 0; c < BV; ++c) {
+            const __m256i words = simd::avx512_bf16_pack<Arch>(exp2_scores<Arch, 4>(s[c] - shift));
+            _mm256_store_si256(reinterpret_cast<__m256i*>(p_words + c * L), words);
+            sum +=
+                B<Arch>(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(words), 16)));
+          }
+        }
+      } else {
+        for (int c = 0; c < BV; ++c) {
+          const B<Arch> prob = exp2_scores<Arch>(s[c] - shift);
+          prob.store_aligned(p_row + c * L);
+          sum += prob;
+        }
       }
       sum.store_aligned(l);
     }
@@ -387,12 +446,15 @@ class TaskRunner {
   void pv_chunk(int first_index, const VT* v, std::int64_t v_stride, std::int64_t panel_step,
                 std::int64_t keys, std::int64_t col, std::int64_t last_count) noexcept {
     B<Arch> acc[R][V];
-    float* o = o_tile_ + first_index * p_.dv_padded + col;
+    // O's row stride in a local: the compiler cannot tell the stores from p_ and reloaded it
+    // after each one.
+    const std::int64_t o_stride = p_.dv_padded;
+    float* o = o_tile_ + first_index * o_stride + col;
     const float* p_tile = p_tile_ + first_index * kKvBlock;
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-      for (int c = 0; c < V; ++c) acc[r][c] = B<Arch>::load_aligned(o + r * p_.dv_padded + c * L);
+      for (int c = 0; c < V; ++c) acc[r][c] = B<Arch>::load_aligned(o + r * o_stride + c * L);
     }
     const VT* v_vector[V];
 #pragma GCC unroll 4
@@ -415,7 +477,7 @@ class TaskRunner {
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-      for (int c = 0; c < V; ++c) acc[r][c].store_aligned(o + r * p_.dv_padded + c * L);
+      for (int c = 0; c < V; ++c) acc[r][c].store_aligned(o + r * o_stride + c * L);
     }
   }
 
@@ -460,6 +522,70 @@ class TaskRunner {
     }
   }
 
+  /// flash_bf16: O[tile rows][col, col + V vectors) += P · V over the key pairs [0, pairs) of
+  /// the block, bf16 P (a broadcast pair per row) times V packed as key pairs (v: the block's
+  /// panel of column col): 32 MACs per vdpbf16ps.
+  template <int V>
+  void pv_bf16_chunk(int first_index, const std::uint16_t* v, std::int64_t pairs,
+                     std::int64_t col) noexcept {
+    __m512 acc[R][V];
+    const std::int64_t o_stride = p_.dv_padded;  // a local, as in pv_chunk
+    float* o = o_tile_ + first_index * o_stride + col;
+    const std::uint16_t* p_words = p_bf16_ + first_index * kKvBlock;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int c = 0; c < V; ++c) acc[r][c] = _mm512_load_ps(o + r * o_stride + c * L);
+    }
+    for (std::int64_t pair = 0; pair < pairs; ++pair) {
+      __m512i vv[V];
+#pragma GCC unroll 4
+      for (int c = 0; c < V; ++c) {
+        vv[c] = _mm512_load_si512(v + c * L / kPanel * kKvBlock * kPanel + pair * 2 * kPanel);
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        std::uint32_t both;
+        std::memcpy(&both, p_words + r * kKvBlock + 2 * pair, sizeof both);
+        const __m512i pb = _mm512_set1_epi32(static_cast<int>(both));
+#pragma GCC unroll 4
+        for (int c = 0; c < V; ++c) acc[r][c] = dot_bf16<Arch>(acc[r][c], pb, vv[c]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int c = 0; c < V; ++c) _mm512_store_ps(o + r * o_stride + c * L, acc[r][c]);
+    }
+  }
+
+  /// flash_bf16: O[tile rows] += P · V[first tile_keys[t] block rows] for each micro-tile t,
+  /// column passes outermost as in pv. v: the block's bf16 key pairs (packed_v_pair_offset).
+  void pv_bf16(const std::int64_t* tile_keys, int tiles, const std::uint16_t* v) noexcept {
+    constexpr int DV = Tl::kDvVecs;
+    const std::int64_t vectors = p_.dv_padded / L;
+    const auto pass = [&]<int V>(std::integral_constant<int, V>, std::int64_t vec) {
+      const std::uint16_t* panel = v + packed_v_pair_offset(0, vec * L);
+      for (int t = 0; t < tiles; ++t) {
+        // An odd key count ends with a pair whose second key has P = 0 (masked or padding).
+        const std::int64_t pairs = (tile_keys[t] + 1) / 2;
+        if (pairs > 0) pv_bf16_chunk<V>(t * R, panel, pairs, vec * L);
+      }
+    };
+    std::int64_t vec = 0;
+    for (; vec + DV <= vectors; vec += DV) pass(std::integral_constant<int, DV>{}, vec);
+    switch (vectors - vec) {
+      case 1:
+        return pass(std::integral_constant<int, 1>{}, vec);
+      case 2:
+        return pass(std::integral_constant<int, 2>{}, vec);
+      case 3:
+        return pass(std::integral_constant<int, 3>{}, vec);
+      default:
+        return;
+    }
+  }
+
   template <bool kPartial, class Source>
   void pv_last(int first_index, const Source& at, std::int64_t keys, std::int64_t vec,
                std::int64_t left, std::int64_t tail) noexcept {
@@ -485,12 +611,13 @@ class TaskRunner {
   Sequence seq_;
   std::int64_t dk_padded_ = 0, heads_ = 1, rows_per_head_ = 0, kv_end_ = 0;
   float *q_tile_, *o_tile_, *p_tile_, *row_max_, *row_sum_;
-  std::uint16_t* q_bf16_;
+  std::uint16_t *q_bf16_, *p_bf16_;
   const T* k_base_ = nullptr;
   const T* v_base_ = nullptr;
   const float* v_packed_ = nullptr;
   const float* kt_ = nullptr;
   const std::uint16_t* kt_bf16_ = nullptr;
+  const std::uint16_t* v_bf16_ = nullptr;
 };
 
 }  // namespace
