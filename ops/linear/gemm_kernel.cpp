@@ -214,8 +214,8 @@ Int8Layout int8_layout(std::int64_t n) noexcept {
 }
 
 template <class Arch>
-TileShape f32_tile() noexcept {
-  return {kF32Rows<Arch>, kCols<Arch>};
+TileShape f32_tile(std::int64_t n) noexcept {
+  return {kF32Rows<Arch>, n <= kCols<Arch, 1> ? kCols<Arch, 1> : kCols<Arch>};
 }
 
 template <class Arch>
@@ -306,10 +306,11 @@ F32Blocking f32_blocking() noexcept {
           kBlockRows * (kF32SliceStride<Arch> + kF32TaskPanels<Arch> * kCols<Arch>)};
 }
 
-template <class Arch>
-void gemm_f32(const GemmProblem& p, std::int64_t row_begin, std::int64_t row_end,
-              std::int64_t panel_begin, std::int64_t panel_end, float* scratch) noexcept {
-  constexpr int R = kF32Rows<Arch>, kLanes = F32<Arch>::size;
+/// gemm_f32 with tiles of V vectors of columns.
+template <class Arch, int V>
+void gemm_f32_tiles(const GemmProblem& p, std::int64_t row_begin, std::int64_t row_end,
+                    std::int64_t panel_begin, std::int64_t panel_end, float* scratch) noexcept {
+  constexpr int R = kF32Rows<Arch>, kLanes = F32<Arch>::size, kColumns = kCols<Arch, V>;
   constexpr std::int64_t kStride = kF32SliceStride<Arch>;
   using Reg = typename F32<Arch>::register_type;
   const std::int64_t rows = row_end - row_begin;
@@ -334,40 +335,40 @@ void gemm_f32(const GemmProblem& p, std::int64_t row_begin, std::int64_t row_end
     }
     for (std::int64_t panel = panel_begin; panel < panel_end; ++panel) {
       const float* weights = static_cast<const float*>(p.panels) + panel * panel_floats +
-                             k0 * kCols<Arch>;
-      const std::int64_t n0 = panel * kCols<Arch>;
-      float* panel_partial = partial + (panel - panel_begin) * rows * kCols<Arch>;
-      F32<Arch> bias[kVectors];
-      for (int c = 0; c < kVectors; ++c) {
+                             k0 * kColumns;
+      const std::int64_t n0 = panel * kColumns;
+      float* panel_partial = partial + (panel - panel_begin) * rows * kColumns;
+      F32<Arch> bias[V];
+      for (int c = 0; c < V; ++c) {
         bias[c] = p.bias ? F32<Arch>::load_aligned(p.bias + n0 + c * kLanes) : F32<Arch>(0.f);
       }
       for (std::int64_t row0 = row_begin; row0 < row_end; row0 += R) {
         // The sums of the earlier chunks continue in the same order: every element is summed
         // over k in sequence whatever the blocking, so the result is the same at any thread
         // count. Plain register arrays: GCC keeps arrays of xsimd batches in memory.
-        float* tile_partial = panel_partial + (row0 - row_begin) * kCols<Arch>;
-        Reg acc[R][kVectors];
+        float* tile_partial = panel_partial + (row0 - row_begin) * kColumns;
+        Reg acc[R][V];
 #pragma GCC unroll 12
         for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 2
-          for (int c = 0; c < kVectors; ++c) {
+#pragma GCC unroll 4
+          for (int c = 0; c < V; ++c) {
             acc[r][c] = first_chunk
                             ? F32<Arch>(0.f)
-                            : F32<Arch>::load_aligned(tile_partial + r * kCols<Arch> + c * kLanes);
+                            : F32<Arch>::load_aligned(tile_partial + r * kColumns + c * kLanes);
           }
         }
         const float* tile_rows = slice + (row0 - row_begin) * kStride;
         for (std::int64_t k = 0; k < depth; ++k) {
-          Reg column[kVectors];
-#pragma GCC unroll 2
-          for (int c = 0; c < kVectors; ++c) {
-            column[c] = F32<Arch>::load_aligned(weights + k * kCols<Arch> + c * kLanes);
+          Reg column[V];
+#pragma GCC unroll 4
+          for (int c = 0; c < V; ++c) {
+            column[c] = F32<Arch>::load_aligned(weights + k * kColumns + c * kLanes);
           }
 #pragma GCC unroll 12
           for (int r = 0; r < R; ++r) {
             const F32<Arch> x(tile_rows[r * kStride + k]);
-#pragma GCC unroll 2
-            for (int c = 0; c < kVectors; ++c) {
+#pragma GCC unroll 4
+            for (int c = 0; c < V; ++c) {
               acc[r][c] = simd::fmadd<Arch>(x, F32<Arch>(column[c]), F32<Arch>(acc[r][c]));
             }
           }
@@ -375,22 +376,32 @@ void gemm_f32(const GemmProblem& p, std::int64_t row_begin, std::int64_t row_end
         if (!last_chunk) {
 #pragma GCC unroll 12
           for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 2
-            for (int c = 0; c < kVectors; ++c) {
-              F32<Arch>(acc[r][c]).store_aligned(tile_partial + r * kCols<Arch> + c * kLanes);
+#pragma GCC unroll 4
+            for (int c = 0; c < V; ++c) {
+              F32<Arch>(acc[r][c]).store_aligned(tile_partial + r * kColumns + c * kLanes);
             }
           }
           continue;
         }
-        store_tile<Arch, R, kVectors>(p, y_rows + (row0 - row_begin), row0, n0,
+        store_tile<Arch, R, V>(p, y_rows + (row0 - row_begin), row0, n0,
                                       [&](int r, int c) { return F32<Arch>(acc[r][c]) + bias[c]; });
       }
     }
   }
 }
 
+template <class Arch>
+void gemm_f32(const GemmProblem& p, std::int64_t row_begin, std::int64_t row_end,
+              std::int64_t panel_begin, std::int64_t panel_end, float* scratch) noexcept {
+  if (p.columns == kCols<Arch, 1>) {
+    gemm_f32_tiles<Arch, 1>(p, row_begin, row_end, panel_begin, panel_end, scratch);
+  } else {
+    gemm_f32_tiles<Arch, kVectors>(p, row_begin, row_end, panel_begin, panel_end, scratch);
+  }
+}
+
 template Int8Layout int8_layout<KernelArch>(std::int64_t) noexcept;
-template TileShape f32_tile<KernelArch>() noexcept;
+template TileShape f32_tile<KernelArch>(std::int64_t) noexcept;
 template void quantize_rows<KernelArch>(const GemmProblem&, const ActivationQuant&, std::int64_t,
                                         std::int64_t, std::uint8_t*, float*) noexcept;
 template F32Blocking f32_blocking<KernelArch>() noexcept;

@@ -76,7 +76,7 @@ struct GemmProblem {
 template <class Arch>
 Int8Layout int8_layout(std::int64_t n) noexcept;
 template <class Arch>
-TileShape f32_tile() noexcept;
+TileShape f32_tile(std::int64_t n) noexcept;
 
 /// Quantizes rows [begin, end) of x into a (row r at a + (r - begin) · k_padded, bytes past k
 /// zero) and writes their scales to row_scale[r - begin].

@@ -147,7 +147,7 @@ std::shared_ptr<const QuantLinear::Impl> make_layer(LayerDefinition definition) 
     layer->tile = layout.tile;
     layer->activation_offset = layout.activation_offset;
   } else {
-    layer->tile = kernels.f32_tile();
+    layer->tile = kernels.f32_tile(n);
   }
   const std::int64_t cols = layer->tile.cols;
   // 64 bytes of k per row (16 floats): whole vectors of every level, so quantize_rows and

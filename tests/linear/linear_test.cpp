@@ -23,15 +23,20 @@
 namespace ditops::test {
 namespace {
 
-/// M, N, K around the tile edges of every level (rows 4, 6, 8, 12; columns 8, 16, 32; k words
-/// of 4 and rows padded to 64 bytes; k chunks of 1024 or 512 bytes past 1024), plus odd sizes.
+/// M, N, K around the tile edges of every level (rows 4, 6, 8, 12; columns 8, 16, 32, one
+/// vector for layers of at most one; k words of 4 and rows padded to 64 bytes; int8 k chunks
+/// of 1024 or 512 bytes past 1024, f32 chunks of 128-512), thin layers (N 1, 15, 16, 17, 63,
+/// 64) past one block of rows (120 f32, 80-128 int8), f32 tasks past one chunk of panels (256
+/// columns), plus odd sizes.
 struct Shape {
   std::int64_t m, n, k;
 };
-const Shape kShapes[] = {{1, 1, 1},     {1, 17, 5},    {3, 8, 4},     {4, 16, 64},
-                         {5, 15, 63},   {7, 31, 65},   {8, 32, 3},    {9, 33, 127},
-                         {12, 48, 128}, {13, 64, 129}, {17, 65, 200}, {25, 7, 300},
-                         {64, 96, 257}, {100, 40, 31}, {6, 20, 1100}, {9, 40, 2100}};
+const Shape kShapes[] = {{1, 1, 1},       {1, 17, 5},     {3, 8, 4},       {4, 16, 64},
+                         {5, 15, 63},     {7, 31, 65},    {8, 32, 3},      {9, 33, 127},
+                         {12, 48, 128},   {13, 64, 129},  {17, 65, 200},   {25, 7, 300},
+                         {64, 96, 257},   {100, 40, 31},  {6, 20, 1100},   {9, 40, 2100},
+                         {130, 16, 777},  {250, 17, 300}, {121, 1, 1030},  {30, 63, 500},
+                         {200, 15, 1025}, {131, 300, 260}};
 
 struct Int8Layer {
   std::int64_t n = 0, k = 0;
@@ -350,6 +355,30 @@ void check_float() {
 }
 
 TEST(QuantLinear, FloatF32) { check_float<float, float, float>(); }
+
+// Every output of a FLOAT layer sums its k products in order, whatever the blocking (chunks of
+// k, blocks of rows, chunks of panels, which the thread count changes): the same bits at 1 and
+// 2 threads.
+TEST(QuantLinear, FloatIsBitwiseTheSameAtAnyThreadCount) {
+  std::mt19937 rng(23);
+  for (const Shape& shape : {Shape{250, 300, 400}, Shape{300, 16, 700}}) {
+    TestTensor<float> weight({shape.n, shape.k});
+    weight.fill_normal(rng);
+    const QuantLinear linear = QuantLinear::float_linear(weight.view(), {});
+    TestTensor<float> x({shape.m, shape.k});
+    x.fill_normal(rng);
+    TestTensor<float> one({shape.m, shape.n}), two({shape.m, shape.n});
+    {
+      const ScopedThreads thread_count(1);
+      linear.forward(x.view(), one.view());
+    }
+    {
+      const ScopedThreads thread_count(2);
+      linear.forward(x.view(), two.view());
+    }
+    EXPECT_TRUE(two.unchanged_since(one.snapshot())) << "m" << shape.m << " n" << shape.n;
+  }
+}
 TEST(QuantLinear, FloatBf16WeightsBf16Activations) { check_float<bf16, bf16, bf16>(); }
 
 // ---- fused QKV ----------------------------------------------------------------------------------
