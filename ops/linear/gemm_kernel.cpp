@@ -246,7 +246,8 @@ void gemm_int8_tiles(const GemmProblem& p, const std::uint8_t* a, const float* r
     I32<Arch> offset[V];
     F32<Arch> scale[V], bias[V];
     for (int c = 0; c < V; ++c) {
-      offset[c] = I32<Arch>::load_aligned(p.column_offset + n0 + c * kLanes);
+      // Unaligned: a timestep layer's static step passes offsets from a std::vector.
+      offset[c] = I32<Arch>::load_unaligned(p.column_offset + n0 + c * kLanes);
       scale[c] = F32<Arch>::load_aligned(p.column_scale + n0 + c * kLanes);
       bias[c] = p.bias ? F32<Arch>::load_aligned(p.bias + n0 + c * kLanes) : F32<Arch>(0.f);
     }

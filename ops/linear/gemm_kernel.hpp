@@ -63,7 +63,8 @@ struct GemmProblem {
   std::int64_t panel_bytes = 0;
   int columns = 0;  ///< of a panel (the tile's)
   std::int64_t k_padded = 0;
-  /// int8 epilogue, per column (padded to whole panels): offset added to the int32 sum, scale.
+  /// int8 epilogue, per column (padded to whole panels): offset added to the int32 sum (any
+  /// alignment), scale (64-byte aligned, as the bias).
   const std::int32_t* column_offset = nullptr;
   const float* column_scale = nullptr;
   const float* bias = nullptr;  ///< per column, or null
