@@ -431,10 +431,17 @@ std::int64_t rows_per_block(std::int64_t row_bytes, int tile_rows) {
 /// asks (its rows of x are read from memory once per task, the panels' weights once per
 /// block), split finer along the panels where there are too few for every thread to take
 /// several (a few rows: decoding, small batches). Each thread's tasks share its scratch.
+/// Weights that stay in L2 by themselves (a thin layer: 16 outputs of 3072 inputs are 192 KiB)
+/// need no blocks of rows to be reused: there a task is one tile of rows, whose chunks of x
+/// follow each other in memory, so the hardware prefetchers stream x (blocks of 120 rows read
+/// x as 120 short runs per chunk: 0.42 of the FMA peak at 16 outputs, against 0.50).
 void forward_f32(const Kernels& kernels, const GemmProblem& problem, std::int64_t panels,
-                 std::int64_t padded_m, int threads) {
+                 std::int64_t padded_m, int tile_rows, int threads) {
+  constexpr std::int64_t kL2ResidentWeights = 256 * 1024;
   const linear::F32Blocking blocking = kernels.f32_blocking();
-  const std::int64_t block_rows = std::min<std::int64_t>(blocking.block_rows, padded_m);
+  const bool weights_in_l2 = panels * problem.panel_bytes <= kL2ResidentWeights;
+  const std::int64_t block_rows =
+      std::min<std::int64_t>(weights_in_l2 ? tile_rows : blocking.block_rows, padded_m);
   const std::int64_t row_blocks = (padded_m + block_rows - 1) / block_rows;
   const std::int64_t panel_chunks = std::clamp<std::int64_t>(
       std::max((panels + blocking.task_panels - 1) / blocking.task_panels,
@@ -553,7 +560,7 @@ void QuantLinear::forward(const TensorView& x, const TensorView& y, Activation a
   const int tile_rows = layer.tile.rows;
   const std::int64_t padded_m = round_up(m, tile_rows);
   if (!is_int8) {
-    forward_f32(kernels, problem, layer.panels, padded_m, threads);
+    forward_f32(kernels, problem, layer.panels, padded_m, tile_rows, threads);
     return;
   }
   const std::int64_t row_bytes = layer.k_padded;
