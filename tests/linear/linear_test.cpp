@@ -215,6 +215,45 @@ void check_algo(QuantAlgo algo, bool smooth) {
   }
 }
 
+// x at, and one ulp either side of, half-integer multiples of scales that are not powers of
+// two: quotients within an ulp or two of a rounding tie, where x times 1 / scale and x / scale
+// can round to different integers. The int32 sums must be those of the reference's quotients
+// (static layers, deq_scale 1, quant_bias 0: y is the exact sum).
+TEST(QuantLinear, StaticQuantizationRoundsAsTheQuotient) {
+  std::mt19937 rng(29);
+  constexpr std::int64_t kM = 9, kN = 16, kK = 200;
+  for (const float scale : {0.1f, 0.03f, 0.7f, 3.3f, 1e-3f}) {
+    for (const float shift : {0.f, -3.f, 7.f}) {
+      Int8Layer layer = random_layer(kN, kK, rng, false, false);
+      std::fill(layer.deq_scale.begin(), layer.deq_scale.end(), 1.f);
+      std::fill(layer.quant_bias.begin(), layer.quant_bias.end(), 0);
+      layer.input_scale = {scale};
+      layer.input_offset = {shift};
+      const QuantLinear linear = QuantLinear::w8a8(QuantAlgo::w8a8_static, layer.tensors());
+      TestTensor<float> x({kM, kK});
+      std::uniform_int_distribution<int> level(-135, 135), side(-1, 1);
+      for (std::int64_t i = 0; i < x.size(); ++i) {
+        const float tie = (static_cast<float>(level(rng)) + 0.5f) * scale;
+        const int step = side(rng);
+        x.at(i) = step == 0 ? tie : std::nextafter(tie, step * 1e30f);
+      }
+      TestTensor<float> y({kM, kN});
+      linear.forward(x.view(), y.view());
+      RefQuant quant;
+      quant.scale = scale;
+      quant.offset = shift;
+      std::vector<std::int32_t> q;
+      std::vector<double> row_scale;
+      quantize_ref(values_of(x), kM, kK, quant, q, row_scale);
+      const auto acc = int_matmul_ref(q, layer.weight, kM, kN, kK);
+      for (std::int64_t i = 0; i < y.size(); ++i) {
+        ASSERT_EQ(static_cast<std::int64_t>(y.at(i)), acc[static_cast<std::size_t>(i)])
+            << "scale " << scale << " shift " << shift << " at " << i;
+      }
+    }
+  }
+}
+
 TEST(QuantLinear, StaticF32) { check_algo<float, float>(QuantAlgo::w8a8_static, false); }
 TEST(QuantLinear, StaticSmoothBf16InF32Out) {
   check_algo<bf16, float>(QuantAlgo::w8a8_static, true);
