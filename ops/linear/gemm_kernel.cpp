@@ -14,7 +14,6 @@
 #include "ops/linear/gemm_kernel.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -104,27 +103,14 @@ void quantize_typed(const GemmProblem& p, const ActivationQuant& quant, std::int
     } else {
       row_scale[r - begin] = quant.row_scale;
     }
-    // The integers of x / scale, as the formula reads: the reference rounds that fp32
-    // quotient. A division per vector bounds this pass, though (most of a thin layer's time),
-    // so x is multiplied by 1 / scale, within 1.5 ulps of the quotient: for |x / scale| <= 512
-    // and |shift| <= 128 the clamped sums then differ by less than 2^-12, so they round alike
-    // unless the product's lies within 2^-12 of a half-integer, and such a vector (a few in a
-    // thousand) is divided again; larger quotients clamp either way. Reciprocals that are not
-    // normal floats, and larger shifts, divide throughout. Clamped before the conversion,
-    // which turns anything out of int32 range into INT_MIN.
-    const float reciprocal = 1.f / scale;
-    const bool multiply = reciprocal >= std::numeric_limits<float>::min() &&
-                          reciprocal <= std::numeric_limits<float>::max() &&
-                          std::fabs(shift) <= 128.f;
-    const B divisor(scale), inverse(reciprocal), added(shift), near_tie(0.5f - 0x1p-12f);
-    const auto clamp = [&](B v) { return xsimd::min(xsimd::max(v, low), high); };
+    // x / scale, as the formula reads (not x times 1 / scale): the reference rounds the same
+    // fp32 quotient, so the integers agree exactly. Clamped before the conversion, which
+    // turns anything out of int32 range into INT_MIN.
+    const B divisor(scale), added(shift);
     for (std::int64_t i = 0; i < p.k_padded; i += kLanes) {
       const B value =
           i < p.k ? smoothed<Arch>(row, quant.smooth, i, std::min(kLanes, p.k - i)) : B(0.f);
-      B clamped = clamp(multiply ? value * inverse + added : value / divisor + added);
-      if (multiply && xsimd::any(xsimd::abs(clamped - xsimd::nearbyint(clamped)) > near_tie)) {
-        clamped = clamp(value / divisor + added);
-      }
+      const B clamped = xsimd::min(xsimd::max(value / divisor + added, low), high);
       simd::store_low_bytes<Arch>(dst + i, xsimd::nearbyint_as_int(clamped) + I32<Arch>(offset));
     }
   }
