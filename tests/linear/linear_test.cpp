@@ -26,8 +26,8 @@ namespace {
 /// M, N, K around the tile edges of every level (rows 4, 6, 8, 12; columns 8, 16, 32, one
 /// vector for layers of at most one; k words of 4 and rows padded to 64 bytes; int8 k chunks
 /// of 1024 or 512 bytes past 1024, f32 chunks of 128-512), thin layers (N 1, 15, 16, 17, 63,
-/// 64) past one block of rows (120 f32, 80-128 int8), f32 tasks past one chunk of panels (256
-/// columns), plus odd sizes.
+/// 64) past one block of rows (120 f32, 80-256 int8, a thin int8 layer's blocks quantized by
+/// the task), f32 tasks past one chunk of panels (256 columns), plus odd sizes.
 struct Shape {
   std::int64_t m, n, k;
 };
@@ -36,7 +36,7 @@ const Shape kShapes[] = {{1, 1, 1},       {1, 17, 5},     {3, 8, 4},       {4, 1
                          {12, 48, 128},   {13, 64, 129},  {17, 65, 200},   {25, 7, 300},
                          {64, 96, 257},   {100, 40, 31},  {6, 20, 1100},   {9, 40, 2100},
                          {130, 16, 777},  {250, 17, 300}, {121, 1, 1030},  {30, 63, 500},
-                         {200, 15, 1025}, {131, 300, 260}};
+                         {200, 15, 1025}, {131, 300, 260},  {90, 16, 3000},  {300, 64, 3000}};
 
 struct Int8Layer {
   std::int64_t n = 0, k = 0;
