@@ -33,14 +33,14 @@ namespace {
 struct GemmShape {
   std::int64_t m, k, n;
 };
-constexpr GemmShape kShapes[] = {{4608, 3072, 3072}, {16, 3072, 3072}, {4608, 3072, 16},
-                                 {4608, 3072, 64},   {1111, 1537, 777}};
+constexpr GemmShape kShapes[] = {
+    {4608, 3072, 3072}, {16, 3072, 3072}, {4608, 3072, 16}, {4608, 3072, 64}, {1111, 1537, 777}};
 
 enum Kind { kDynamic = 0, kStatic = 1, kFloat = 2, kEigen = 3, kDnnl = 4, kDnnlLayer = 5 };
 
 const char* kind_name(int kind) {
   static const char* const names[] = {"ditops W8A8_DYNAMIC", "ditops W8A8", "ditops FLOAT f32",
-                                      "Eigen f32", "oneDNN s8s8", "oneDNN quantize+s8s8"};
+                                      "Eigen f32",           "oneDNN s8s8", "oneDNN quantize+s8s8"};
   return names[kind];
 }
 
@@ -165,8 +165,8 @@ void BM_linear(benchmark::State& state) {
 
 BENCHMARK(BM_linear)
     ->ArgNames({"shape", "kind", "threads", "misaligned"})
-    ->ArgsProduct({{0, 1, 2, 3, 4}, {kDynamic, kStatic, kFloat, kEigen, kDnnl, kDnnlLayer}, {1, 2},
-                   {0, 1}})
+    ->ArgsProduct(
+        {{0, 1, 2, 3, 4}, {kDynamic, kStatic, kFloat, kEigen, kDnnl, kDnnlLayer}, {1, 2}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -36,7 +36,7 @@ constexpr int kF32Rows = simd::kIsAvx512<Arch> ? 12
 constexpr int kVectors = 2;  // per tile row, f32 and int8 past one vector of columns
 /// Columns of a tile of V vectors (kVectors unless said).
 template <class Arch, int V = kVectors>
-constexpr int kCols = V * static_cast<int>(F32<Arch>::size);
+constexpr int kCols = V* static_cast<int>(F32<Arch>::size);
 /// Words of k (4 bytes) per chunk of gemm_int8: 16 KiB of panel, half of the smallest L1d.
 template <class Arch, int V>
 constexpr std::int64_t kChunkWords = 16384 / (kCols<Arch, V> * 4);
@@ -123,8 +123,7 @@ void quantize_typed(const GemmProblem& p, const ActivationQuant& quant, std::int
 /// hide the misses (without this, 16 output columns ran at 0.4 of the FMA peak).
 template <class Arch, int V, class T>
 void pack_f32_slice(const GemmProblem& p, const std::int64_t* x_rows, std::int64_t row_begin,
-                    std::int64_t rows, std::int64_t k0, std::int64_t depth,
-                    float* slice) noexcept {
+                    std::int64_t rows, std::int64_t k0, std::int64_t depth, float* slice) noexcept {
   constexpr std::int64_t kLanes = F32<Arch>::size, kLine = 64 / sizeof(T);
   const std::int64_t next_depth = std::min(2 * kF32ChunkK<Arch, V>, p.k - k0 - depth);
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -194,12 +193,14 @@ void store_tile(const GemmProblem& p, const std::int64_t* y_rows, std::int64_t r
       const std::int64_t at = y_rows[r] + first;
       if (p.y_dtype == DType::f32) {
         float* y = static_cast<float*>(p.y) + at;
-        columns == kCols<Arch, V> ? v.store_unaligned(y)
-                               : simd::store_partial<Arch>(y, v, static_cast<std::size_t>(count));
+        columns == kCols<Arch, V>
+            ? v.store_unaligned(y)
+            : simd::store_partial<Arch>(y, v, static_cast<std::size_t>(count));
       } else {
         bf16* y = static_cast<bf16*>(p.y) + at;
-        columns == kCols<Arch, V> ? simd::store<Arch>(y, v)
-                               : simd::store_partial<Arch>(y, v, static_cast<std::size_t>(count));
+        columns == kCols<Arch, V>
+            ? simd::store<Arch>(y, v)
+            : simd::store_partial<Arch>(y, v, static_cast<std::size_t>(count));
       }
     }
   }
@@ -287,7 +288,8 @@ void gemm_int8_tiles(const GemmProblem& p, const std::uint8_t* a, const float* r
         }
         store_tile<Arch, R, V>(p, y_rows + (row0 - row_begin), row0, n0, [&](int r, int c) {
           const F32<Arch> sum = xsimd::to_float(I32<Arch>(acc[r][c]) + offset[c]);
-          return simd::fmadd<Arch>(sum, scale[c] * F32<Arch>(row_scale[row0 - row_begin + r]), bias[c]);
+          return simd::fmadd<Arch>(sum, scale[c] * F32<Arch>(row_scale[row0 - row_begin + r]),
+                                   bias[c]);
         });
       }
     }
@@ -340,8 +342,8 @@ void gemm_f32_tiles(const GemmProblem& p, std::int64_t row_begin, std::int64_t r
       pack_f32_slice<Arch, V, bf16>(p, x_rows, row_begin, rows, k0, depth, slice);
     }
     for (std::int64_t panel = panel_begin; panel < panel_end; ++panel) {
-      const float* weights = static_cast<const float*>(p.panels) + panel * panel_floats +
-                             k0 * kColumns;
+      const float* weights =
+          static_cast<const float*>(p.panels) + panel * panel_floats + k0 * kColumns;
       const std::int64_t n0 = panel * kColumns;
       float* panel_partial = partial + (panel - panel_begin) * rows * kColumns;
       F32<Arch> bias[V];
@@ -390,7 +392,7 @@ void gemm_f32_tiles(const GemmProblem& p, std::int64_t row_begin, std::int64_t r
           continue;
         }
         store_tile<Arch, R, V>(p, y_rows + (row0 - row_begin), row0, n0,
-                                      [&](int r, int c) { return F32<Arch>(acc[r][c]) + bias[c]; });
+                               [&](int r, int c) { return F32<Arch>(acc[r][c]) + bias[c]; });
       }
     }
   }

@@ -81,8 +81,8 @@ Kernels kernels_of(int variant) {
   static const core::IsaTable<decltype(&linear::gemm_f32<xsimd::sse2>)> f32_gemms =
       DITOPS_ISA_TABLE(linear::gemm_f32);
   const auto at = static_cast<std::size_t>(variant);
-  return {int8_layouts.by_variant[at], f32_tiles.by_variant[at],  quantizers.by_variant[at],
-          f32_blockings.by_variant[at],     int8_gemms.by_variant[at], f32_gemms.by_variant[at]};
+  return {int8_layouts.by_variant[at],  f32_tiles.by_variant[at],  quantizers.by_variant[at],
+          f32_blockings.by_variant[at], int8_gemms.by_variant[at], f32_gemms.by_variant[at]};
 }
 
 std::int64_t round_up(std::int64_t value, std::int64_t multiple) {
@@ -448,10 +448,10 @@ void forward_f32(const Kernels& kernels, const GemmProblem& problem, std::int64_
   const std::int64_t block_rows = std::min<std::int64_t>(
       weights_fit_l2(panels, problem.panel_bytes) ? tile_rows : blocking.block_rows, padded_m);
   const std::int64_t row_blocks = (padded_m + block_rows - 1) / block_rows;
-  const std::int64_t panel_chunks = std::clamp<std::int64_t>(
-      std::max((panels + blocking.task_panels - 1) / blocking.task_panels,
-               (4 * threads + row_blocks - 1) / row_blocks),
-      1, panels);
+  const std::int64_t panel_chunks =
+      std::clamp<std::int64_t>(std::max((panels + blocking.task_panels - 1) / blocking.task_panels,
+                                        (4 * threads + row_blocks - 1) / row_blocks),
+                               1, panels);
   const std::int64_t panels_per_chunk = (panels + panel_chunks - 1) / panel_chunks;
   float* scratch = core::thread_scratch<float>(
       core::ScratchUse::linear_rows, core::CheckedSize(threads) * blocking.scratch_floats);
@@ -610,11 +610,11 @@ void QuantLinear::forward(const TensorView& x, const TensorView& y, Activation a
   float* row_scale = reinterpret_cast<float*>(scratch + a_bytes.value);
   zero_padding_rows(scratch + m * row_bytes, row_scale + m, padded_m - m);
   const std::int64_t x_bytes = m * definition.k * dtype_size(x.dtype);
-  core::parallel_ranges(
-      m, core::threads_for_bytes(x_bytes), [&](std::int64_t begin, std::int64_t end, int) {
-        kernels.quantize_rows(problem, quant, begin, end, scratch + begin * row_bytes,
-                              row_scale + begin);
-      });
+  core::parallel_ranges(m, core::threads_for_bytes(x_bytes),
+                        [&](std::int64_t begin, std::int64_t end, int) {
+                          kernels.quantize_rows(problem, quant, begin, end,
+                                                scratch + begin * row_bytes, row_scale + begin);
+                        });
   core::parallel_tasks(row_blocks * panel_chunks, threads, [&](std::int64_t task, int) {
     const std::int64_t row_begin = (task / panel_chunks) * block_rows;
     const std::int64_t row_end = std::min(padded_m, row_begin + block_rows);
