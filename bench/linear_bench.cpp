@@ -4,8 +4,13 @@
 // the peers run as a user would build them; ditops dispatches at run time as always.
 //
 // Shapes: FLUX's hidden size (3072) with its image tokens (4608) -- QKV / out-projection
-// sized -- and a short batch of rows (16: a text encoder step, a decode-like call).
-// Kinds: 0 W8A8_DYNAMIC, 1 W8A8 static, 2 FLOAT (f32), 3 Eigen f32 GEMM, 4 oneDNN s8 x s8.
+// sized --, a short batch of rows (16: a text encoder step, a decode-like call), the thin
+// output projections of DiTs (16 and 64 output features: patch un-embedding) and an odd shape
+// (no size a multiple of any tile).
+// Kinds: 0 W8A8_DYNAMIC, 1 W8A8 static, 2 FLOAT (f32), 3 Eigen f32 GEMM, 4 oneDNN s8 x s8 (the
+// GEMM alone, on activations quantized beforehand), 5 oneDNN's static W8A8 layer (an f32 -> s8
+// reorder with the input scale, then the s8 x s8 matmul: the work of ditops' W8A8 static).
+// misaligned = 1 puts x and y 16 bytes past a cache line, as allocators do.
 // frac_int8 is of the measured int8 dot-product peak; frac_peak of the FP32 FMA peak.
 
 #include <Eigen/Core>
@@ -28,13 +33,14 @@ namespace {
 struct GemmShape {
   std::int64_t m, k, n;
 };
-constexpr GemmShape kShapes[] = {{4608, 3072, 3072}, {16, 3072, 3072}, {4608, 3072, 16}};
+constexpr GemmShape kShapes[] = {
+    {4608, 3072, 3072}, {16, 3072, 3072}, {4608, 3072, 16}, {4608, 3072, 64}, {1111, 1537, 777}};
 
-enum Kind { kDynamic = 0, kStatic = 1, kFloat = 2, kEigen = 3, kDnnl = 4 };
+enum Kind { kDynamic = 0, kStatic = 1, kFloat = 2, kEigen = 3, kDnnl = 4, kDnnlLayer = 5 };
 
 const char* kind_name(int kind) {
   static const char* const names[] = {"ditops W8A8_DYNAMIC", "ditops W8A8", "ditops FLOAT f32",
-                                      "Eigen f32", "oneDNN s8s8"};
+                                      "Eigen f32",           "oneDNN s8s8", "oneDNN quantize+s8s8"};
   return names[kind];
 }
 
@@ -70,9 +76,14 @@ void BM_linear(benchmark::State& state) {
   const GemmShape shape = kShapes[state.range(0)];
   const int kind = static_cast<int>(state.range(1));
   const int threads = static_cast<int>(state.range(2));
+  const std::int64_t skip = skip_elements<float>(state, 3);
   set_num_threads(threads);
-  ColdBuffers<float> x(shape.m * shape.k, shape.m * shape.k * 4);
-  std::vector<float> y(static_cast<std::size_t>(shape.m * shape.n));
+  ColdBuffers<float> x(shape.m * shape.k + skip, shape.m * shape.k * 4);
+  std::vector<float> y_storage(static_cast<std::size_t>(shape.m * shape.n + 16));
+  // y 16 bytes past a line as well (where asked): the vector's data is only 16-byte aligned.
+  const auto line_offset = static_cast<std::int64_t>(
+      (64 - reinterpret_cast<std::uintptr_t>(y_storage.data()) % 64) % 64 / sizeof(float));
+  float* const y = y_storage.data() + line_offset + skip;
   int copy = 0;
   const double ops = 2.0 * static_cast<double>(shape.m) * static_cast<double>(shape.n) *
                      static_cast<double>(shape.k);
@@ -81,15 +92,15 @@ void BM_linear(benchmark::State& state) {
     Eigen::setNbThreads(threads);
     const Matrix weight = Matrix::Random(shape.n, shape.k) * 0.02f;
     const Eigen::VectorXf bias = Eigen::VectorXf::Constant(shape.n, 0.5f);
-    Eigen::Map<Matrix> out(y.data(), shape.m, shape.n);
+    Eigen::Map<Matrix> out(y, shape.m, shape.n);
     for (auto _ : state) {
-      Eigen::Map<const Matrix> in(x.copy(copy++), shape.m, shape.k);
+      Eigen::Map<const Matrix> in(x.copy(copy++) + skip, shape.m, shape.k);
       out.noalias() = in * weight.transpose();
       out.rowwise() += bias.transpose();
-      benchmark::DoNotOptimize(y.data());
+      benchmark::DoNotOptimize(y);
     }
     report_flops(state, ops, measured_limits(threads).fma_flops, threads);
-  } else if (kind == kDnnl) {
+  } else if (kind == kDnnl || kind == kDnnlLayer) {
 #ifdef DITOPS_BENCH_DNNL
     // s8 activations (quantized beforehand, as oneDNN's int8 matmul takes them) times s8
     // weights with f32 output scales: the GEMM part of a W8A8 layer.
@@ -111,10 +122,20 @@ void BM_linear(benchmark::State& state) {
     dnnl::memory a_mem(a_desc, engine, a.data()), b_src(b_plain, engine, b.data());
     dnnl::memory b_mem(pd.weights_desc(), engine);
     dnnl::reorder(b_src, b_mem).execute(stream, b_src, b_mem);  // packed once, as ours
-    dnnl::memory c_mem(c_desc, engine, y.data());
+    dnnl::memory c_mem(c_desc, engine, y);
     dnnl::memory scale_mem({{shape.n}, dt::f32, tag::a}, engine, scales.data());
     const dnnl::matmul matmul(pd);
+    // The layer: x (f32) quantized to a by a reorder scaled by 1 / input_scale.
+    dnnl::primitive_attr quantize_attr;
+    quantize_attr.set_output_scales(0, {1.f / 0.03f});
+    const dnnl::memory::desc x_desc({shape.m, shape.k}, dt::f32, tag::ab);
+    const dnnl::reorder::primitive_desc quantize_pd(engine, x_desc, engine, a_desc, quantize_attr);
+    const dnnl::reorder quantize(quantize_pd);
     for (auto _ : state) {
+      if (kind == kDnnlLayer) {
+        dnnl::memory x_mem(x_desc, engine, x.copy(copy++) + skip);
+        quantize.execute(stream, x_mem, a_mem);
+      }
       matmul.execute(stream, {{DNNL_ARG_SRC, a_mem},
                               {DNNL_ARG_WEIGHTS, b_mem},
                               {DNNL_ARG_DST, c_mem},
@@ -128,8 +149,8 @@ void BM_linear(benchmark::State& state) {
   } else {
     const QuantLinear layer = make_layer(kind, shape);
     for (auto _ : state) {
-      layer.forward(view(x.copy(copy++), {shape.m, shape.k}), view(y.data(), {shape.m, shape.n}));
-      benchmark::DoNotOptimize(y.data());
+      layer.forward(view(x.copy(copy++) + skip, {shape.m, shape.k}), view(y, {shape.m, shape.n}));
+      benchmark::DoNotOptimize(y);
     }
     if (kind == kFloat) {
       report_flops(state, ops, measured_limits(threads).fma_flops, threads);
@@ -138,12 +159,14 @@ void BM_linear(benchmark::State& state) {
     }
   }
   state.SetLabel(std::string(kind_name(kind)) + " m" + std::to_string(shape.m) + " k" +
-                 std::to_string(shape.k) + " n" + std::to_string(shape.n) + " " + cpu_info().isa);
+                 std::to_string(shape.k) + " n" + std::to_string(shape.n) + " " + cpu_info().isa +
+                 (skip ? " misaligned" : ""));
 }
 
 BENCHMARK(BM_linear)
-    ->ArgNames({"shape", "kind", "threads"})
-    ->ArgsProduct({{0, 1, 2}, {kDynamic, kStatic, kFloat, kEigen, kDnnl}, {1, 2}})
+    ->ArgNames({"shape", "kind", "threads", "misaligned"})
+    ->ArgsProduct(
+        {{0, 1, 2, 3, 4}, {kDynamic, kStatic, kFloat, kEigen, kDnnl, kDnnlLayer}, {1, 2}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

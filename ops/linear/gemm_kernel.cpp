@@ -33,15 +33,35 @@ template <class Arch>
 constexpr int kF32Rows = simd::kIsAvx512<Arch> ? 12
                          : simd::kIsAvx2<Arch> ? 6
                                                : 4;
-constexpr int kVectors = 2;  // per tile row, both kinds
-template <class Arch>
-constexpr int kCols = kVectors* static_cast<int>(F32<Arch>::size);
+constexpr int kVectors = 2;  // per tile row, f32 and int8 past one vector of columns
+/// Columns of a tile of V vectors (kVectors unless said).
+template <class Arch, int V = kVectors>
+constexpr int kCols = V* static_cast<int>(F32<Arch>::size);
 /// Words of k (4 bytes) per chunk of gemm_int8: 16 KiB of panel, half of the smallest L1d.
+template <class Arch, int V>
+constexpr std::int64_t kChunkWords = 16384 / (kCols<Arch, V> * 4);
+/// f32: k per chunk, so that a panel's slice (16 KiB) stays in L1 while every row tile of the
+/// block passes over it; the block's rows of x for the chunk (the slice, about 60-120 KiB)
+/// stay in L2 while the task's panels pass, and so do the partial sums.
+template <class Arch, int V = kVectors>
+constexpr std::int64_t kF32ChunkK = 16384 / (kCols<Arch, V> * 4);
+/// Row stride of the slice: 16 floats more than a chunk, so that the rows of a tile, read side
+/// by side, fall into different L1 sets (a stride that is a multiple of 4 KiB maps every row
+/// to one set of the 8-way L1).
 template <class Arch>
-constexpr std::int64_t kChunkWords = 16384 / (kCols<Arch> * 4);
+constexpr std::int64_t kF32SliceStride = kF32ChunkK<Arch, 1> + 16;
+/// Rows of a block (120: B's traffic from memory is 1 / 120 of the FLOPs' operands) and panels
+/// of a task (256 columns: the partial sums, 120 KiB, stay in L2).
+template <class Arch>
+constexpr int kF32BlockTiles = 120 / kF32Rows<Arch>;
+template <class Arch>
+constexpr int kF32TaskPanels = 256 / kCols<Arch>;
 template <class Arch>
 constexpr simd::RowBytes kRowBytes =
     simd::kHasBf16Vnni<Arch> ? simd::RowBytes::u8 : simd::RowBytes::s8;
+/// What quantize_rows adds to x's int8 values (Int8Layout::activation_offset).
+template <class Arch>
+constexpr int kActivationOffset = kRowBytes<Arch> == simd::RowBytes::u8 ? 128 : 0;
 
 template <class Arch, class T>
 const T* row_of(const GemmProblem& p, const core::RowWalker<1>& walker) noexcept {
@@ -63,11 +83,11 @@ void quantize_typed(const GemmProblem& p, const ActivationQuant& quant, std::int
                     std::int64_t end, std::uint8_t* a, float* row_scale) noexcept {
   using B = F32<Arch>;
   constexpr std::int64_t kLanes = B::size;
-  const int offset = int8_layout<Arch>().activation_offset;
+  const int offset = kActivationOffset<Arch>;
   core::RowWalker<1> walker(p.rows, begin);
   for (std::int64_t r = begin; r < end; ++r, walker.next()) {
     const T* row = row_of<Arch, T>(p, walker);
-    std::uint8_t* dst = a + r * p.k_padded;
+    std::uint8_t* dst = a + (r - begin) * p.k_padded;
     float scale = quant.scale, shift = quant.offset;
     B low(-128.f), high(127.f);
     if (quant.dynamic) {
@@ -79,9 +99,9 @@ void quantize_typed(const GemmProblem& p, const ActivationQuant& quant, std::int
       scale = simd::int8_scale(simd::reduce_max<Arch>(top));
       shift = 0.f;
       low = B(-127.f);
-      row_scale[r] = scale;
+      row_scale[r - begin] = scale;
     } else {
-      row_scale[r] = quant.row_scale;
+      row_scale[r - begin] = quant.row_scale;
     }
     // x / scale, as the formula reads (not x times 1 / scale): the reference rounds the same
     // fp32 quotient, so the integers agree exactly. Clamped before the conversion, which
@@ -96,18 +116,27 @@ void quantize_typed(const GemmProblem& p, const ActivationQuant& quant, std::int
   }
 }
 
-template <class Arch, class T>
-void widen_typed(const GemmProblem& p, std::int64_t begin, std::int64_t end, float* a) noexcept {
-  constexpr std::int64_t kLanes = F32<Arch>::size;
-  core::RowWalker<1> walker(p.rows, begin);
-  for (std::int64_t r = begin; r < end; ++r, walker.next()) {
-    const T* row = row_of<Arch, T>(p, walker);
-    float* dst = a + r * p.k_padded;
-    for (std::int64_t i = 0; i < p.k_padded; i += kLanes) {
-      const F32<Arch> value =
-          i < p.k ? smoothed<Arch>(row, nullptr, i, std::min(kLanes, p.k - i)) : F32<Arch>(0.f);
-      value.store_aligned(dst + i);
+/// Copies x[row_begin + r, k0 : k0 + depth] to slice + r · kF32SliceStride as f32 for the block's
+/// rows r < rows; rows >= m become zeros (their sums are computed and never stored). Then asks
+/// for each row's next chunk, into L2: a chunk is a short run of each of 120 rows, too short
+/// for the hardware prefetchers, and a thin layer (one panel) computes too little per chunk to
+/// hide the misses (without this, 16 output columns ran at 0.4 of the FMA peak).
+template <class Arch, int V, class T>
+void pack_f32_slice(const GemmProblem& p, const std::int64_t* x_rows, std::int64_t row_begin,
+                    std::int64_t rows, std::int64_t k0, std::int64_t depth, float* slice) noexcept {
+  constexpr std::int64_t kLanes = F32<Arch>::size, kLine = 64 / sizeof(T);
+  const std::int64_t next_depth = std::min(2 * kF32ChunkK<Arch, V>, p.k - k0 - depth);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* dst = slice + r * kF32SliceStride<Arch>;
+    if (row_begin + r >= p.m) {
+      for (std::int64_t i = 0; i < depth; i += kLanes) F32<Arch>(0.f).store_aligned(dst + i);
+      continue;
     }
+    const T* src = static_cast<const T*>(p.x) + x_rows[r] + k0;
+    for (std::int64_t i = 0; i < depth; i += kLanes) {
+      smoothed<Arch>(src, nullptr, i, std::min(kLanes, depth - i)).store_aligned(dst + i);
+    }
+    for (std::int64_t i = 0; i < next_depth; i += kLine) __builtin_prefetch(src + depth + i, 0, 2);
   }
 }
 
@@ -149,14 +178,14 @@ void y_row_offsets(const GemmProblem& p, std::int64_t begin, std::int64_t end,
 /// Writes the tile rows that exist (row0 + r < m) of y's columns [n0, n0 + cols), row r at
 /// element offset y_rows[r], value(r, c) giving vector c of row r before the activation. A
 /// partial vector (the last columns) is activated whole, like any other, and stored in part.
-template <class Arch, int R, class Value>
+template <class Arch, int R, int V, class Value>
 void store_tile(const GemmProblem& p, const std::int64_t* y_rows, std::int64_t row0,
                 std::int64_t n0, const Value& value) {
   constexpr int kLanes = F32<Arch>::size;
   const int rows = static_cast<int>(std::min<std::int64_t>(R, p.m - row0));
-  const std::int64_t columns = std::min<std::int64_t>(kCols<Arch>, p.n - n0);
+  const std::int64_t columns = std::min<std::int64_t>(kCols<Arch, V>, p.n - n0);
   for (int r = 0; r < rows; ++r) {
-    for (int c = 0; c < kVectors; ++c) {
+    for (int c = 0; c < V; ++c) {
       const std::int64_t first = n0 + c * kLanes;
       const std::int64_t count = std::min<std::int64_t>(kLanes, p.n - first);
       if (count <= 0) break;
@@ -164,12 +193,14 @@ void store_tile(const GemmProblem& p, const std::int64_t* y_rows, std::int64_t r
       const std::int64_t at = y_rows[r] + first;
       if (p.y_dtype == DType::f32) {
         float* y = static_cast<float*>(p.y) + at;
-        columns == kCols<Arch> ? v.store_unaligned(y)
-                               : simd::store_partial<Arch>(y, v, static_cast<std::size_t>(count));
+        columns == kCols<Arch, V>
+            ? v.store_unaligned(y)
+            : simd::store_partial<Arch>(y, v, static_cast<std::size_t>(count));
       } else {
         bf16* y = static_cast<bf16*>(p.y) + at;
-        columns == kCols<Arch> ? simd::store<Arch>(y, v)
-                               : simd::store_partial<Arch>(y, v, static_cast<std::size_t>(count));
+        columns == kCols<Arch, V>
+            ? simd::store<Arch>(y, v)
+            : simd::store_partial<Arch>(y, v, static_cast<std::size_t>(count));
       }
     }
   }
@@ -178,17 +209,19 @@ void store_tile(const GemmProblem& p, const std::int64_t* y_rows, std::int64_t r
 }  // namespace
 
 template <class Arch>
-Int8Layout int8_layout() noexcept {
+Int8Layout int8_layout(std::int64_t n) noexcept {
   Int8Layout layout;
-  layout.tile = {kInt8Rows<Arch>, kCols<Arch>};
-  layout.activation_offset = kRowBytes<Arch> == simd::RowBytes::u8 ? 128 : 0;
+  // A layer of at most one vector of columns (DiT output projections: 16 features) takes tiles
+  // one vector wide: two would multiply padding for half their work.
+  layout.tile = {kInt8Rows<Arch>, n <= kCols<Arch, 1> ? kCols<Arch, 1> : kCols<Arch>};
+  layout.activation_offset = kActivationOffset<Arch>;
   layout.exact_for_minus_128 = !simd::kHasMaddubs<Arch>;
   return layout;
 }
 
 template <class Arch>
-TileShape f32_tile() noexcept {
-  return {kF32Rows<Arch>, kCols<Arch>};
+TileShape f32_tile(std::int64_t n) noexcept {
+  return {kF32Rows<Arch>, n <= kCols<Arch, 1> ? kCols<Arch, 1> : kCols<Arch>};
 }
 
 template <class Arch>
@@ -201,68 +234,62 @@ void quantize_rows(const GemmProblem& problem, const ActivationQuant& quant, std
   }
 }
 
-template <class Arch>
-void widen_rows(const GemmProblem& problem, std::int64_t begin, std::int64_t end,
-                float* a) noexcept {
-  if (problem.x_dtype == DType::f32) {
-    widen_typed<Arch, float>(problem, begin, end, a);
-  } else {
-    widen_typed<Arch, bf16>(problem, begin, end, a);
-  }
-}
-
-template <class Arch>
-void gemm_int8(const GemmProblem& p, const std::uint8_t* a, const float* row_scale,
-               std::int64_t row_begin, std::int64_t row_end, std::int64_t panel_begin,
-               std::int64_t panel_end) noexcept {
-  constexpr int R = kInt8Rows<Arch>, kLanes = F32<Arch>::size;
+/// gemm_int8 with tiles of V vectors of columns.
+template <class Arch, int V>
+void gemm_int8_tiles(const GemmProblem& p, const std::uint8_t* a, const float* row_scale,
+                     std::int64_t row_begin, std::int64_t row_end, std::int64_t panel_begin,
+                     std::int64_t panel_end) noexcept {
+  constexpr int R = kInt8Rows<Arch>, kLanes = F32<Arch>::size, kColumns = kCols<Arch, V>;
+  constexpr std::int64_t kChunk = kChunkWords<Arch, V>;
   using Reg = typename I32<Arch>::register_type;
   const std::int64_t words = p.k_padded / 4;
-  alignas(64) std::int32_t partial[kMaxBlockTiles * R * kCols<Arch>];
+  alignas(64) std::int32_t partial[kMaxBlockTiles * R * kColumns];
   std::int64_t y_rows[kMaxBlockTiles * R];
   y_row_offsets(p, row_begin, row_end, y_rows);
   for (std::int64_t panel = panel_begin; panel < panel_end; ++panel) {
     const auto* weights = static_cast<const std::int8_t*>(p.panels) + panel * p.panel_bytes;
-    const std::int64_t n0 = panel * kCols<Arch>;
-    I32<Arch> offset[kVectors];
-    F32<Arch> scale[kVectors], bias[kVectors];
-    for (int c = 0; c < kVectors; ++c) {
-      offset[c] = I32<Arch>::load_aligned(p.column_offset + n0 + c * kLanes);
+    const std::int64_t n0 = panel * kColumns;
+    I32<Arch> offset[V];
+    F32<Arch> scale[V], bias[V];
+    for (int c = 0; c < V; ++c) {
+      // Unaligned: a timestep layer's static step passes offsets from a std::vector.
+      offset[c] = I32<Arch>::load_unaligned(p.column_offset + n0 + c * kLanes);
       scale[c] = F32<Arch>::load_aligned(p.column_scale + n0 + c * kLanes);
       bias[c] = p.bias ? F32<Arch>::load_aligned(p.bias + n0 + c * kLanes) : F32<Arch>(0.f);
     }
     // k in chunks whose slice of the panel (16 KiB) stays in L1 while every row tile of the
     // block passes over it; a whole-k panel (48 KiB at k = 3072 on AVX2) would be re-read from
     // L2 by each tile. Sums of the earlier chunks wait in `partial` (L1 too).
-    for (std::int64_t first_word = 0; first_word < words; first_word += kChunkWords<Arch>) {
-      const std::int64_t chunk_words = std::min(kChunkWords<Arch>, words - first_word);
+    for (std::int64_t first_word = 0; first_word < words; first_word += kChunk) {
+      const std::int64_t chunk_words = std::min(kChunk, words - first_word);
       const bool first_chunk = first_word == 0;
       const bool last_chunk = first_word + chunk_words == words;
       for (std::int64_t row0 = row_begin; row0 < row_end; row0 += R) {
-        Reg acc[R][kVectors];
-        simd::dot_tile<Arch, R, kVectors, kRowBytes<Arch>>(
-            a + row0 * p.k_padded + first_word * 4, p.k_padded, 4,
-            weights + first_word * kCols<Arch> * 4, kCols<Arch> * 4, chunk_words, acc);
-        std::int32_t* tile_partial = partial + (row0 - row_begin) * kCols<Arch>;
+        Reg acc[R][V];
+        simd::dot_tile<Arch, R, V, kRowBytes<Arch>>(
+            a + (row0 - row_begin) * p.k_padded + first_word * 4, p.k_padded, 4,
+            weights + first_word * kColumns * 4, kColumns * 4, chunk_words, acc);
+        std::int32_t* tile_partial = partial + (row0 - row_begin) * kColumns;
         if (!first_chunk) {
           for (int r = 0; r < R; ++r) {
-            for (int c = 0; c < kVectors; ++c) {
+            for (int c = 0; c < V; ++c) {
               acc[r][c] = I32<Arch>(acc[r][c]) +
-                          I32<Arch>::load_aligned(tile_partial + r * kCols<Arch> + c * kLanes);
+                          I32<Arch>::load_aligned(tile_partial + r * kColumns + c * kLanes);
             }
           }
         }
         if (!last_chunk) {
           for (int r = 0; r < R; ++r) {
-            for (int c = 0; c < kVectors; ++c) {
-              I32<Arch>(acc[r][c]).store_aligned(tile_partial + r * kCols<Arch> + c * kLanes);
+            for (int c = 0; c < V; ++c) {
+              I32<Arch>(acc[r][c]).store_aligned(tile_partial + r * kColumns + c * kLanes);
             }
           }
           continue;
         }
-        store_tile<Arch, R>(p, y_rows + (row0 - row_begin), row0, n0, [&](int r, int c) {
+        store_tile<Arch, R, V>(p, y_rows + (row0 - row_begin), row0, n0, [&](int r, int c) {
           const F32<Arch> sum = xsimd::to_float(I32<Arch>(acc[r][c]) + offset[c]);
-          return simd::fmadd<Arch>(sum, scale[c] * F32<Arch>(row_scale[row0 + r]), bias[c]);
+          return simd::fmadd<Arch>(sum, scale[c] * F32<Arch>(row_scale[row0 - row_begin + r]),
+                                   bias[c]);
         });
       }
     }
@@ -270,59 +297,134 @@ void gemm_int8(const GemmProblem& p, const std::uint8_t* a, const float* row_sca
 }
 
 template <class Arch>
-void gemm_f32(const GemmProblem& p, const float* a, std::int64_t row_begin, std::int64_t row_end,
-              std::int64_t panel_begin, std::int64_t panel_end) noexcept {
-  constexpr int R = kF32Rows<Arch>, kLanes = F32<Arch>::size;
+void gemm_int8(const GemmProblem& p, const std::uint8_t* a, const float* row_scale,
+               std::int64_t row_begin, std::int64_t row_end, std::int64_t panel_begin,
+               std::int64_t panel_end) noexcept {
+  if (p.columns == kCols<Arch, 1>) {
+    gemm_int8_tiles<Arch, 1>(p, a, row_scale, row_begin, row_end, panel_begin, panel_end);
+  } else {
+    gemm_int8_tiles<Arch, kVectors>(p, a, row_scale, row_begin, row_end, panel_begin, panel_end);
+  }
+}
+
+template <class Arch>
+F32Blocking f32_blocking() noexcept {
+  constexpr int kBlockRows = kF32BlockTiles<Arch> * kF32Rows<Arch>;
+  return {kBlockRows, kF32TaskPanels<Arch>,
+          kBlockRows * (kF32SliceStride<Arch> + kF32TaskPanels<Arch> * kCols<Arch>)};
+}
+
+/// gemm_f32 with tiles of V vectors of columns.
+template <class Arch, int V>
+void gemm_f32_tiles(const GemmProblem& p, std::int64_t row_begin, std::int64_t row_end,
+                    std::int64_t panel_begin, std::int64_t panel_end, float* scratch) noexcept {
+  constexpr int R = kF32Rows<Arch>, kLanes = F32<Arch>::size, kColumns = kCols<Arch, V>;
+  constexpr int kWeightLines = kColumns * 4 > 64 ? kColumns * 4 / 64 : 1;  // per k
+  constexpr std::int64_t kStride = kF32SliceStride<Arch>;
   using Reg = typename F32<Arch>::register_type;
-  std::int64_t y_rows[kMaxBlockTiles * R];
+  const std::int64_t rows = row_end - row_begin;
+  float* const slice = scratch;  // rows x kStride: x[rows, k0 : k0 + depth] as f32
+  float* const partial = scratch + kF32BlockTiles<Arch> * R * kStride;
+  std::int64_t x_rows[kMaxBlockTiles * R], y_rows[kMaxBlockTiles * R];
   y_row_offsets(p, row_begin, row_end, y_rows);
-  for (std::int64_t panel = panel_begin; panel < panel_end; ++panel) {
-    const auto* weights = static_cast<const float*>(p.panels) + panel * (p.panel_bytes / 4);
-    const std::int64_t n0 = panel * kCols<Arch>;
-    F32<Arch> bias[kVectors];
-    for (int c = 0; c < kVectors; ++c) {
-      bias[c] = p.bias ? F32<Arch>::load_aligned(p.bias + n0 + c * kLanes) : F32<Arch>(0.f);
+  {
+    core::RowWalker<1> walker(p.rows, row_begin);
+    for (std::int64_t r = row_begin; r < std::min(row_end, p.m); ++r, walker.next()) {
+      x_rows[r - row_begin] = walker.offset(kX);
     }
-    for (std::int64_t row0 = row_begin; row0 < row_end; row0 += R) {
-      // Plain register arrays: GCC keeps arrays of xsimd batches in memory.
-      Reg acc[R][kVectors];
-#pragma GCC unroll 12
-      for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 2
-        for (int c = 0; c < kVectors; ++c) acc[r][c] = F32<Arch>(0.f);
+  }
+  const std::int64_t panel_floats = p.panel_bytes / 4;
+  for (std::int64_t k0 = 0; k0 < p.k; k0 += kF32ChunkK<Arch, V>) {
+    const std::int64_t depth = std::min(kF32ChunkK<Arch, V>, p.k - k0);
+    const bool first_chunk = k0 == 0, last_chunk = k0 + depth == p.k;
+    if (p.x_dtype == DType::f32) {
+      pack_f32_slice<Arch, V, float>(p, x_rows, row_begin, rows, k0, depth, slice);
+    } else {
+      pack_f32_slice<Arch, V, bf16>(p, x_rows, row_begin, rows, k0, depth, slice);
+    }
+    for (std::int64_t panel = panel_begin; panel < panel_end; ++panel) {
+      const float* weights =
+          static_cast<const float*>(p.panels) + panel * panel_floats + k0 * kColumns;
+      const std::int64_t n0 = panel * kColumns;
+      float* panel_partial = partial + (panel - panel_begin) * rows * kColumns;
+      F32<Arch> bias[V];
+      for (int c = 0; c < V; ++c) {
+        bias[c] = p.bias ? F32<Arch>::load_aligned(p.bias + n0 + c * kLanes) : F32<Arch>(0.f);
       }
-      const float* rows = a + row0 * p.k_padded;
-      for (std::int64_t k = 0; k < p.k_padded; ++k) {
-        Reg column[kVectors];
-#pragma GCC unroll 2
-        for (int c = 0; c < kVectors; ++c) {
-          column[c] = F32<Arch>::load_aligned(weights + k * kCols<Arch> + c * kLanes);
-        }
+      for (std::int64_t row0 = row_begin; row0 < row_end; row0 += R) {
+        // The sums of the earlier chunks continue in the same order: every element is summed
+        // over k in sequence whatever the blocking, so the result is the same at any thread
+        // count. Plain register arrays: GCC keeps arrays of xsimd batches in memory.
+        float* tile_partial = panel_partial + (row0 - row_begin) * kColumns;
+        Reg acc[R][V];
 #pragma GCC unroll 12
         for (int r = 0; r < R; ++r) {
-          const F32<Arch> x(rows[r * p.k_padded + k]);
-#pragma GCC unroll 2
-          for (int c = 0; c < kVectors; ++c) {
-            acc[r][c] = simd::fmadd<Arch>(x, F32<Arch>(column[c]), F32<Arch>(acc[r][c]));
+#pragma GCC unroll 4
+          for (int c = 0; c < V; ++c) {
+            acc[r][c] = first_chunk
+                            ? F32<Arch>(0.f)
+                            : F32<Arch>::load_aligned(tile_partial + r * kColumns + c * kLanes);
           }
         }
+        const float* tile_rows = slice + (row0 - row_begin) * kStride;
+        for (std::int64_t k = 0; k < depth; ++k) {
+          Reg column[V];
+#pragma GCC unroll 4
+          for (int c = 0; c < V; ++c) {
+            column[c] = F32<Arch>::load_aligned(weights + k * kColumns + c * kLanes);
+          }
+          // The weights the panel's next chunk (or the next panel) starts with, as many lines
+          // per k as this one reads: with few rows the call streams the weights, in runs of
+          // 16 KiB, too short for the prefetchers (AVX2, 16 rows: 1.7x).
+#pragma GCC unroll 2
+          for (int line = 0; line < kWeightLines; ++line) {
+            __builtin_prefetch(weights + (depth + k) * kColumns + line * 16, 0, 2);
+          }
+#pragma GCC unroll 12
+          for (int r = 0; r < R; ++r) {
+            const F32<Arch> x(tile_rows[r * kStride + k]);
+#pragma GCC unroll 4
+            for (int c = 0; c < V; ++c) {
+              acc[r][c] = simd::fmadd<Arch>(x, F32<Arch>(column[c]), F32<Arch>(acc[r][c]));
+            }
+          }
+        }
+        if (!last_chunk) {
+#pragma GCC unroll 12
+          for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+            for (int c = 0; c < V; ++c) {
+              F32<Arch>(acc[r][c]).store_aligned(tile_partial + r * kColumns + c * kLanes);
+            }
+          }
+          continue;
+        }
+        store_tile<Arch, R, V>(p, y_rows + (row0 - row_begin), row0, n0,
+                               [&](int r, int c) { return F32<Arch>(acc[r][c]) + bias[c]; });
       }
-      store_tile<Arch, R>(p, y_rows + (row0 - row_begin), row0, n0,
-                          [&](int r, int c) { return F32<Arch>(acc[r][c]) + bias[c]; });
     }
   }
 }
 
-template Int8Layout int8_layout<KernelArch>() noexcept;
-template TileShape f32_tile<KernelArch>() noexcept;
+template <class Arch>
+void gemm_f32(const GemmProblem& p, std::int64_t row_begin, std::int64_t row_end,
+              std::int64_t panel_begin, std::int64_t panel_end, float* scratch) noexcept {
+  if (p.columns == kCols<Arch, 1>) {
+    gemm_f32_tiles<Arch, 1>(p, row_begin, row_end, panel_begin, panel_end, scratch);
+  } else {
+    gemm_f32_tiles<Arch, kVectors>(p, row_begin, row_end, panel_begin, panel_end, scratch);
+  }
+}
+
+template Int8Layout int8_layout<KernelArch>(std::int64_t) noexcept;
+template TileShape f32_tile<KernelArch>(std::int64_t) noexcept;
 template void quantize_rows<KernelArch>(const GemmProblem&, const ActivationQuant&, std::int64_t,
                                         std::int64_t, std::uint8_t*, float*) noexcept;
-template void widen_rows<KernelArch>(const GemmProblem&, std::int64_t, std::int64_t,
-                                     float*) noexcept;
+template F32Blocking f32_blocking<KernelArch>() noexcept;
 template void gemm_int8<KernelArch>(const GemmProblem&, const std::uint8_t*, const float*,
                                     std::int64_t, std::int64_t, std::int64_t,
                                     std::int64_t) noexcept;
-template void gemm_f32<KernelArch>(const GemmProblem&, const float*, std::int64_t, std::int64_t,
-                                   std::int64_t, std::int64_t) noexcept;
+template void gemm_f32<KernelArch>(const GemmProblem&, std::int64_t, std::int64_t, std::int64_t,
+                                   std::int64_t, float*) noexcept;
 
 }  // namespace ditops::linear

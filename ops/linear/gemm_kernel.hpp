@@ -6,7 +6,8 @@
 // and broadcasts one word of a row of x (the SGEMM layout of MLAS and XNNPACK).
 // int8: x is quantized row by row into an int8 matrix (the A panel, padded to whole tiles)
 // before the GEMM, then y = row_scale[m] · column_scale[n] · (acc + column_offset[n]) + bias[n].
-// f32: x is widened into an f32 matrix and y = acc + bias[n].
+// f32: each task copies chunks of k of its rows of x (widened) into its scratch, and
+// y = acc + bias[n].
 // Both then apply the activation, if any, before the store.
 
 #include <cstdint>
@@ -60,8 +61,10 @@ struct GemmProblem {
   /// Packed W: panels of panel_bytes each, k_padded (a multiple of 4 for int8) deep.
   const void* panels = nullptr;
   std::int64_t panel_bytes = 0;
+  int columns = 0;  ///< of a panel (the tile's)
   std::int64_t k_padded = 0;
-  /// int8 epilogue, per column (padded to whole panels): offset added to the int32 sum, scale.
+  /// int8 epilogue, per column (padded to whole panels): offset added to the int32 sum (any
+  /// alignment), scale (64-byte aligned, as the bias).
   const std::int32_t* column_offset = nullptr;
   const float* column_scale = nullptr;
   const float* bias = nullptr;  ///< per column, or null
@@ -70,29 +73,38 @@ struct GemmProblem {
 
 // ---- per ISA (gemm_kernel.cpp) -----------------------------------------------------------------
 
+/// The layout of a layer of n output features.
 template <class Arch>
-Int8Layout int8_layout() noexcept;
+Int8Layout int8_layout(std::int64_t n) noexcept;
 template <class Arch>
-TileShape f32_tile() noexcept;
+TileShape f32_tile(std::int64_t n) noexcept;
 
-/// Quantizes rows [begin, end) of x into a (row r at a + r · k_padded, bytes past k zero) and
-/// writes their scales to row_scale[r].
+/// Quantizes rows [begin, end) of x into a (row r at a + (r - begin) · k_padded, bytes past k
+/// zero) and writes their scales to row_scale[r - begin].
 template <class Arch>
 void quantize_rows(const GemmProblem& problem, const ActivationQuant& quant, std::int64_t begin,
                    std::int64_t end, std::uint8_t* a, float* row_scale) noexcept;
-/// Widens rows [begin, end) of x to f32 (row r at a + r · k_padded).
+/// How the f32 GEMM splits a call: rows per block (whole tiles; a task's rows), panels per
+/// task, and the floats of scratch a task needs (its slice of x and its partial sums).
+struct F32Blocking {
+  int block_rows = 0;
+  int task_panels = 0;
+  std::int64_t scratch_floats = 0;
+};
 template <class Arch>
-void widen_rows(const GemmProblem& problem, std::int64_t begin, std::int64_t end,
-                float* a) noexcept;
+F32Blocking f32_blocking() noexcept;
 
-/// y rows [row_begin, row_end) (at most kMaxBlockTiles whole tiles of a; rows >= m are computed
-/// but not stored) for panels [panel_begin, panel_end).
+/// y rows [row_begin, row_end) (at most kMaxBlockTiles whole tiles; rows >= m are computed but
+/// not stored) for panels [panel_begin, panel_end); a and row_scale start at row row_begin.
 template <class Arch>
 void gemm_int8(const GemmProblem& problem, const std::uint8_t* a, const float* row_scale,
                std::int64_t row_begin, std::int64_t row_end, std::int64_t panel_begin,
                std::int64_t panel_end) noexcept;
+/// y rows [row_begin, row_end) (whole tiles, at most f32_blocking().block_rows; rows >= m are
+/// computed but not stored) for panels [panel_begin, panel_end) (at most task_panels), reading
+/// x directly in chunks of k; scratch holds f32_blocking().scratch_floats, 64-byte aligned.
 template <class Arch>
-void gemm_f32(const GemmProblem& problem, const float* a, std::int64_t row_begin,
-              std::int64_t row_end, std::int64_t panel_begin, std::int64_t panel_end) noexcept;
+void gemm_f32(const GemmProblem& problem, std::int64_t row_begin, std::int64_t row_end,
+              std::int64_t panel_begin, std::int64_t panel_end, float* scratch) noexcept;
 
 }  // namespace ditops::linear

@@ -23,15 +23,20 @@
 namespace ditops::test {
 namespace {
 
-/// M, N, K around the tile edges of every level (rows 4, 6, 8, 12; columns 8, 16, 32; k words
-/// of 4 and rows padded to 64 bytes; k chunks of 1024 or 512 bytes past 1024), plus odd sizes.
+/// M, N, K around the tile edges of every level (rows 4, 6, 8, 12; columns 8, 16, 32, one
+/// vector for layers of at most one; k words of 4 and rows padded to 64 bytes; int8 k chunks
+/// of 1024 or 512 bytes past 1024, f32 chunks of 128-512), thin layers (N 1, 15, 16, 17, 63,
+/// 64) past one block of rows (120 f32, 80-256 int8, a thin int8 layer's blocks quantized by
+/// the task), f32 tasks past one chunk of panels (256 columns), plus odd sizes.
 struct Shape {
   std::int64_t m, n, k;
 };
-const Shape kShapes[] = {{1, 1, 1},     {1, 17, 5},    {3, 8, 4},     {4, 16, 64},
-                         {5, 15, 63},   {7, 31, 65},   {8, 32, 3},    {9, 33, 127},
-                         {12, 48, 128}, {13, 64, 129}, {17, 65, 200}, {25, 7, 300},
-                         {64, 96, 257}, {100, 40, 31}, {6, 20, 1100}, {9, 40, 2100}};
+const Shape kShapes[] = {{1, 1, 1},       {1, 17, 5},      {3, 8, 4},      {4, 16, 64},
+                         {5, 15, 63},     {7, 31, 65},     {8, 32, 3},     {9, 33, 127},
+                         {12, 48, 128},   {13, 64, 129},   {17, 65, 200},  {25, 7, 300},
+                         {64, 96, 257},   {100, 40, 31},   {6, 20, 1100},  {9, 40, 2100},
+                         {130, 16, 777},  {250, 17, 300},  {121, 1, 1030}, {30, 63, 500},
+                         {200, 15, 1025}, {131, 300, 260}, {90, 16, 3000}, {300, 64, 3000}};
 
 struct Int8Layer {
   std::int64_t n = 0, k = 0;
@@ -210,6 +215,45 @@ void check_algo(QuantAlgo algo, bool smooth) {
   }
 }
 
+// x at, and one ulp either side of, half-integer multiples of scales that are not powers of
+// two: quotients within an ulp or two of a rounding tie, where x times 1 / scale and x / scale
+// can round to different integers. The int32 sums must be those of the reference's quotients
+// (static layers, deq_scale 1, quant_bias 0: y is the exact sum).
+TEST(QuantLinear, StaticQuantizationRoundsAsTheQuotient) {
+  std::mt19937 rng(29);
+  constexpr std::int64_t kM = 9, kN = 16, kK = 200;
+  for (const float scale : {0.1f, 0.03f, 0.7f, 3.3f, 1e-3f}) {
+    for (const float shift : {0.f, -3.f, 7.f}) {
+      Int8Layer layer = random_layer(kN, kK, rng, false, false);
+      std::fill(layer.deq_scale.begin(), layer.deq_scale.end(), 1.f);
+      std::fill(layer.quant_bias.begin(), layer.quant_bias.end(), 0);
+      layer.input_scale = {scale};
+      layer.input_offset = {shift};
+      const QuantLinear linear = QuantLinear::w8a8(QuantAlgo::w8a8_static, layer.tensors());
+      TestTensor<float> x({kM, kK});
+      std::uniform_int_distribution<int> level(-135, 135), side(-1, 1);
+      for (std::int64_t i = 0; i < x.size(); ++i) {
+        const float tie = (static_cast<float>(level(rng)) + 0.5f) * scale;
+        const int step = side(rng);
+        x.at(i) = step == 0 ? tie : std::nextafter(tie, step * 1e30f);
+      }
+      TestTensor<float> y({kM, kN});
+      linear.forward(x.view(), y.view());
+      RefQuant quant;
+      quant.scale = scale;
+      quant.offset = shift;
+      std::vector<std::int32_t> q;
+      std::vector<double> row_scale;
+      quantize_ref(values_of(x), kM, kK, quant, q, row_scale);
+      const auto acc = int_matmul_ref(q, layer.weight, kM, kN, kK);
+      for (std::int64_t i = 0; i < y.size(); ++i) {
+        ASSERT_EQ(static_cast<std::int64_t>(y.at(i)), acc[static_cast<std::size_t>(i)])
+            << "scale " << scale << " shift " << shift << " at " << i;
+      }
+    }
+  }
+}
+
 TEST(QuantLinear, StaticF32) { check_algo<float, float>(QuantAlgo::w8a8_static, false); }
 TEST(QuantLinear, StaticSmoothBf16InF32Out) {
   check_algo<bf16, float>(QuantAlgo::w8a8_static, true);
@@ -350,6 +394,30 @@ void check_float() {
 }
 
 TEST(QuantLinear, FloatF32) { check_float<float, float, float>(); }
+
+// Every output of a FLOAT layer sums its k products in order, whatever the blocking (chunks of
+// k, blocks of rows, chunks of panels, which the thread count changes): the same bits at 1 and
+// 2 threads.
+TEST(QuantLinear, FloatIsBitwiseTheSameAtAnyThreadCount) {
+  std::mt19937 rng(23);
+  for (const Shape& shape : {Shape{250, 300, 400}, Shape{300, 16, 700}}) {
+    TestTensor<float> weight({shape.n, shape.k});
+    weight.fill_normal(rng);
+    const QuantLinear linear = QuantLinear::float_linear(weight.view(), {});
+    TestTensor<float> x({shape.m, shape.k});
+    x.fill_normal(rng);
+    TestTensor<float> one({shape.m, shape.n}), two({shape.m, shape.n});
+    {
+      const ScopedThreads thread_count(1);
+      linear.forward(x.view(), one.view());
+    }
+    {
+      const ScopedThreads thread_count(2);
+      linear.forward(x.view(), two.view());
+    }
+    EXPECT_TRUE(two.unchanged_since(one.snapshot())) << "m" << shape.m << " n" << shape.n;
+  }
+}
 TEST(QuantLinear, FloatBf16WeightsBf16Activations) { check_float<bf16, bf16, bf16>(); }
 
 // ---- fused QKV ----------------------------------------------------------------------------------
