@@ -70,9 +70,10 @@ void BM_linear(benchmark::State& state) {
   const GemmShape shape = kShapes[state.range(0)];
   const int kind = static_cast<int>(state.range(1));
   const int threads = static_cast<int>(state.range(2));
+  const std::int64_t skip = skip_elements<float>(state, 3);
   set_num_threads(threads);
-  ColdBuffers<float> x(shape.m * shape.k, shape.m * shape.k * 4);
-  std::vector<float> y(static_cast<std::size_t>(shape.m * shape.n));
+  ColdBuffers<float> x(shape.m * shape.k + skip, shape.m * shape.k * 4);
+  PlacedBuffer<float> y(shape.m * shape.n, skip != 0);
   int copy = 0;
   const double ops = 2.0 * static_cast<double>(shape.m) * static_cast<double>(shape.n) *
                      static_cast<double>(shape.k);
@@ -128,7 +129,8 @@ void BM_linear(benchmark::State& state) {
   } else {
     const QuantLinear layer = make_layer(kind, shape);
     for (auto _ : state) {
-      layer.forward(view(x.copy(copy++), {shape.m, shape.k}), view(y.data(), {shape.m, shape.n}));
+      layer.forward(view(x.copy(copy++) + skip, {shape.m, shape.k}),
+                    view(y.data(), {shape.m, shape.n}));
       benchmark::DoNotOptimize(y.data());
     }
     if (kind == kFloat) {
@@ -141,9 +143,11 @@ void BM_linear(benchmark::State& state) {
                  std::to_string(shape.k) + " n" + std::to_string(shape.n) + " " + cpu_info().isa);
 }
 
+// misaligned = 1: x and y 16 bytes past a cache line, as allocators put them (ditops only).
 BENCHMARK(BM_linear)
-    ->ArgNames({"shape", "kind", "threads"})
-    ->ArgsProduct({{0, 1, 2}, {kDynamic, kStatic, kFloat, kEigen, kDnnl}, {1, 2}})
+    ->ArgNames({"shape", "kind", "threads", "misaligned"})
+    ->ArgsProduct({{0, 1, 2}, {kDynamic, kStatic, kFloat, kEigen, kDnnl}, {1, 2}, {0}})
+    ->ArgsProduct({{0, 1, 2}, {kDynamic, kFloat}, {1, 2}, {1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
