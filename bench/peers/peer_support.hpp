@@ -50,8 +50,8 @@ class Buffer {
     if (offset % alignof(T) != 0) {
       throw std::invalid_argument("--offset must be a multiple of the element size");
     }
-    storage_.reset(static_cast<std::byte*>(::operator new[](
-        static_cast<std::size_t>(kLine) + offset + count * sizeof(T), kLine)));
+    storage_.reset(static_cast<std::byte*>(
+        ::operator new[](static_cast<std::size_t>(kLine) + offset + count * sizeof(T), kLine)));
     data_ = reinterpret_cast<T*>(storage_.get() + offset);
     std::fill(data_, data_ + count_, fill);
   }
