@@ -34,25 +34,17 @@ double attention_flops(const Shape& s) {
   return s.causal ? flops / 2 : flops;
 }
 
-template <class T>
-std::vector<T> normal_buffer(std::int64_t elements, unsigned seed) {
-  std::vector<T> data(static_cast<std::size_t>(elements));
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist;
-  for (auto& x : data) x = from_float<T>(dist(rng));
-  return data;
-}
-
-/// Normal q, k, v and an output of a shape, BSND, with their views.
+/// Normal q, k, v and an output of a shape, BSND, with their views; every tensor on a cache
+/// line, or 16 bytes past one (misaligned).
 template <class T>
 struct AttentionInputs {
-  std::vector<T> q, k, v, out;
+  PlacedBuffer<T> q, k, v, out;
   TensorView qv, kv, vv, ov;
-  explicit AttentionInputs(const Shape& s)
-      : q(normal_buffer<T>(s.batch * s.q_len * s.heads * s.dim, 1)),
-        k(normal_buffer<T>(s.batch * s.kv_len * s.kv_heads * s.dim, 2)),
-        v(normal_buffer<T>(s.batch * s.kv_len * s.kv_heads * s.dim, 3)),
-        out(q.size()) {
+  AttentionInputs(const Shape& s, bool misaligned)
+      : q(normal_buffer<T>(s.batch * s.q_len * s.heads * s.dim, misaligned, 1)),
+        k(normal_buffer<T>(s.batch * s.kv_len * s.kv_heads * s.dim, misaligned, 2)),
+        v(normal_buffer<T>(s.batch * s.kv_len * s.kv_heads * s.dim, misaligned, 3)),
+        out(static_cast<std::int64_t>(q.size()), misaligned) {
     qv = view(q.data(), {s.batch, s.q_len, s.heads, s.dim});
     kv = view(k.data(), {s.batch, s.kv_len, s.kv_heads, s.dim});
     vv = view(v.data(), {s.batch, s.kv_len, s.kv_heads, s.dim});
@@ -61,14 +53,14 @@ struct AttentionInputs {
 };
 
 /// range(0): shape; range(1): threads; range(2): eigen = 1 runs the reference backend (the
-/// same-process baseline bench-summary pairs with eigen:0).
+/// same-process baseline bench-summary pairs with eigen:0); range(3): misaligned tensors.
 template <class T, AttentionBackend kBackend>
 void BM_attention(benchmark::State& state) {
   const Shape s = kShapes[state.range(0)];
   const int threads = static_cast<int>(state.range(1));
-  const bool reference = state.range(2) != 0;
+  const bool reference = state.range(2) != 0, misaligned = state.range(3) != 0;
   set_num_threads(threads);
-  AttentionInputs<T> in(s);
+  AttentionInputs<T> in(s, misaligned);
   AttentionOptions options;
   options.causal = s.causal;
   options.backend = reference ? AttentionBackend::reference : kBackend;
@@ -79,26 +71,27 @@ void BM_attention(benchmark::State& state) {
   const Limits& limits = measured_limits(threads);
   const bool bf16_peak = kBackend == AttentionBackend::flash_bf16 && !reference;
   state.SetLabel(std::string(s.name) + " " + backend_name(options.backend) + " " +
-                 dtype_name(detail::dtype_of<T>()));
+                 dtype_name(detail::dtype_of<T>()) + placement_label(misaligned));
   report_flops(state, attention_flops(s),
                bf16_peak && limits.bf16_flops > 0 ? limits.bf16_flops : limits.fma_flops, threads);
 }
 
 /// Varlen: 8 sequences of mixed lengths (sum 8192) in one packed call (dense = 0), or the
-/// same sequences as 8 dense calls (dense = 1). N=24, D=128, non-causal.
+/// same sequences as 8 dense calls (dense = 1). N=24, D=128, non-causal. range(2): misaligned.
 void BM_attention_varlen(benchmark::State& state) {
   const bool dense = state.range(0) != 0;
   const int threads = static_cast<int>(state.range(1));
+  const bool misaligned = state.range(2) != 0;
   set_num_threads(threads);
   const std::vector<std::int32_t> lengths = {2048, 256, 1024, 77, 1536, 512, 2300, 439};
   constexpr std::int64_t kHeads = 24, kDim = 128;
   std::vector<std::int32_t> cu{0};
   for (auto len : lengths) cu.push_back(cu.back() + len);
   const std::int64_t total = cu.back();
-  auto q = normal_buffer<float>(total * kHeads * kDim, 1);
-  auto k = normal_buffer<float>(total * kHeads * kDim, 2);
-  auto v = normal_buffer<float>(total * kHeads * kDim, 3);
-  std::vector<float> out(q.size());
+  auto q = normal_buffer<float>(total * kHeads * kDim, misaligned, 1);
+  auto k = normal_buffer<float>(total * kHeads * kDim, misaligned, 2);
+  auto v = normal_buffer<float>(total * kHeads * kDim, misaligned, 3);
+  PlacedBuffer<float> out(static_cast<std::int64_t>(q.size()), misaligned);
   double flops = 0;
   for (auto len : lengths) flops += 4.0 * kHeads * double(len) * len * kDim;
   for (auto _ : state) {
@@ -122,37 +115,51 @@ void BM_attention_varlen(benchmark::State& state) {
     }
     benchmark::ClobberMemory();
   }
-  state.SetLabel(dense ? "varlen8 as 8 dense calls" : "varlen8 packed");
+  state.SetLabel(std::string(dense ? "varlen8 as 8 dense calls" : "varlen8 packed") +
+                 placement_label(misaligned));
   report_flops(state, flops, measured_limits(threads).fma_flops, threads);
 }
 
+// misaligned = 1: q, k, v and out 16 bytes past a cache line, as allocators put them (FLUX
+// S = 2048 and decode, beside their aligned rows).
 void flash_args(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"shape", "threads", "eigen"})->Unit(benchmark::kMillisecond)->UseRealTime();
+  b->ArgNames({"shape", "threads", "eigen", "misaligned"})
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
   for (int shape = 0; shape < 7; ++shape) {
-    for (int threads : {1, 2}) b->Args({shape, threads, 0});
+    for (int threads : {1, 2}) {
+      b->Args({shape, threads, 0, 0});
+      if (shape == 0 || shape == 5) b->Args({shape, threads, 0, 1});
+    }
   }
   // Reference baselines (slow: materialized scores) on the quick FLUX shapes and decode.
-  for (int shape : {0, 1, 5, 6}) b->Args({shape, 2, 1});
+  for (int shape : {0, 1, 5, 6}) b->Args({shape, 2, 1, 0});
 }
 
 void bf16_args(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"shape", "threads", "eigen"})->Unit(benchmark::kMillisecond)->UseRealTime();
+  b->ArgNames({"shape", "threads", "eigen", "misaligned"})
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
   for (int shape : {0, 1, 2, 5}) {
-    for (int threads : {1, 2}) b->Args({shape, threads, 0});
+    for (int threads : {1, 2}) {
+      b->Args({shape, threads, 0, 0});
+      if (shape == 0) b->Args({shape, threads, 0, 1});
+    }
   }
 }
 
 /// int8 backend (range(2) = chunk) against flash fp32 on the same inputs (range(3) = flash = 1,
-/// reported with chunk 0: the same-process baseline bench-summary pairs with flash:0). K has
+/// reported with chunk 0: the same-process baseline bench-summary pairs with flash:0);
+/// range(4): misaligned tensors. K has
 /// per-channel offsets, as real models' keys do (the case smoothing exists for). Rate: int8
 /// operations (2 per multiply-add of Q·K^T and P·V) against the measured int8 peak; accuracy:
 /// cosine similarity and relative L2 error of the output against flash fp32's.
 void BM_attention_int8(benchmark::State& state) {
   const Shape s = kShapes[state.range(0)];
   const int threads = static_cast<int>(state.range(1));
-  const bool flash = state.range(3) != 0;
+  const bool flash = state.range(3) != 0, misaligned = state.range(4) != 0;
   set_num_threads(threads);
-  AttentionInputs<float> in(s);
+  AttentionInputs<float> in(s, misaligned);
   for (std::size_t i = 0; i < in.k.size(); ++i) in.k[i] += static_cast<float>(i % s.dim % 7) - 3.f;
   AttentionOptions options;
   options.causal = s.causal;
@@ -163,7 +170,7 @@ void BM_attention_int8(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   if (!flash) {  // accuracy at this shape, against flash fp32 (outside the timed loop)
-    const std::vector<float>& out = in.out;
+    const PlacedBuffer<float>& out = in.out;
     std::vector<float> exact(out.size());
     AttentionOptions fp32 = options;
     fp32.backend = AttentionBackend::flash;
@@ -180,7 +187,8 @@ void BM_attention_int8(benchmark::State& state) {
     state.counters["rel_l2_vs_fp32"] = std::sqrt(diff2 / want2);
   }
   state.SetLabel(std::string(s.name) + " " + backend_name(options.backend) +
-                 (flash ? "" : " chunk " + std::to_string(options.int8_chunk)));
+                 (flash ? "" : " chunk " + std::to_string(options.int8_chunk)) +
+                 placement_label(misaligned));
   if (flash) {
     report_flops(state, attention_flops(s), measured_limits(threads).fma_flops, threads);
   } else {
@@ -189,11 +197,14 @@ void BM_attention_int8(benchmark::State& state) {
 }
 
 void int8_args(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"shape", "threads", "chunk", "flash"})->Unit(benchmark::kMillisecond)->UseRealTime();
+  b->ArgNames({"shape", "threads", "chunk", "flash", "misaligned"})
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
   for (int shape : {0, 2, 1}) {
     for (int threads : {1, 2}) {
-      for (int chunk : {1, 2, 4}) b->Args({shape, threads, chunk, 0});
-      b->Args({shape, threads, 0, 1});
+      for (int chunk : {1, 2, 4}) b->Args({shape, threads, chunk, 0, 0});
+      b->Args({shape, threads, 0, 1, 0});
+      if (shape == 0) b->Args({shape, threads, 2, 0, 1});
     }
   }
 }
@@ -206,11 +217,8 @@ BENCHMARK_TEMPLATE(BM_attention, bf16, AttentionBackend::flash_bf16)
     ->Apply(bf16_args);
 BENCHMARK(BM_attention_int8)->Name("attention_int8")->Apply(int8_args);
 BENCHMARK(BM_attention_varlen)
-    ->ArgNames({"dense", "threads"})
-    ->Args({0, 1})
-    ->Args({1, 1})
-    ->Args({0, 2})
-    ->Args({1, 2})
+    ->ArgNames({"dense", "threads", "misaligned"})
+    ->ArgsProduct({{0, 1}, {1, 2}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

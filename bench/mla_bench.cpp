@@ -29,49 +29,51 @@ constexpr std::int64_t kBlockSize = 128;
 constexpr std::int64_t kGroups = 4;
 constexpr double kBytesPerToken = 512 + 4 * kGroups + 64 * 2;
 
+/// The cache and the query of one decode step; every tensor on a cache line, or 16 bytes past
+/// one (misaligned).
 struct MlaInputs {
-  std::int64_t batch, kv, heads;
-  std::vector<std::int8_t> nope;
-  std::vector<float> scale;
-  std::vector<bf16> rope;
+  std::int64_t batch, kv, heads, blocks;
+  PlacedBuffer<std::int8_t> nope;
+  PlacedBuffer<float> scale;
+  PlacedBuffer<bf16> rope;
   std::vector<std::int32_t> table, lens;
-  std::vector<float> q_nope, q_rope, out;
+  PlacedBuffer<float> q_nope, q_rope, out;
 
-  MlaInputs(std::int64_t b, std::int64_t kv_len, std::int64_t h) : batch(b), kv(kv_len), heads(h) {
-    const std::int64_t blocks_per_seq = (kv + kBlockSize - 1) / kBlockSize;
-    const std::int64_t blocks = batch * blocks_per_seq;
+  MlaInputs(std::int64_t b, std::int64_t kv_len, std::int64_t h, bool misaligned)
+      : batch(b),
+        kv(kv_len),
+        heads(h),
+        blocks(batch * ((kv + kBlockSize - 1) / kBlockSize)),
+        nope(blocks * kBlockSize * 512, misaligned),
+        scale(blocks * kBlockSize * kGroups, misaligned),
+        rope(normal_buffer<bf16>(blocks * kBlockSize * 64, misaligned, 8)),
+        q_nope(normal_buffer<float>(batch * heads * 512, misaligned, 9)),
+        q_rope(normal_buffer<float>(batch * heads * 64, misaligned, 10)),
+        out(batch * heads * 512, misaligned) {
     std::mt19937 rng(7);
-    nope.resize(blocks * kBlockSize * 512);
     std::uniform_int_distribution<int> byte(-127, 127);
-    for (auto& v : nope) v = static_cast<std::int8_t>(byte(rng));
-    scale.assign(blocks * kBlockSize * kGroups, 0.02f);
-    std::normal_distribution<float> normal;
-    rope.resize(blocks * kBlockSize * 64);
-    for (auto& v : rope) v = bf16::from_float(normal(rng));
+    for (std::size_t i = 0; i < nope.size(); ++i) nope[i] = static_cast<std::int8_t>(byte(rng));
+    for (std::size_t i = 0; i < scale.size(); ++i) scale[i] = 0.02f;
     std::vector<std::int32_t> ids(blocks);
     std::iota(ids.begin(), ids.end(), 0);
     std::shuffle(ids.begin(), ids.end(), rng);  // paged: a sequence's blocks are scattered
     table = ids;
     lens.assign(batch, static_cast<std::int32_t>(kv));
-    q_nope.resize(batch * heads * 512);
-    q_rope.resize(batch * heads * 64);
-    for (auto& v : q_nope) v = normal(rng);
-    for (auto& v : q_rope) v = normal(rng);
-    out.resize(batch * heads * 512);
   }
   MlaPagedCache cache() {
-    const std::int64_t blocks = static_cast<std::int64_t>(table.size());
     return {view(nope.data(), {blocks, kBlockSize, 512}),
             view(scale.data(), {blocks, kBlockSize, kGroups}),
             view(rope.data(), {blocks, kBlockSize, 64})};
   }
 };
 
-/// Args: batch, kv, heads, chunk, threads, splits (0 = automatic).
+/// Args: batch, kv, heads, chunk, threads, splits (0 = automatic), misaligned (every tensor 16
+/// bytes past a cache line).
 void BM_mla_decode(benchmark::State& state) {
   const std::int64_t batch = state.range(0), kv = state.range(1), heads = state.range(2);
   const int chunk = static_cast<int>(state.range(3)), threads = static_cast<int>(state.range(4));
-  MlaInputs in(batch, kv, heads);
+  const bool misaligned = state.range(6) != 0;
+  MlaInputs in(batch, kv, heads, misaligned);
   MlaDecodeOptions options;
   options.chunk = chunk;
   options.num_splits = static_cast<int>(state.range(5));
@@ -90,17 +92,21 @@ void BM_mla_decode(benchmark::State& state) {
   const double tokens = static_cast<double>(batch * kv);
   report_bandwidth(state, tokens * kBytesPerToken, threads);
   report_int8_ops(state, 2.0 * tokens * static_cast<double>(heads) * (576 + 512), threads);
+  state.SetLabel(placement_label(misaligned));
   set_num_threads(0);
 }
 
 void quick_args(benchmark::internal::Benchmark* b) {
   for (std::int64_t heads : {16, 128}) {
     for (std::int64_t batch : {1, 4, 16}) {
-      for (std::int64_t threads : {1, 2}) b->Args({batch, 2048, heads, 2, threads, 0});
+      for (std::int64_t threads : {1, 2}) {
+        b->Args({batch, 2048, heads, 2, threads, 0, 0});
+        if (batch == 16) b->Args({batch, 2048, heads, 2, threads, 0, 1});
+      }
     }
-    b->Args({1, 2048, heads, 2, 2, 1});  // B = 1: one split vs automatic split-KV (above)
-    b->Args({1, 4096, heads, 2, 2, 1});
-    b->Args({1, 4096, heads, 2, 2, 0});
+    b->Args({1, 2048, heads, 2, 2, 1, 0});  // B = 1: one split vs automatic split-KV (above)
+    b->Args({1, 4096, heads, 2, 2, 1, 0});
+    b->Args({1, 4096, heads, 2, 2, 0, 0});
   }
 }
 
@@ -109,7 +115,7 @@ void grid_args(benchmark::internal::Benchmark* b) {
     for (std::int64_t kv : {512, 2048, 4096}) {
       for (std::int64_t batch : {1, 2, 4, 8, 16, 24, 48}) {
         for (std::int64_t chunk : {1, 2, 4}) {
-          for (std::int64_t threads : {1, 2}) b->Args({batch, kv, heads, chunk, threads, 0});
+          for (std::int64_t threads : {1, 2}) b->Args({batch, kv, heads, chunk, threads, 0, 0});
         }
       }
     }
@@ -118,13 +124,13 @@ void grid_args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_mla_decode)
     ->Name("mla_decode")
-    ->ArgNames({"b", "kv", "h", "chunk", "threads", "splits"})
+    ->ArgNames({"b", "kv", "h", "chunk", "threads", "splits", "misaligned"})
     ->Apply(quick_args)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 BENCHMARK(BM_mla_decode)
     ->Name("mla_grid")
-    ->ArgNames({"b", "kv", "h", "chunk", "threads", "splits"})
+    ->ArgNames({"b", "kv", "h", "chunk", "threads", "splits", "misaligned"})
     ->Apply(grid_args)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime()

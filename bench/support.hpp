@@ -10,6 +10,7 @@
 #include <cstring>
 #include <ditops/tensor.hpp>
 #include <memory>
+#include <new>
 #include <random>
 #include <string>
 #include <vector>
@@ -28,6 +29,46 @@ template <class T>
 std::int64_t skip_elements(benchmark::State& state, int arg) {
   return state.range(arg) != 0 ? kMisalignBytes / static_cast<std::int64_t>(sizeof(T)) : 0;
 }
+
+/// `count` elements of T starting on a cache line, or kMisalignBytes past one when
+/// `misaligned`: a tensor where a framework's allocator puts it, or where glibc's malloc does.
+template <class T>
+class PlacedBuffer {
+ public:
+  PlacedBuffer(std::int64_t count, bool misaligned)
+      : count_(static_cast<std::size_t>(count)),
+        skip_(misaligned ? kMisalignBytes / sizeof(T) : 0),
+        storage_(static_cast<T*>(
+            std::aligned_alloc(64, round_up_to_line((count_ + skip_) * sizeof(T))))) {
+    if (!storage_) throw std::bad_alloc();
+  }
+  T* data() { return storage_.get() + skip_; }
+  const T* data() const { return storage_.get() + skip_; }
+  std::size_t size() const { return count_; }
+  T& operator[](std::size_t i) { return data()[i]; }
+  const T& operator[](std::size_t i) const { return data()[i]; }
+
+ private:
+  static std::size_t round_up_to_line(std::size_t bytes) { return (bytes + 63) / 64 * 64; }
+  struct Free {
+    void operator()(T* p) const { std::free(p); }
+  };
+  std::size_t count_, skip_;
+  std::unique_ptr<T, Free> storage_;
+};
+
+/// A PlacedBuffer of `count` N(0, 1) values.
+template <class T>
+PlacedBuffer<T> normal_buffer(std::int64_t count, bool misaligned, unsigned seed) {
+  PlacedBuffer<T> buffer(count, misaligned);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist;
+  for (std::size_t i = 0; i < buffer.size(); ++i) buffer[i] = from_float<T>(dist(rng));
+  return buffer;
+}
+
+/// " misaligned" for labels of runs on misaligned tensors, else "".
+inline const char* placement_label(bool misaligned) { return misaligned ? " misaligned" : ""; }
 
 /// Copies of a buffer of `elements` T, cycled so each iteration touches memory that is not in
 /// any cache (copies_to_defeat_cache). Filled with N(0, 1) values. Each copy starts on a

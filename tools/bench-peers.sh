@@ -8,7 +8,8 @@
 # Not part of tools/test.sh: it needs PyPI.
 #
 # Usage: tools/bench-peers.sh [--quick] [--rounds N] [--out DIR] [--build-dir DIR]
-#                             [--only attention|rowwise] [--libs LIB...]
+#                             [--only attention|rowwise] [--libs LIB...] [--rowwise-ops "OP ..."]
+#                             [--rowwise-dtypes "DTYPE ..."] [--rowwise-threads "T ..."]
 #   --quick          attention: S = 2048 at 2 threads only; row-wise: f32 and bf16 at 2 threads
 #                    only (about two minutes in all; the full grids take about 10 minutes for
 #                    attention and 5 for the row-wise operators)
@@ -20,6 +21,11 @@
 #   --only PART      one table: attention (needs torch) or rowwise (needs onnxruntime only)
 #   --libs LIB...    attention: only these of ditops torch ort ov ditops-bf16 ov-bf16 (while
 #                    iterating on one kernel; the table keeps the others' columns empty)
+#   --rowwise-ops, --rowwise-dtypes, --rowwise-threads
+#                    row-wise cases to run (default: rms_norm add_rms_norm rope_half
+#                    rope_interleaved, f32 bf16 f16, 2 1)
+# Every case runs on line-aligned tensors and on tensors 16 bytes past a line (where glibc's
+# malloc and numpy put large arrays); the tables show both.
 # The virtual environment is the project's one, build/venv (DITOPS_PEERS_VENV or DITOPS_VENV
 # override; tools/test.sh fills it with torch); what this script needs besides (onnxruntime,
 # onnx, numpy, and torch and openvino for attention) is installed on the first run.
@@ -39,10 +45,11 @@ while [ $# -gt 0 ]; do
         shift
       done
       ;;
-    --rounds | --out | --build-dir | --only)
+    --rounds | --out | --build-dir | --only | --rowwise-ops | --rowwise-dtypes | --rowwise-threads)
       [ $# -ge 2 ] || { echo "tools/bench-peers.sh: $1 needs a value" >&2; exit 2; }
       case "$1" in
         --rounds) peers_args+=(--rounds "$2") ;;
+        --rowwise-*) read -ra values <<<"$2" && peers_args+=("$1" "${values[@]}") ;;
         --out) out=$(realpath -m -- "$2") ;;
         --build-dir) build=$(realpath -m -- "$2") ;;
         --only)
@@ -56,7 +63,8 @@ while [ $# -gt 0 ]; do
       ;;
     *)
       echo "usage: tools/bench-peers.sh [--quick] [--rounds N] [--out DIR] [--build-dir DIR]" \
-        "[--only attention|rowwise] [--libs LIB...]" >&2
+        "[--only attention|rowwise] [--libs LIB...]" \
+        "[--rowwise-ops|--rowwise-dtypes|--rowwise-threads LIST]" >&2
       exit 2
       ;;
   esac

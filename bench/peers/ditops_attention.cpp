@@ -5,6 +5,9 @@
 //
 // Usage: ditops-attention-peer --seq S --heads N --dim D [--batch B] [--causal 0|1]
 //                              [--threads T] [--reps R] [--dtype f32|bf16] [--backend NAME]
+//                              [--offset BYTES]
+//   --offset: q, k, v and out start that many bytes past a cache line (default 0; 16 is where
+//             malloc and numpy put large arrays)
 // Prints one JSON object: {"library": "ditops", "backend": "...", "detail": "...", "isa": "...",
 // "ms": [...]} (detail: the tuner's tile choice).
 
@@ -46,9 +49,10 @@ int run(const std::map<std::string, std::string>& args) {
   if (backend != args.end()) options.backend = parse_backend(backend->second);
 
   const std::int64_t elements = batch * seq * heads * dim;
-  auto q = normal_values<T>(elements, 1), k = normal_values<T>(elements, 2),
-       v = normal_values<T>(elements, 3);
-  ditops::peers::Buffer<T> out(static_cast<std::size_t>(elements));
+  const auto offset = static_cast<std::size_t>(get("--offset", 0));
+  auto q = normal_values<T>(elements, offset, 1), k = normal_values<T>(elements, offset, 2),
+       v = normal_values<T>(elements, offset, 3);
+  ditops::peers::Buffer<T> out(static_cast<std::size_t>(elements), offset);
   const auto shape = [&](T* data) { return ditops::view(data, {batch, seq, heads, dim}); };
   const ditops::AttentionChoice choice =
       ditops::select_attention(shape(q.data()), shape(k.data()), shape(v.data()), options);

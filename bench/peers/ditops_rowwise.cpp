@@ -6,8 +6,10 @@
 //
 // Usage: ditops-rowwise-peer --op rms_norm|add_rms_norm|rope_half|rope_interleaved
 //                            --dtype f32|bf16|f16 --rows R --dim D [--heads N] [--threads T]
-//                            [--reps R]
+//                            [--reps R] [--offset BYTES]
 //   norms: x is [R, D]; RoPE: x is [1, R, N, D] (R positions of N heads, BSND)
+//   --offset: every tensor starts that many bytes past a cache line (default 0; 16 is where
+//             malloc and numpy put large arrays)
 // Prints one JSON object: {"library": "ditops", "isa": "...", "ms": [...]}.
 
 #include <cmath>
@@ -33,13 +35,15 @@ int run(const std::map<std::string, std::string>& flags) {
   }
   ditops::set_num_threads(static_cast<int>(int_flag(flags, "--threads", 0)));
   const std::int64_t elements = rows * heads * dim;
-  auto x = normal_values<T>(elements, 1), residual = normal_values<T>(elements, 2);
-  ditops::peers::Buffer<T> out(static_cast<std::size_t>(elements)), sum(out.size());
-  ditops::peers::Buffer<T> weight(static_cast<std::size_t>(dim), ditops::from_float<T>(1.f));
+  const auto offset = static_cast<std::size_t>(int_flag(flags, "--offset", 0));
+  auto x = normal_values<T>(elements, offset, 1), residual = normal_values<T>(elements, offset, 2);
+  ditops::peers::Buffer<T> out(static_cast<std::size_t>(elements), offset), sum(out.size(), offset);
+  ditops::peers::Buffer<T> weight(static_cast<std::size_t>(dim), offset,
+                                  ditops::from_float<T>(1.f));
   // RoPE tables of the usual frequencies, cat(f, f) for rotate-half, (f0, f0, f1, f1, ...) else.
   const bool interleaved = op == "rope_interleaved";
-  ditops::peers::Buffer<T> cos_table(static_cast<std::size_t>(rows * dim)),
-      sin_table(cos_table.size());
+  ditops::peers::Buffer<T> cos_table(static_cast<std::size_t>(rows * dim), offset),
+      sin_table(cos_table.size(), offset);
   for (std::int64_t s = 0; s < rows && op.rfind("rope", 0) == 0; ++s) {
     for (std::int64_t k = 0; k < dim; ++k) {
       const std::int64_t freq = interleaved ? k / 2 : k % (dim / 2);

@@ -3,16 +3,18 @@
 // ONNX Runtime: "--name value" flags, N(0, 1) inputs made the way the Python peers make theirs,
 // and the JSON list of timed calls every peer prints.
 
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <ditops/tensor.hpp>
 #include <map>
+#include <memory>
 #include <new>
 #include <random>
 #include <stdexcept>
 #include <string>
-#include <vector>
 
 namespace ditops::peers {
 
@@ -38,30 +40,42 @@ inline std::string string_flag(const std::map<std::string, std::string>& flags, 
   return it == flags.end() ? fallback : it->second;
 }
 
-/// An allocator aligning every buffer to a cache line, as PyTorch's and ONNX Runtime's CPU
-/// allocators align tensors: each library is timed on the same layout (glibc's malloc puts
-/// large blocks 16 bytes past a page, which costs short-row kernels partial lines at each row's
-/// ends).
+/// `count` elements of T, each `fill`, starting `offset` bytes past a cache line: 0 as
+/// PyTorch's and ONNX Runtime's allocators align tensors, 16 where glibc's malloc (so
+/// std::vector and numpy) puts large arrays. The peers time both (--offset).
 template <class T>
-struct LineAligned {
-  using value_type = T;
-  static constexpr std::align_val_t kAlignment{64};
-  LineAligned() = default;
-  template <class U>
-  LineAligned(const LineAligned<U>&) noexcept {}
-  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlignment)); }
-  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, kAlignment); }
-  bool operator==(const LineAligned&) const noexcept { return true; }
-};
-template <class T>
-using Buffer = std::vector<T, LineAligned<T>>;
+class Buffer {
+ public:
+  Buffer(std::size_t count, std::size_t offset, T fill = T{}) : count_(count) {
+    if (offset % alignof(T) != 0) {
+      throw std::invalid_argument("--offset must be a multiple of the element size");
+    }
+    storage_.reset(static_cast<std::byte*>(
+        ::operator new[](static_cast<std::size_t>(kLine) + offset + count * sizeof(T), kLine)));
+    data_ = reinterpret_cast<T*>(storage_.get() + offset);
+    std::fill(data_, data_ + count_, fill);
+  }
+  T* data() noexcept { return data_; }
+  std::size_t size() const noexcept { return count_; }
+  T& operator[](std::size_t i) noexcept { return data_[i]; }
 
+ private:
+  static constexpr std::align_val_t kLine{64};
+  struct Free {
+    void operator()(std::byte* p) const noexcept { ::operator delete[](p, kLine); }
+  };
+  std::size_t count_;
+  std::unique_ptr<std::byte[], Free> storage_;
+  T* data_ = nullptr;
+};
+
+/// A Buffer of `count` N(0, 1) values `offset` bytes past a line.
 template <class T>
-Buffer<T> normal_values(std::int64_t count, unsigned seed) {
-  Buffer<T> values(static_cast<std::size_t>(count));
+Buffer<T> normal_values(std::int64_t count, std::size_t offset, unsigned seed) {
+  Buffer<T> values(static_cast<std::size_t>(count), offset);
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal;
-  for (auto& value : values) value = from_float<T>(normal(rng));
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = from_float<T>(normal(rng));
   return values;
 }
 

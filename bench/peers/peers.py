@@ -8,13 +8,16 @@ Each measurement is a fresh process (`peers.py worker ...` / `peers.py rowwise-w
 Python libraries, the ditops-attention-peer / ditops-rowwise-peer binaries for ditops) that makes
 N(0, 1) inputs, runs one untimed call and then timed calls. Libraries take turns (A B C, A B C,
 ...) for `--rounds` rounds at the same thread count, so a slow phase of a shared machine hits all
-of them alike; the table gives the median of all timed calls of the rounds. Run through
-tools/bench-peers.sh, which makes the virtual environment.
+of them alike; the table gives the median of all timed calls of the rounds. Every case runs
+twice: on line-aligned buffers (as PyTorch's and ONNX Runtime's allocators place tensors) and
+as allocated (16 bytes past a line, where glibc's malloc and numpy put large arrays). Run
+through tools/bench-peers.sh, which makes the virtual environment.
 
     peers.py run [--ditops BIN] [--ditops-rowwise BIN] --out DIR [--rounds 3] [--quick]
                  [--peak-gflops X Y] [--bf16-peak-gflops X Y] [--triad-gbs X Y]
-    peers.py worker --lib torch|ort|ov|ov-bf16 --seq S --causal 0|1 --threads T
+    peers.py worker --lib torch|ort|ov|ov-bf16 --seq S --causal 0|1 --threads T [--offset B]
     peers.py rowwise-worker --op OP --dtype f32|bf16|f16 --rows R --dim D [--heads N] --threads T
+                            [--offset B]
 """
 
 import argparse
@@ -46,6 +49,9 @@ BF16_LIBRARIES = ["ditops-bf16", "ov-bf16"]
 PEERS = ["torch", "ort", "ov"]
 TITLES = {"ditops": "ditops", "torch": "PyTorch SDPA", "ort": "ONNX Runtime MHA",
           "ov": "OpenVINO SDPA", "ditops-bf16": "ditops bf16", "ov-bf16": "OpenVINO SDPA bf16 hint"}
+# Bytes past a cache line where every tensor starts: aligned, and as glibc's malloc and numpy
+# allocate large arrays.
+PLACEMENTS = {0: "aligned", 16: "as allocated (16 B past a line)"}
 
 
 def flops(seq, causal):
@@ -66,7 +72,8 @@ def worker(args):
 
         torch.set_num_threads(args.threads)
         # BNSD contiguous: the layout PyTorch's CPU flash kernel reads fastest.
-        tq, tk, tv = (torch.from_numpy(x).transpose(1, 2).contiguous() for x in (q, k, v))
+        tq, tk, tv = (torch.from_numpy(placed(np, np.ascontiguousarray(x.transpose(0, 2, 1, 3)), args.offset))
+                      for x in (q, k, v))
 
         def call():
             with torch.inference_mode():
@@ -86,9 +93,9 @@ def worker(args):
             ov.Model([sdpa], params), "CPU",
             {"INFERENCE_NUM_THREADS": args.threads, "INFERENCE_PRECISION_HINT": precision})
         request = compiled.create_infer_request()
-        # Inputs bound once and shared with numpy (no copy per call), line-aligned; the arrays
+        # Inputs bound once and shared with numpy (no copy per call), placed as asked; the arrays
         # must outlive the request (the tensors do not own them).
-        inputs = [line_aligned(np, np.ascontiguousarray(x.transpose(0, 2, 1, 3))) for x in (q, k, v)]
+        inputs = [placed(np, np.ascontiguousarray(x.transpose(0, 2, 1, 3)), args.offset) for x in (q, k, v)]
         for i, x in enumerate(inputs):
             request.set_input_tensor(i, ov.Tensor(x, shared_memory=True))
 
@@ -125,7 +132,7 @@ def worker(args):
         session = ort.InferenceSession(
             model.SerializeToString(), options, providers=["CPUExecutionProvider"]
         )
-        feeds = {name: line_aligned(np, x.reshape(BATCH, args.seq, hidden))
+        feeds = {name: placed(np, x.reshape(BATCH, args.seq, hidden), args.offset)
                  for name, x in zip(("query", "key", "value"), (q, k, v))}
 
         def call():
@@ -170,29 +177,29 @@ def rowwise_bytes(op, rows, heads, dim, dtype):
     return tensors * rows * heads * dim * ELEMENT_BYTES[dtype]
 
 
-def line_aligned(np, array):
-    """A copy of `array` starting on a 64-byte boundary. numpy puts large arrays 16 bytes past
-    one; PyTorch's tensors and ditops' peer buffers are aligned, so every library is timed on the
-    same layout (short rows pay for partial cache lines at both ends)."""
-    raw = np.empty(array.nbytes + 64, dtype=np.uint8)
-    start = -raw.ctypes.data % 64
-    aligned = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
-    aligned[...] = array
-    return aligned
+def placed(np, array, offset):
+    """A copy of `array` starting `offset` bytes past a 64-byte boundary (numpy itself puts large
+    arrays 16 bytes past one; PyTorch aligns its tensors): every library is timed on the same
+    layout."""
+    raw = np.empty(array.nbytes + 128, dtype=np.uint8)
+    start = -raw.ctypes.data % 64 + offset
+    copy = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    copy[...] = array
+    return copy
 
 
-def ort_value(np, ort, array, dtype):
-    """An OrtValue of the fp32 numpy `array` in `dtype`, line-aligned (bf16 rounded to nearest
-    even: numpy has no bf16, so its bits travel as uint16)."""
+def ort_value(np, ort, array, dtype, offset):
+    """An OrtValue of the fp32 numpy `array` in `dtype`, `offset` bytes past a line (bf16 rounded
+    to nearest even: numpy has no bf16, so its bits travel as uint16)."""
     from onnx import TensorProto
 
     if dtype == "f32":
-        return ort.OrtValue.ortvalue_from_numpy(line_aligned(np, np.asarray(array, dtype=np.float32)))
+        return ort.OrtValue.ortvalue_from_numpy(placed(np, np.asarray(array, dtype=np.float32), offset))
     if dtype == "f16":
-        return ort.OrtValue.ortvalue_from_numpy(line_aligned(np, np.asarray(array, dtype=np.float16)))
+        return ort.OrtValue.ortvalue_from_numpy(placed(np, np.asarray(array, dtype=np.float16), offset))
     bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32)
     rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(line_aligned(np, rounded), TensorProto.BFLOAT16)
+    return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(placed(np, rounded, offset), TensorProto.BFLOAT16)
 
 
 def rowwise_worker(args):
@@ -244,11 +251,12 @@ def rowwise_worker(args):
     # without copying its result into a new numpy array.
     binding = session.io_binding()
     for name, value in feeds.items():
-        binding.bind_ortvalue_input(name, ort_value(np, ort, value, args.dtype))
+        binding.bind_ortvalue_input(name, ort_value(np, ort, value, args.dtype, args.offset))
     if args.op.startswith("rope"):
         binding.bind_ortvalue_input("position", ort.OrtValue.ortvalue_from_numpy(np.zeros(1, dtype=np.int64)))
     for name, s in outputs.items():
-        binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_shape_and_type(s, onnx_type))
+        empty = np.zeros(s, dtype=np.float32)
+        binding.bind_ortvalue_output(name, ort_value(np, ort, empty, args.dtype, args.offset))
 
     session.run_with_iobinding(binding)
     times = []
@@ -259,9 +267,9 @@ def rowwise_worker(args):
     print(json.dumps({"library": "ort", "version": ort.__version__, "ms": times}))
 
 
-def measure_rowwise(library, ditops_bin, op, rows, heads, dim, dtype, threads):
+def measure_rowwise(library, ditops_bin, op, rows, heads, dim, dtype, threads, offset):
     flags = ["--op", op, "--dtype", dtype, "--rows", rows, "--heads", heads, "--dim", dim, "--threads", threads,
-             "--reps", ROWWISE_REPS]
+             "--reps", ROWWISE_REPS, "--offset", offset]
     if library == "ditops":
         command = [ditops_bin] + flags
     else:
@@ -279,32 +287,34 @@ def run_rowwise(args):
     dtypes = args.rowwise_dtypes or (ROWWISE_QUICK_DTYPES if args.quick else ROWWISE_DTYPES)
     thread_counts = args.rowwise_threads or (ROWWISE_QUICK_THREADS if args.quick else ROWWISE_THREADS)
     rows, versions = [], {}
-    for op, tokens, heads, dim in ROWWISE_SHAPES:
-        for dtype in dtypes:
-            for threads in thread_counts:
-                samples = {lib: [] for lib in ROWWISE_LIBRARIES}
-                failures = {}
-                for _ in range(args.rounds):
-                    for lib in ROWWISE_LIBRARIES:
-                        if lib in failures:
-                            continue
-                        try:
-                            result = measure_rowwise(lib, args.ditops_rowwise, op, tokens, heads, dim, dtype, threads)
-                        except RuntimeError as error:
-                            failures[lib] = str(error)
-                            continue
-                        samples[lib].extend(result["ms"])
-                        versions[lib] = f'ISA {result["isa"]}' if lib == "ditops" else result["version"]
-                medians = {lib: statistics.median(v) for lib, v in samples.items() if v}
-                moved = rowwise_bytes(op, tokens, heads, dim, dtype)
-                row = {"op": op, "tokens": tokens, "heads": heads, "dim": dim, "dtype": dtype, "threads": threads,
-                       "ms": medians, "gbs": {lib: moved / ms / 1e6 for lib, ms in medians.items()},
-                       "failures": failures}
-                rows.append(row)
-                print(f"{op} {dtype} [{tokens}x{heads}, {dim}] threads={threads}: " +
-                      ", ".join(f"{lib} {ms:.2f} ms" for lib, ms in medians.items()), flush=True)
-                for lib, error in failures.items():
-                    print(f"  {lib}: {error}", file=sys.stderr)
+    cases = [(op, tokens, heads, dim, dtype, threads, offset)
+             for op, tokens, heads, dim in ROWWISE_SHAPES if not args.rowwise_ops or op in args.rowwise_ops
+             for dtype in dtypes for threads in thread_counts for offset in PLACEMENTS]
+    for op, tokens, heads, dim, dtype, threads, offset in cases:
+        samples = {lib: [] for lib in ROWWISE_LIBRARIES}
+        failures = {}
+        for _ in range(args.rounds):
+            for lib in ROWWISE_LIBRARIES:
+                if lib in failures:
+                    continue
+                try:
+                    result = measure_rowwise(lib, args.ditops_rowwise, op, tokens, heads, dim, dtype, threads,
+                                             offset)
+                except RuntimeError as error:
+                    failures[lib] = str(error)
+                    continue
+                samples[lib].extend(result["ms"])
+                versions[lib] = f'ISA {result["isa"]}' if lib == "ditops" else result["version"]
+        medians = {lib: statistics.median(v) for lib, v in samples.items() if v}
+        moved = rowwise_bytes(op, tokens, heads, dim, dtype)
+        row = {"op": op, "tokens": tokens, "heads": heads, "dim": dim, "dtype": dtype, "threads": threads,
+               "offset": offset, "ms": medians, "gbs": {lib: moved / ms / 1e6 for lib, ms in medians.items()},
+               "failures": failures}
+        rows.append(row)
+        print(f"{op} {dtype} [{tokens}x{heads}, {dim}] threads={threads} offset={offset}: " +
+              ", ".join(f"{lib} {ms:.2f} ms" for lib, ms in medians.items()), flush=True)
+        for lib, error in failures.items():
+            print(f"  {lib}: {error}", file=sys.stderr)
     return rows, versions
 
 
@@ -316,7 +326,8 @@ def rowwise_table(rows, versions, args):
              "cos/sin caches [S, D/2], position_ids [1]; ditops: [S, D] tables in the dtype of x). Weights "
              "in the dtype of x, eps 1e-6, inputs and outputs bound before timing (ONNX Runtime: IO binding). "
              f"Median of {args.rounds} interleaved rounds of {ROWWISE_REPS} timed calls each (after one "
-             "untimed call), same thread count for both libraries. GB/s counts x read and out written "
+             "untimed call), same thread count for both libraries; every tensor on a cache line (aligned) or "
+             "16 bytes past one (as allocated by malloc and numpy), for both libraries alike. GB/s counts x read and out written "
              "(add_rms_norm: x and residual read, out and sum written); tables and weights are not counted.",
              ""]
     for lib in ROWWISE_LIBRARIES:
@@ -325,9 +336,9 @@ def rowwise_table(rows, versions, args):
     if args.triad_gbs:
         lines.append(f"- memory triad measured by ditops_bench (best of ordinary and streaming stores): "
                      f"{args.triad_gbs[0]:.1f} GB/s at 1 thread, {args.triad_gbs[1]:.1f} at 2")
-    lines += ["", "| operator | x shape | dtype | threads | ditops ms | ORT ms | ditops GB/s | ORT GB/s "
+    lines += ["", "| operator | x shape | dtype | threads | buffers | ditops ms | ORT ms | ditops GB/s | ORT GB/s "
               "| ditops fraction of triad | ORT fraction of triad | ORT / ditops |",
-              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         ms, gbs = row["ms"], row["gbs"]
         shape = (f'[1, {row["tokens"]}, {row["heads"]}, {row["dim"]}]' if row["op"].startswith("rope")
@@ -344,20 +355,22 @@ def rowwise_table(rows, versions, args):
             return f'{gbs[lib] / args.triad_gbs[row["threads"] - 1]:.0%}'
 
         ratio = f'{ms["ort"] / ms["ditops"]:.2f}x' if "ort" in ms and "ditops" in ms else ""
-        lines.append(f'| {row["op"]} | {shape} | {row["dtype"]} | {row["threads"]} | {cell("ditops", ms, ".2f")} | '
+        lines.append(f'| {row["op"]} | {shape} | {row["dtype"]} | {row["threads"]} | {PLACEMENTS[row["offset"]]} | '
+                     f'{cell("ditops", ms, ".2f")} | '
                      f'{cell("ort", ms, ".2f")} | {cell("ditops", gbs, ".1f")} | {cell("ort", gbs, ".1f")} | '
                      f'{fraction("ditops")} | {fraction("ort")} | {ratio} |')
     lines += ["", "ORT / ditops > 1 means ditops is faster."]
     return lines
 
 
-def measure(library, ditops_bin, seq, causal, threads, tune_cache=None):
+def measure(library, ditops_bin, seq, causal, threads, offset, tune_cache=None):
     if library.startswith("ditops"):
         command = [ditops_bin, "--seq", seq, "--heads", HEADS, "--dim", DIM, "--causal", int(causal),
-                   "--threads", threads, "--dtype", "bf16" if library == "ditops-bf16" else "f32"]
+                   "--threads", threads, "--dtype", "bf16" if library == "ditops-bf16" else "f32",
+                   "--offset", offset]
     else:
         command = [sys.executable, os.path.abspath(__file__), "worker", "--lib", library, "--seq", seq,
-                   "--causal", int(causal), "--threads", threads]
+                   "--causal", int(causal), "--threads", threads, "--offset", offset]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     if library.startswith("ditops") and tune_cache:
         # The first call of a shape tunes (several full runs): once per shape, not per round.
@@ -392,7 +405,8 @@ def svg_chart(rows, path):
             parts.append(f'<rect x="{x0 + j * width_bar}" y="{top + height - h:.1f}" width="{width_bar - 2}"'
                          f' height="{h:.1f}" fill="{colours[lib]}"><title>{TITLES[lib]}: {value:.1f}'
                          '</title></rect>')
-        label = f'S={row["seq"]} {"causal" if row["causal"] else "full"} {row["threads"]}t'
+        label = f'S={row["seq"]} {"causal" if row["causal"] else "full"} {row["threads"]}t' + \
+            (f' +{row["offset"]}B' if row["offset"] else "")
         parts.append(f'<text transform="translate({x0 + 4},{top + height + 8}) rotate(60)">{label}</text>')
     parts.append(f'<line x1="{left - 4}" y1="{top + height}" x2="{width - 10}" y2="{top + height}" stroke="black"/>')
     parts.append(f'<text x="4" y="{top + 10}">{best:.0f}</text><text x="4" y="{top + height}">0</text>')
@@ -426,7 +440,7 @@ def run_attention(args):
     libraries = [lib for lib in LIBRARIES + BF16_LIBRARIES if not args.libs or lib in args.libs]
     rows = []
     versions = {}
-    for seq, causal, threads in shapes:
+    for seq, causal, threads, offset in [shape + (offset,) for shape in shapes for offset in PLACEMENTS]:
         samples = {lib: [] for lib in libraries}
         failures = {}
         for _ in range(args.rounds):
@@ -434,7 +448,7 @@ def run_attention(args):
                 if lib in failures:
                     continue
                 try:
-                    result = measure(lib, args.ditops, seq, causal, threads,
+                    result = measure(lib, args.ditops, seq, causal, threads, offset,
                                      os.path.join(args.out, "peers-tune-cache.json"))
                 except RuntimeError as error:
                     failures[lib] = str(error)
@@ -444,20 +458,21 @@ def run_attention(args):
                 if lib.startswith("ditops"):
                     versions[lib] = f'backend {result["backend"]} ({result["detail"]}), ISA {result["isa"]}'
         medians = {lib: statistics.median(v) for lib, v in samples.items() if v}
-        row = {"seq": seq, "causal": causal, "threads": threads, "ms": medians,
+        row = {"seq": seq, "causal": causal, "threads": threads, "offset": offset, "ms": medians,
                "gflops": {lib: flops(seq, causal) / ms / 1e6 for lib, ms in medians.items()},
                "failures": failures}
         rows.append(row)
-        print(f"S={seq} causal={int(causal)} threads={threads}: " +
+        print(f"S={seq} causal={int(causal)} threads={threads} offset={offset}: " +
               ", ".join(f"{lib} {ms:.0f} ms" for lib, ms in medians.items()), flush=True)
         for lib, error in failures.items():
             print(f"  {lib}: {error}", file=sys.stderr)
     lines = ["# ditops attention beside its peers", "",
              f"FLUX self-attention, B=1, N={HEADS}, D={DIM}, BSND inputs (PyTorch and OpenVINO: BNSD). "
              f"Median of {args.rounds} interleaved rounds (one timed call each, after one untimed call), "
-             "same thread count for every library. fp32 table: fp32 inputs everywhere; bf16 table: ditops "
-             "on bf16 inputs (its automatic choice), OpenVINO on the fp32 inputs with "
-             "INFERENCE_PRECISION_HINT bf16 (it converts inside).", ""]
+             "same thread count for every library; q, k, v and out on a cache line (aligned) or 16 bytes past "
+             "one (as allocated by malloc and numpy), for every library alike. fp32 table: fp32 inputs "
+             "everywhere; bf16 table: ditops on bf16 inputs (its automatic choice), OpenVINO on the fp32 "
+             "inputs with INFERENCE_PRECISION_HINT bf16 (it converts inside).", ""]
     for lib in LIBRARIES + BF16_LIBRARIES:
         if lib in versions:
             lines.append(f"- {TITLES[lib]}: {versions[lib]}")
@@ -469,10 +484,10 @@ def run_attention(args):
                      f"GFLOP/s at 1 thread, {args.bf16_peak_gflops[1]:.1f} at 2")
 
     def table(ours_lib, peers, peak):
-        out = ["", f"| S | mode | threads | {TITLES[ours_lib]} ms | " +
+        out = ["", f"| S | mode | threads | buffers | {TITLES[ours_lib]} ms | " +
                " | ".join(f"{TITLES[lib]} ms" for lib in peers) +
                " | ditops GFLOP/s | ditops fraction of peak | best peer / ditops |",
-               "|---:|---|---:|---:|" + "---:|" * len(peers) + "---:|---:|---:|"]
+               "|---:|---|---:|---|---:|" + "---:|" * len(peers) + "---:|---:|---:|"]
         for row in rows:
             ms = row["ms"]
             if ours_lib not in ms and not any(lib in ms for lib in peers):
@@ -487,7 +502,7 @@ def run_attention(args):
             cells = " | ".join(f"{ms[lib]:.0f}" if lib in ms else "failed" if lib in row["failures"] else ""
                                for lib in [ours_lib] + peers)
             out.append(f'| {row["seq"]} | {"causal" if row["causal"] else "non-causal"} | {row["threads"]} | '
-                       f"{cells} | {gflops} | {fraction} | {ratio} |")
+                       f'{PLACEMENTS[row["offset"]]} | {cells} | {gflops} | {fraction} | {ratio} |')
         return out
 
     if any(lib in libraries for lib in LIBRARIES):
@@ -509,6 +524,7 @@ def main():
     w.add_argument("--causal", type=int, default=0)
     w.add_argument("--threads", type=int, default=1)
     w.add_argument("--reps", type=int, default=1)
+    w.add_argument("--offset", type=int, default=0, help="bytes past a cache line where tensors start")
     rw = sub.add_parser("rowwise-worker")
     rw.add_argument("--op", choices=sorted(ORT_OPS), required=True)
     rw.add_argument("--dtype", choices=ROWWISE_DTYPES, default="f32")
@@ -517,6 +533,7 @@ def main():
     rw.add_argument("--dim", type=int, required=True)
     rw.add_argument("--threads", type=int, default=1)
     rw.add_argument("--reps", type=int, default=1)
+    rw.add_argument("--offset", type=int, default=0, help="bytes past a cache line where tensors start")
     r = sub.add_parser("run")
     r.add_argument("--ditops", help="path of the ditops-attention-peer binary (attention table)")
     r.add_argument("--ditops-rowwise", help="path of the ditops-rowwise-peer binary (RMSNorm/RoPE table)")
@@ -529,6 +546,7 @@ def main():
     r.add_argument("--libs", nargs="+", choices=LIBRARIES + BF16_LIBRARIES,
                    help="attention: only these libraries (default: all)")
     r.add_argument("--triad-gbs", type=float, nargs=2, help="memory triad GB/s at 1 and 2 threads")
+    r.add_argument("--rowwise-ops", nargs="+", choices=sorted(ORT_OPS), help="row-wise operators (default: all)")
     r.add_argument("--rowwise-dtypes", nargs="+", choices=ROWWISE_DTYPES, help="row-wise dtypes (default: all)")
     r.add_argument("--rowwise-threads", nargs="+", type=int, help="row-wise thread counts (default: 2 1)")
     args = parser.parse_args()

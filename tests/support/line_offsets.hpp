@@ -3,11 +3,18 @@
 // std::vector and numpy put large arrays 16 bytes past a line): a kernel must compute the same
 // bits wherever its buffers start, and write nothing outside them.
 
+#include <gtest/gtest.h>
+
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/support/test_tensor.hpp"
 
 namespace ditops::test {
 
@@ -24,12 +31,19 @@ class OffsetBuffer {
         storage_(static_cast<std::byte*>(std::aligned_alloc(kLineBytes, total_bytes()))) {
     if (!storage_) throw std::bad_alloc();
   }
-  /// The elements, `offset` bytes past a line; the bytes around them are reset to the guard.
+  /// The elements, `offset` bytes past a line (rounded down to a multiple of sizeof(T), so that
+  /// the tensors of one call can share an offset); the bytes around them are reset to the guard.
   T* place(std::size_t offset) noexcept {
-    begin_ = kLineBytes + offset;
+    begin_ = kLineBytes + offset / sizeof(T) * sizeof(T);
     std::memset(storage_.get(), kGuard, begin_);
     std::memset(storage_.get() + end(), kGuard, total_bytes() - end());
     return reinterpret_cast<T*>(storage_.get() + begin_);
+  }
+  /// place(offset) holding a copy of `values` (count elements).
+  T* place_copy(std::size_t offset, const std::vector<T>& values) noexcept {
+    T* placed = place(offset);
+    std::memcpy(placed, values.data(), bytes());
+    return placed;
   }
   std::size_t bytes() const noexcept { return count_ * sizeof(T); }
   /// Whether every byte around the placed elements still holds the guard pattern.
@@ -54,5 +68,37 @@ class OffsetBuffer {
   std::size_t count_, begin_ = kLineBytes;
   std::unique_ptr<std::byte[], Free> storage_;
 };
+
+/// `count` values drawn from N(0, 1), rounded to T.
+template <class T>
+std::vector<T> normal_values(std::size_t count, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  std::vector<T> values(count);
+  for (T& value : values) value = from_float<T>(normal(rng));
+  return values;
+}
+
+/// The bytes of `count` elements at `data` (a call's output, to compare bit for bit).
+template <class T>
+std::vector<std::byte> bytes_of(const T* data, std::size_t count) {
+  const auto* first = reinterpret_cast<const std::byte*>(data);
+  return std::vector<std::byte>(first, first + count * sizeof(T));
+}
+
+/// Checks that a kernel computes the same bits wherever its buffers start. run(offset) places
+/// the call's tensors `offset` bytes past a cache line, runs it, checks its guards and returns
+/// its outputs' bytes (bytes_of); every offset that is a multiple of `step` (the alignment of
+/// the tensors' element type) must give the bytes of offset 0.
+template <class Run>
+void expect_every_offset_equals_aligned(std::size_t step, const Run& run,
+                                        const std::string& context) {
+  const std::vector<std::byte> aligned = run(std::size_t{0});
+  for (std::size_t offset = step; offset < kLineBytes; offset += step) {
+    EXPECT_TRUE(run(offset) == aligned)
+        << context << ": tensors " << offset << " bytes past a line differ from the aligned run"
+        << ", isa " << active_isa_name();
+  }
+}
 
 }  // namespace ditops::test
