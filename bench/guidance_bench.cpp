@@ -17,11 +17,6 @@ namespace {
 constexpr float kScale = 5.f;
 constexpr std::int64_t kRows = 16 * 21 * 90, kDim = 160;
 
-template <class T>
-using EigenScalar =
-    std::conditional_t<std::is_same_v<T, bf16>, Eigen::bfloat16,
-                       std::conditional_t<std::is_same_v<T, f16>, Eigen::half, float>>;
-
 /// uncond + scale * (cond - uncond), one Eigen expression per thread's share of the elements.
 template <class T>
 void eigen_cfg_combine(const T* cond, const T* uncond, T* out, std::int64_t elements, int threads) {

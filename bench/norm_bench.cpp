@@ -22,11 +22,6 @@ struct Shape {
 };
 const Shape kShapes[] = {{8192, 3072}, {4608 * 24, 128}, {4096, 5120}};
 constexpr int kShapeCount = 3;
-template <class T>
-using EigenScalar =
-    std::conditional_t<std::is_same_v<T, bf16>, Eigen::bfloat16,
-                       std::conditional_t<std::is_same_v<T, f16>, Eigen::half, float>>;
-
 /// The baseline a user would write: one Eigen expression per row block.
 template <class T>
 void eigen_rms_norm(const T* x, const float* weight, T* out, std::int64_t rows, std::int64_t dim,

@@ -17,11 +17,6 @@ namespace {
 constexpr std::int64_t kHeads = 24, kDim = 128;
 const std::int64_t kSeqs[] = {4608, 8192};
 
-template <class T>
-using EigenScalar =
-    std::conditional_t<std::is_same_v<T, bf16>, Eigen::bfloat16,
-                       std::conditional_t<std::is_same_v<T, f16>, Eigen::half, float>>;
-
 /// The baseline a user would write: Eigen array expressions per row, rows split over threads.
 template <class T>
 void eigen_rope(const T* x, const float* cos, const float* sin, T* out, std::int64_t seq,

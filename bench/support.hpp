@@ -4,6 +4,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <Eigen/Core>
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -13,11 +14,18 @@
 #include <new>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "bench/limits.hpp"
 
 namespace ditops::bench {
+
+/// The Eigen scalar of ditops' element type T, for the Eigen-expression baselines.
+template <class T>
+using EigenScalar =
+    std::conditional_t<std::is_same_v<T, bf16>, Eigen::bfloat16,
+                       std::conditional_t<std::is_same_v<T, f16>, Eigen::half, float>>;
 
 /// Bytes past a cache line where the misaligned = 1 runs' tensors start: where glibc's malloc,
 /// std::vector and numpy put large arrays.
