@@ -662,6 +662,30 @@ inline F32<Arch> load_chunk(const T* src, std::size_t i, std::size_t count) {
                                  : simd::load<Arch>(src + i);
 }
 
+/// Two vectors (lo, then hi) as 16-bit T (bf16 rounded to nearest even, or f16) in one register
+/// of the vector width (AVX2 and AVX-512). kMayBeNaN as for bf16_bits.
+template <class Arch, class T, bool kMayBeNaN = true>
+inline auto pack_16bit_pair(F32<Arch> lo, F32<Arch> hi) noexcept {
+  static_assert(!std::is_same_v<T, float> && (kIsAvx512<Arch> || kIsAvx2<Arch>));
+  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  if constexpr (kIsAvx512<Arch>) {
+    if constexpr (std::is_same_v<T, bf16>) {
+      return _mm512_inserti64x4(_mm512_castsi256_si512(simd::avx512_bf16_pack<Arch>(lo)),
+                                simd::avx512_bf16_pack<Arch>(hi), 1);
+    } else {
+      return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtps_ph(lo, kRound)),
+                                _mm512_cvtps_ph(hi, kRound), 1);
+    }
+  } else if constexpr (std::is_same_v<T, bf16>) {
+    // packus interleaves the 128-bit lanes of its operands: [lo0-3 hi0-3 | lo4-7 hi4-7].
+    return _mm256_permute4x64_epi64(_mm256_packus_epi32(simd::bf16_bits<Arch, kMayBeNaN>(lo),
+                                                        simd::bf16_bits<Arch, kMayBeNaN>(hi)),
+                                    0xD8);
+  } else {
+    return _mm256_set_m128i(_mm256_cvtps_ph(hi, kRound), _mm256_cvtps_ph(lo, kRound));
+  }
+}
+
 /// Stores two vectors (lo, then hi: 2 * F32<Arch>::size floats) as T, with non-temporal stores
 /// when `stream` and dst is aligned for them. kMayBeNaN false: neither vector holds a NaN
 /// (bf16_bits; used by AVX2's bf16 rounding). bf16 on AVX2 packs both vectors with one pack and
@@ -670,11 +694,7 @@ inline F32<Arch> load_chunk(const T* src, std::size_t i, std::size_t count) {
 template <class Arch, class T, bool kMayBeNaN = true>
 inline void store_pair(T* dst, F32<Arch> lo, F32<Arch> hi, bool stream) noexcept {
   if constexpr (kIsAvx2<Arch> && std::is_same_v<T, bf16>) {
-    // packus interleaves the 128-bit lanes of its operands: [lo0-3 hi0-3 | lo4-7 hi4-7].
-    const __m256i packed =
-        _mm256_permute4x64_epi64(_mm256_packus_epi32(simd::bf16_bits<Arch, kMayBeNaN>(lo),
-                                                     simd::bf16_bits<Arch, kMayBeNaN>(hi)),
-                                 0xD8);
+    const __m256i packed = simd::pack_16bit_pair<Arch, T, kMayBeNaN>(lo, hi);
     auto* target = reinterpret_cast<__m256i*>(dst);
     if (stream && reinterpret_cast<std::uintptr_t>(dst) % 32 == 0) {
       _mm256_stream_si256(target, packed);
@@ -826,6 +846,162 @@ class LineStager {
   std::size_t pending_from_ = 0, pending_to_ = 0;
   std::uintptr_t pending_line_ = 0;
   alignas(kCacheLineBytes) std::byte buffer_[kMaxStagedRowBytes + 2 * kCacheLineBytes];
+};
+
+/// Streams a run of output written as whole vectors in memory order (AVX2 and AVX-512) when it
+/// starts part way into a vector's alignment: each vector is joined with the one before it by
+/// one permute (two on AVX2) into the aligned vector that spans their seam, and that is
+/// streamed, so no byte goes through memory twice. A row that starts where the previous one
+/// ended continues the run: a thread's range of contiguous rows (RoPE's BSND rows of 128 f32 16
+/// bytes past a line, as malloc and numpy place them) has only two partial vectors, at its ends,
+/// written with ordinary masked stores. Line-aligned runs stream each vector as it comes. A run
+/// must start on a 4-byte boundary (joins move whole 32-bit lanes; starts() tells).
+template <class Arch>
+inline constexpr bool kHasShiftedStreams = kIsAvx512<Arch> || kIsAvx2<Arch>;
+
+/// The integer register of a vector width (not std::conditional_t: GCC drops the vector types'
+/// attributes from template arguments).
+template <bool kAvx512>
+struct IntRegister {
+  using type = __m256i;
+};
+template <>
+struct IntRegister<true> {
+  using type = __m512i;
+};
+
+template <class Arch>
+class ShiftedStreamWriter {
+ public:
+  static_assert(kHasShiftedStreams<Arch>);
+  using Bits = typename IntRegister<kIsAvx512<Arch>>::type;
+  static constexpr std::size_t kVectorBytes = sizeof(Bits);
+  static constexpr int kLanes = static_cast<int>(kVectorBytes / 4);
+
+  ShiftedStreamWriter() = default;
+  ShiftedStreamWriter(const ShiftedStreamWriter&) = delete;
+  ShiftedStreamWriter& operator=(const ShiftedStreamWriter&) = delete;
+  ~ShiftedStreamWriter() { finish(); }
+
+  /// Whether a run can start at dst.
+  static bool starts(const void* dst) noexcept {
+    return reinterpret_cast<std::uintptr_t>(dst) % 4 == 0;
+  }
+
+  /// The next vectors go to dst (starts(dst)); a dst that does not continue the run ends it.
+  void begin_row(void* dst) noexcept {
+    const auto address = reinterpret_cast<std::uintptr_t>(dst);
+    if (address == next_) return;
+    finish();
+    shift_ = static_cast<int>(address % kVectorBytes / 4);
+    target_ = address - address % kVectorBytes;
+    next_ = address;
+    started_ = false;
+    if constexpr (kIsAvx512<Arch>) {
+      // Lane i of a join takes lane kLanes - shift + i of the two vectors (previous, current).
+      join_index_ =
+          _mm512_add_epi32(_mm512_set1_epi32(kLanes - shift_),
+                           _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    } else {
+      // Both vectors rotated up by shift lanes; the lanes below shift come from the previous.
+      const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+      rotate_index_ = _mm256_and_si256(_mm256_add_epi32(lane, _mm256_set1_epi32(kLanes - shift_)),
+                                       _mm256_set1_epi32(kLanes - 1));
+      from_previous_ = _mm256_cmpgt_epi32(_mm256_set1_epi32(shift_), lane);
+    }
+  }
+
+  /// Writes the next kVectorBytes of the run.
+  void push(Bits v) noexcept {
+    const Bits joined = join(v);
+    auto* target = reinterpret_cast<Bits*>(target_);
+    if (started_ || shift_ == 0) {
+      stream(target, joined);
+    } else {  // the run's first vector: its lanes from shift_ on
+      store_lanes(target, joined, shift_, kLanes);
+    }
+    started_ = true;
+    target_ += kVectorBytes;
+    next_ += kVectorBytes;
+  }
+
+  /// Writes lo and hi (2 * F32<Arch>::size floats) as T.
+  template <class T, bool kMayBeNaN = true>
+  void push_pair(F32<Arch> lo, F32<Arch> hi) noexcept {
+    if constexpr (std::is_same_v<T, float>) {
+      push(bits(lo));
+      push(bits(hi));
+    } else {
+      push(simd::pack_16bit_pair<Arch, T, kMayBeNaN>(lo, hi));
+    }
+  }
+
+  /// Writes the run's last partial vector, if any. Call before stream_fence.
+  void finish() noexcept {
+    if (started_ && shift_ != 0) {
+      store_lanes(reinterpret_cast<Bits*>(target_), tail(), 0, shift_);
+    }
+    started_ = false;
+    next_ = 0;
+  }
+
+ private:
+  static Bits bits(F32<Arch> v) noexcept {
+    if constexpr (kIsAvx512<Arch>) {
+      return _mm512_castps_si512(v);
+    } else {
+      return _mm256_castps_si256(v);
+    }
+  }
+
+  /// Lanes [0, shift) from the previous vector's last lanes, the rest from v's first ones.
+  Bits join(Bits v) noexcept {
+    if constexpr (kIsAvx512<Arch>) {
+      const Bits joined = _mm512_permutex2var_epi32(previous_, join_index_, v);
+      previous_ = v;
+      return joined;
+    } else {
+      const Bits rotated = _mm256_permutevar8x32_epi32(v, rotate_index_);
+      const Bits joined = _mm256_blendv_epi8(rotated, previous_, from_previous_);
+      previous_ = rotated;
+      return joined;
+    }
+  }
+  /// The previous vector's last shift_ lanes in lanes [0, shift_).
+  Bits tail() const noexcept {
+    if constexpr (kIsAvx512<Arch>) {
+      return _mm512_permutex2var_epi32(previous_, join_index_, previous_);
+    } else {
+      return previous_;  // rotated: its last lanes are already first
+    }
+  }
+
+  static void stream(Bits* target, Bits v) noexcept {
+    if constexpr (kIsAvx512<Arch>) {
+      _mm512_stream_si512(target, v);
+    } else {
+      _mm256_stream_si256(target, v);
+    }
+  }
+  /// Ordinary stores of lanes [from, to) of v.
+  static void store_lanes(Bits* target, Bits v, int from, int to) noexcept {
+    if constexpr (kIsAvx512<Arch>) {
+      const auto mask = static_cast<__mmask16>(((1u << to) - 1) & ~((1u << from) - 1));
+      _mm512_mask_storeu_epi32(target, mask, v);
+    } else {
+      const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+      const __m256i mask = _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(from), lane),
+                                               _mm256_cmpgt_epi32(_mm256_set1_epi32(to), lane));
+      _mm256_maskstore_epi32(reinterpret_cast<int*>(target), mask, v);
+    }
+  }
+
+  int shift_ = 0;              ///< the run's offset within a vector, in 32-bit lanes
+  std::uintptr_t target_ = 0;  ///< where the next joined vector goes (aligned)
+  std::uintptr_t next_ = 0;    ///< where the run continues (0: no run)
+  bool started_ = false;       ///< a vector of the run was pushed
+  Bits previous_{};            ///< (AVX2: rotated by shift_)
+  Bits join_index_{}, rotate_index_{}, from_previous_{};
 };
 
 }  // namespace ditops::simd

@@ -91,17 +91,19 @@ void rotary_position_embedding(const TensorView& x, const TensorView& cos, const
       DITOPS_ISA_TABLE(rope::rope_rows);
   const auto kernel = kernels.get();
   const std::int64_t bytes = problem.rows.rows * problem.dim * dtype_size(x.dtype) * 2;
-  // Streaming saves reading each line of out for ownership. Where every row of out fills whole
-  // cache lines it is decided by the traffic (x read and out written): 16-bit RoPE at FLUX's
-  // [1, 4608, 24, 128] writes 28 MiB and ran 1.1x faster streamed. Rows that share lines are
-  // streamed through simd::LineStager, whose staging costs about what streaming saves there
-  // (0.93x streamed), so they stream from 32 MiB written, as before.
+  // Streaming saves reading each line of out for ownership, decided by the traffic (x read and
+  // out written): 16-bit RoPE at FLUX's [1, 4608, 24, 128] writes 28 MiB and ran 1.1x faster
+  // streamed. Rows that fill whole cache lines, or whose vectors the kernel joins into aligned
+  // ones, stream from the threshold of the traffic; rows that share lines and are staged
+  // (simd::LineStager), whose staging costs about what streaming saves (0.93x streamed), from
+  // the threshold of the bytes written, as before.
   bool whole_lines = reinterpret_cast<std::uintptr_t>(out.data) % kCacheLineBytes == 0 &&
                      problem.dim * dtype_size(x.dtype) % kCacheLineBytes == 0;
   for (int d = 0; d < problem.rows.dims; ++d) {
     whole_lines &= problem.rows.strides[rope::kOut][d] * dtype_size(x.dtype) % kCacheLineBytes == 0;
   }
-  problem.stream = core::use_streaming_stores(whole_lines ? bytes : bytes / 2);
+  problem.stream_joined = core::use_streaming_stores(bytes);
+  problem.stream = whole_lines ? problem.stream_joined : core::use_streaming_stores(bytes / 2);
   core::parallel_ranges(
       problem.rows.rows, core::threads_for_bytes(bytes),
       [&](std::int64_t begin, std::int64_t end, int) { kernel(problem, begin, end); });

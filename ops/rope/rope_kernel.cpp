@@ -5,9 +5,13 @@
 // Rows go one after the other, in memory order: rotating four heads that share a table row side
 // by side (one table load for four rows) measured 10-40% slower for f32, as the hardware
 // prefetcher then follows four interleaved streams; so did walking BNSD in blocks of positions
-// with the heads inside each block (22 vs 29 GB/s, f32, 2 threads). Results are stored two vectors
-// at a time (bf16 packs a pair into one store, which AVX2 can stream). Each row reads every input
-// piece before writing the output piece, so out may be x.
+// with the heads inside each block (22 vs 29 GB/s, f32, 2 threads), and so did prefetching x
+// four rows ahead (f32 and bf16, 1 thread, AVX-512). Results are stored two vectors at a time
+// (bf16 packs a pair into one store, which AVX2 can stream). Streamed outputs whose rows are
+// whole pairs of vectors go through simd::ShiftedStreamWriter, in memory order, wherever out
+// starts; other streamed rows that share cache lines go through simd::LineStager. Each row
+// reads every input piece before writing the output piece, so out may be x (but for the
+// in-order rotate-half, which is then not used).
 
 #include "ops/rope/rope_kernel.hpp"
 
@@ -27,7 +31,18 @@ struct PairSwap {
   static constexpr unsigned get(unsigned index, unsigned) { return index ^ 1u; }
 };
 
-/// out[i] = x[i]*cos[i] - x[i+h]*sin[i];  out[i+h] = x[i+h]*cos[i+h] + x[i]*sin[i+h].
+/// Rotate-half: out[i] = x[i]*cos[i] - x[i+h]*sin[i] for i < h (the first half), and
+/// out[i+h] = x[i+h]*cos[i+h] + x[i]*sin[i+h] (the second); x1 = x[i..], x2 = x[i+h..].
+template <class Arch>
+inline B<Arch> first_half(B<Arch> x1, B<Arch> x2, B<Arch> c1, B<Arch> s1) noexcept {
+  return simd::fmadd<Arch>(x1, c1, -(x2 * s1));
+}
+template <class Arch>
+inline B<Arch> second_half(B<Arch> x1, B<Arch> x2, B<Arch> c2, B<Arch> s2) noexcept {
+  return simd::fmadd<Arch>(x2, c2, x1 * s2);
+}
+
+/// Rotate-half of one row, stored piece by piece (both halves of a piece together).
 template <class Arch, class T, class C>
 void rotate_half(const T* x, const C* cos, const C* sin, T* out, std::size_t dim, bool stream) {
   constexpr std::size_t kLanes = B<Arch>::size;
@@ -41,43 +56,87 @@ void rotate_half(const T* x, const C* cos, const C* sin, T* out, std::size_t dim
         const B<Arch> x1a = simd::load<Arch>(x + i), x1b = simd::load<Arch>(x + i + kLanes);
         const B<Arch> x2a = simd::load<Arch>(x + half + i);
         const B<Arch> x2b = simd::load<Arch>(x + half + i + kLanes);
-        const B<Arch> c1a = simd::load<Arch>(cos + i), c1b = simd::load<Arch>(cos + i + kLanes);
-        const B<Arch> c2a = simd::load<Arch>(cos + half + i);
-        const B<Arch> c2b = simd::load<Arch>(cos + half + i + kLanes);
-        const B<Arch> s1a = simd::load<Arch>(sin + i), s1b = simd::load<Arch>(sin + i + kLanes);
-        const B<Arch> s2a = simd::load<Arch>(sin + half + i);
-        const B<Arch> s2b = simd::load<Arch>(sin + half + i + kLanes);
-        simd::store_pair<Arch>(out + i, simd::fmadd<Arch>(x1a, c1a, -(x2a * s1a)),
-                               simd::fmadd<Arch>(x1b, c1b, -(x2b * s1b)), whole);
-        simd::store_pair<Arch>(out + half + i, simd::fmadd<Arch>(x2a, c2a, x1a * s2a),
-                               simd::fmadd<Arch>(x2b, c2b, x1b * s2b), whole && same_line_phase);
+        simd::store_pair<Arch>(
+            out + i,
+            first_half<Arch>(x1a, x2a, simd::load<Arch>(cos + i), simd::load<Arch>(sin + i)),
+            first_half<Arch>(x1b, x2b, simd::load<Arch>(cos + i + kLanes),
+                             simd::load<Arch>(sin + i + kLanes)),
+            whole);
+        simd::store_pair<Arch>(
+            out + half + i,
+            second_half<Arch>(x1a, x2a, simd::load<Arch>(cos + half + i),
+                              simd::load<Arch>(sin + half + i)),
+            second_half<Arch>(x1b, x2b, simd::load<Arch>(cos + half + i + kLanes),
+                              simd::load<Arch>(sin + half + i + kLanes)),
+            whole && same_line_phase);
       },
       [&](std::size_t i, std::size_t n, auto whole) {
         const B<Arch> x1 = simd::load_chunk<Arch>(x, i, n);
         const B<Arch> x2 = simd::load_chunk<Arch>(x + half, i, n);
-        const B<Arch> c1 = simd::load_chunk<Arch>(cos, i, n);
-        const B<Arch> c2 = simd::load_chunk<Arch>(cos + half, i, n);
-        const B<Arch> s1 = simd::load_chunk<Arch>(sin, i, n);
-        const B<Arch> s2 = simd::load_chunk<Arch>(sin + half, i, n);
-        simd::store_chunk<Arch>(out, i, n, simd::fmadd<Arch>(x1, c1, -(x2 * s1)), whole);
-        simd::store_chunk<Arch>(out + half, i, n, simd::fmadd<Arch>(x2, c2, x1 * s2),
+        simd::store_chunk<Arch>(out, i, n,
+                                first_half<Arch>(x1, x2, simd::load_chunk<Arch>(cos, i, n),
+                                                 simd::load_chunk<Arch>(sin, i, n)),
+                                whole);
+        simd::store_chunk<Arch>(out + half, i, n,
+                                second_half<Arch>(x1, x2, simd::load_chunk<Arch>(cos + half, i, n),
+                                                  simd::load_chunk<Arch>(sin + half, i, n)),
                                 whole && same_line_phase);
       });
 }
 
-/// out[2j] = x[2j]*cos[2j] - x[2j+1]*sin[2j];  out[2j+1] = x[2j+1]*cos[2j+1] + x[2j]*sin[2j+1].
+/// Rotate-half of one row in memory order, two vectors at a time, to a ShiftedStreamWriter:
+/// the first half, then the second, each reading x's other half again (from L1). Not for rows
+/// rotated in place: the second half reads the first half of x after it was written.
+template <class Arch, class T, class C>
+void rotate_half_in_order(const T* x, const C* cos, const C* sin, std::size_t dim,
+                          simd::ShiftedStreamWriter<Arch>& writer) {
+  constexpr std::size_t kLanes = B<Arch>::size;
+  const std::size_t half = dim / 2;
+  for (std::size_t i = 0; i < half; i += 2 * kLanes) {
+    const auto first = [&](std::size_t at) {
+      return first_half<Arch>(simd::load<Arch>(x + at), simd::load<Arch>(x + half + at),
+                              simd::load<Arch>(cos + at), simd::load<Arch>(sin + at));
+    };
+    writer.template push_pair<T>(first(i), first(i + kLanes));
+  }
+  for (std::size_t i = 0; i < half; i += 2 * kLanes) {
+    const auto second = [&](std::size_t at) {
+      return second_half<Arch>(simd::load<Arch>(x + at), simd::load<Arch>(x + half + at),
+                               simd::load<Arch>(cos + half + at),
+                               simd::load<Arch>(sin + half + at));
+    };
+    writer.template push_pair<T>(second(i), second(i + kLanes));
+  }
+}
+
+/// Interleaved: out[2j] = x[2j]*cos[2j] - x[2j+1]*sin[2j];
+/// out[2j+1] = x[2j+1]*cos[2j+1] + x[2j]*sin[2j+1].
+template <class Arch>
+class InterleavedRotation {
+ public:
+  InterleavedRotation() noexcept {
+    // -0.0 on even lanes flips the sign of sin there: rot(x) = [-x1, x0, -x3, x2, ...].
+    alignas(64) float sign_lanes[B<Arch>::size];
+    for (std::size_t lane = 0; lane < B<Arch>::size; ++lane)
+      sign_lanes[lane] = lane % 2 ? 0.f : -0.f;
+    sign_ = B<Arch>::load_aligned(sign_lanes);
+  }
+  B<Arch> operator()(B<Arch> v, B<Arch> c, B<Arch> s) const noexcept {
+    constexpr auto kSwap =
+        xsimd::make_batch_constant<xsimd::batch<std::uint32_t, Arch>, PairSwap>();
+    return simd::fmadd<Arch>(v, c, xsimd::swizzle(v, kSwap) * (s ^ sign_));
+  }
+
+ private:
+  B<Arch> sign_;
+};
+
+/// Interleaved rotation of one row, stored piece by piece.
 template <class Arch, class T, class C>
 void rotate_interleaved(const T* x, const C* cos, const C* sin, T* out, std::size_t dim,
                         bool stream) {
   constexpr std::size_t kLanes = B<Arch>::size;
-  constexpr auto kSwap = xsimd::make_batch_constant<xsimd::batch<std::uint32_t, Arch>, PairSwap>();
-  // -0.0 on even lanes flips the sign of sin there: rot(x) = [-x1, x0, -x3, x2, ...].
-  alignas(64) float sign_lanes[kLanes];
-  for (std::size_t lane = 0; lane < kLanes; ++lane) sign_lanes[lane] = lane % 2 ? 0.f : -0.f;
-  const B<Arch> sign = B<Arch>::load_aligned(sign_lanes);
-  const auto rotated = [&](B<Arch> v, B<Arch> c, B<Arch> s) {
-    return simd::fmadd<Arch>(v, c, xsimd::swizzle(v, kSwap) * (s ^ sign));
-  };
+  const InterleavedRotation<Arch> rotated;
   // Pairs must not straddle pieces, so the first (line-alignment) piece must be even-sized; when
   // out sits an odd number of elements off a line boundary, do not stream.
   const bool align = stream && simd::elements_to_line(out) % 2 == 0;
@@ -100,8 +159,68 @@ void rotate_interleaved(const T* x, const C* cos, const C* sin, T* out, std::siz
       });
 }
 
+/// Interleaved rotation of one row, two vectors at a time, to a ShiftedStreamWriter (each
+/// piece reads its x before it is written: rows may be rotated in place).
+template <class Arch, class T, class C>
+void rotate_interleaved_in_order(const T* x, const C* cos, const C* sin, std::size_t dim,
+                                 const InterleavedRotation<Arch>& rotated,
+                                 simd::ShiftedStreamWriter<Arch>& writer) {
+  constexpr std::size_t kLanes = B<Arch>::size;
+  for (std::size_t i = 0; i < dim; i += 2 * kLanes) {
+    writer.template push_pair<T>(
+        rotated(simd::load<Arch>(x + i), simd::load<Arch>(cos + i), simd::load<Arch>(sin + i)),
+        rotated(simd::load<Arch>(x + i + kLanes), simd::load<Arch>(cos + i + kLanes),
+                simd::load<Arch>(sin + i + kLanes)));
+  }
+}
+
+/// Whether streamed rows can go through a ShiftedStreamWriter: every row is whole pairs of
+/// vectors (both halves, for rotate-half), starts on 4 bytes, and, for rotate-half, is not
+/// rotated in place.
+template <class Arch, class T>
+bool rows_stream_shifted(const RopeProblem& p) {
+  if constexpr (!simd::kHasShiftedStreams<Arch>) {
+    return false;
+  } else {
+    const auto pair = static_cast<std::int64_t>(2 * B<Arch>::size);
+    const bool half = p.mode == RotatedMode::rotated_half;
+    if (p.dim % (half ? 2 * pair : pair) != 0 || (half && p.x == p.out)) return false;
+    if (!simd::ShiftedStreamWriter<Arch>::starts(p.out)) return false;
+    for (int d = 0; d < p.rows.dims; ++d) {
+      if (p.rows.strides[kOut][d] * static_cast<std::int64_t>(sizeof(T)) % 4 != 0) return false;
+    }
+    return true;
+  }
+}
+
+/// Streamed rows through a ShiftedStreamWriter (rows_stream_shifted).
+template <class Arch, class T, class C>
+void rope_rows_shifted(const RopeProblem& p, std::int64_t begin, std::int64_t end) {
+  if constexpr (simd::kHasShiftedStreams<Arch>) {
+    const auto dim = static_cast<std::size_t>(p.dim);
+    core::RowWalker<4> walker(p.rows, begin);
+    simd::ShiftedStreamWriter<Arch> writer;
+    const InterleavedRotation<Arch> interleaved;
+    for (std::int64_t row = begin; row < end; ++row, walker.next()) {
+      const T* x = static_cast<const T*>(p.x) + walker.offset(kX);
+      const C* cos = static_cast<const C*>(p.cos) + walker.offset(kCos);
+      const C* sin = static_cast<const C*>(p.sin) + walker.offset(kSin);
+      writer.begin_row(static_cast<T*>(p.out) + walker.offset(kOut));
+      if (p.mode == RotatedMode::rotated_half) {
+        rotate_half_in_order<Arch, T>(x, cos, sin, dim, writer);
+      } else {
+        rotate_interleaved_in_order<Arch, T>(x, cos, sin, dim, interleaved, writer);
+      }
+    }
+    writer.finish();
+    simd::stream_fence<Arch>();
+  }
+}
+
 template <class Arch, class T, class C>
 void rope_rows_typed(const RopeProblem& p, std::int64_t begin, std::int64_t end) {
+  if (p.stream_joined && rows_stream_shifted<Arch, T>(p))
+    return rope_rows_shifted<Arch, T, C>(p, begin, end);
   const auto dim = static_cast<std::size_t>(p.dim);
   core::RowWalker<4> walker(p.rows, begin);
   // Rows that share cache lines are computed into the stager's buffer and streamed from there.

@@ -23,6 +23,8 @@ struct RopeProblem {
   const void* cos = nullptr;
   const void* sin = nullptr;
   bool stream = false;  ///< write out with streaming (non-temporal) stores
+  /// Whether rows the kernel joins into aligned vectors (simd::ShiftedStreamWriter) stream.
+  bool stream_joined = false;
 };
 
 /// Rotates rows [begin, end). Defined per ISA in rope_kernel.cpp.

@@ -258,19 +258,27 @@ TEST(RopeBadInput, EveryInvalidArgumentThrowsBeforeWriting) {
 namespace ditops::test {
 namespace {
 
-// Outputs above 32 MiB are written with streaming stores; one padding element per row moves
-// each row start one element further, so the rows meet every misalignment, odd ones included
-// (which the interleaved mode must handle pair-safely).
+// Outputs above 32 MiB are written with streaming stores; padding elements per row move each
+// row start further, so the rows meet every misalignment, odd ones included (which the
+// interleaved mode must handle pair-safely), and no row continues where the previous one ended.
+// D = 136 rows are staged; D = 128 rows (whole vectors) are joined into aligned vectors, a run
+// per row (simd::ShiftedStreamWriter) where their starts fall on 4 bytes.
 TYPED_TEST(RopeTest, LargeOutputsUseStreamingStoresCorrectly) {
   using T = typename TypeParam::X;
   using C = typename TypeParam::Table;
   std::mt19937 rng(8);
-  const std::int64_t seq = (std::int64_t{33} << 20) / (8 * 136 * sizeof(T)) + 1;
   for (RotatedMode mode : {RotatedMode::rotated_half, RotatedMode::rotated_interleaved}) {
+    // Staged rows stream from 32 MiB written.
+    const std::int64_t seq = (std::int64_t{33} << 20) / (8 * 136 * sizeof(T)) + 1;
     for (std::int64_t pad : {1, 2}) {
       RopeCase<T, C>{1, seq, 8, 136, false, mode, TableKind::seq_dim, pad, 2, false}.run_and_check(
           rng);
     }
+    // Joined rows stream from 32 MiB of traffic (x and out); out's pad of 4 keeps its rows on
+    // 4 bytes in every dtype.
+    const std::int64_t joined_seq = (std::int64_t{17} << 20) / (8 * 128 * sizeof(T)) + 1;
+    RopeCase<T, C>{1, joined_seq, 8, 128, false, mode, TableKind::seq_dim, 2, 2, false}
+        .run_and_check(rng);
   }
 }
 
