@@ -11,11 +11,12 @@ namespace ditops::attention {
 /// tile (24 zmm: the register file holds it) and a packed K^T block of 64 x Dk floats (32 KiB at
 /// Dk = 128) that stays in a 48 KiB L1d next to the P tile while a row group reuses it.
 inline constexpr std::int64_t kKvBlock = 64;
-/// KV blocks per online-softmax step: the scores of a step's blocks share one running-max
-/// update and one softmax pass, and P·V accumulates the step's keys into the O registers before
-/// storing them, so O is loaded and stored once per 128 keys (at 64 keys, with a 96-row O tile
-/// of 48 KiB that does not stay in a 32 KiB L1d, those loads and stores were 6 % of flash_bf16's
-/// time). The blocks stay packed (and prefetched) one by one.
+/// KV blocks per online-softmax step of flash_bf16 (fp32 steps are one block): the scores of a
+/// step's blocks share one running-max update and one softmax pass, and P·V accumulates the
+/// step's keys into the O registers before storing them, so O is loaded and stored once per 128
+/// keys (at 64 keys, with a 96-row O tile of 48 KiB that does not stay in a 32 KiB L1d, those
+/// loads and stores were 6 % of the kernel's time on Zen 4). The blocks stay packed (and
+/// prefetched) one by one.
 inline constexpr int kStepBlocks = 2;
 inline constexpr std::int64_t kStepKeys = kStepBlocks * kKvBlock;
 /// Query rows per micro-tile, at most (AVX-512 uses 6; narrower ISAs fewer).

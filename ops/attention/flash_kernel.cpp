@@ -2,12 +2,12 @@
 //
 // One task = query rows of one sequence for all query heads of one KV head (GQA heads share
 // every K/V block they load). Its rows (head, position) are cut into micro-tiles of kRows rows;
-// a row group of `row_group` micro-tiles walks the KV blocks together, kStepBlocks blocks per
-// step: per step, Q·K^T and the softmax for every micro-tile, then P·V for every micro-tile, one
-// pass of V columns at a time (the pass's V panels, 4 KiB each per block, stay in L1 across the
-// micro-tiles), while the next step's blocks are prefetched into L2. K^T and V are packed in
-// 16-float panels (attention_kernel.hpp, kPanel), so every register-tile pass streams whole
-// consecutive cache lines.
+// a row group of `row_group` micro-tiles walks the KV blocks together, a step of blocks at a
+// time (kStepBlocks for flash_bf16, 1 for fp32): per step, Q·K^T and the softmax for every
+// micro-tile, then P·V for every micro-tile, one pass of V columns at a time (the pass's V
+// panels, 4 KiB each per block, stay in L1 across the micro-tiles), while the next step's
+// blocks are prefetched into L2. K^T and V are packed in 16-float panels (attention_kernel.hpp,
+// kPanel), so every register-tile pass streams whole consecutive cache lines.
 // Per micro-tile and step: S = Q·K^T block by block (scale·log2 e folded into Q, so scores are
 // in the log2 domain), mask only the partial blocks (causal diagonal, sequence end, explicit
 // mask), running max with a lazy rescale of O (only when a score passes the max by more than
@@ -295,9 +295,13 @@ class TaskRunner {
     auto block_at = [&](std::int64_t i) {
       return task_.blocks ? task_.blocks[i] * kKvBlock : task_.kv_begin + i * kKvBlock;
     };
-    for (std::int64_t i = 0; i < walk; i += kStepBlocks) {
+    // Steps of kStepBlocks blocks for flash_bf16 only: fp32 V of 128 keys is 32 KiB per P·V
+    // column pass, which did not stay in a 32 KiB L1d across the micro-tiles (its P·V loop ran
+    // 9 % slower, eating what the step saved); bf16 V is 16 KiB.
+    const int step_blocks = p_.bf16_dot ? kStepBlocks : 1;
+    for (std::int64_t i = 0; i < walk; i += step_blocks) {
       Step step;
-      for (; step.count < kStepBlocks && i + step.count < walk; ++step.count) {
+      for (; step.count < step_blocks && i + step.count < walk; ++step.count) {
         const std::int64_t block = block_at(i + step.count);
         if (block >= group_end) break;
         step.block[step.count] = block;
@@ -307,10 +311,10 @@ class TaskRunner {
       // Keys of each block each micro-tile's P·V runs over: 0 when no row attends the block, and
       // on the causal diagonal only up to the tile's last visible key (P is 0 past it).
       std::int64_t tile_keys[kMaxRowGroup][kStepBlocks];
-      const std::int64_t next_end = std::min(walk, i + 2 * kStepBlocks);
+      const std::int64_t next_end = std::min(walk, i + 2 * step_blocks);
       for (int t = 0; t < tiles; ++t) {
         if (p_.k_layout == KLayout::packed) {
-          for (std::int64_t n = i + kStepBlocks; n < next_end && block_at(n) < group_end; ++n) {
+          for (std::int64_t n = i + step_blocks; n < next_end && block_at(n) < group_end; ++n) {
             prefetch_next_block(block_at(n), t, tiles);
           }
         }
