@@ -46,10 +46,12 @@ struct Tiles {
 };
 
 /// S tile [kRows][kBlockVecs] = Q tile · K^T block (rows kStepVecs apart), K^T packed in panels
-/// [dk][kPanel].
+/// [dk][kPanel]. Out of line: inlined into the step loop, GCC 12 ran out of registers in the
+/// FMA loop (AVX2 kept an accumulator in memory and ran at two thirds of the speed; AVX-512
+/// reloaded two Q row pointers per d, its loop taking 8-16 % longer than P·V's as many FMAs).
 template <class Arch>
-inline void qk_packed(const float* q_tile, std::int64_t q_stride, const float* kt, std::int64_t dk,
-                      B<Arch>* scores) noexcept {
+[[gnu::noinline]] void qk_packed(const float* q_tile, std::int64_t q_stride, const float* kt,
+                                 std::int64_t dk, B<Arch>* scores) noexcept {
   using T = Tiles<Arch>;
   constexpr int R = T::kRows, C = T::kColVecs, L = T::kLanes;
   static_assert(kPanel % (C * L) == 0 || (C * L) % kPanel == 0, "a pass covers whole panels");
