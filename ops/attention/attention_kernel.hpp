@@ -164,9 +164,10 @@ inline Sequence sequence_of(const FlashProblem& p, std::int64_t seq) noexcept {
 inline std::int64_t flash_scratch_floats(const FlashProblem& p) noexcept {
   const std::int64_t rows = kMaxRowGroup * kMaxTileRows;
   const std::int64_t dk_padded = (p.dk + 31) / 32 * 32;
-  // Q (fp32 and its bf16 copy), O, the P tiles of a row group (one step), running max and
-  // (vector) sum.
-  return rows * dk_padded * 3 / 2 + rows * p.dv_padded + rows * kStepKeys + rows * (1 + kMaxLanes) +
+  // Q (fp32 and its bf16 copy), O, the P tiles of a row group (fp32: one block; flash_bf16: a
+  // step of bf16 words, as many bytes), running max and (vector) sum.
+  static_assert(kStepKeys * 2 == kKvBlock * 4, "a step of bf16 P fills an fp32 P block");
+  return rows * dk_padded * 3 / 2 + rows * p.dv_padded + rows * kKvBlock + rows * (1 + kMaxLanes) +
          64;
 }
 

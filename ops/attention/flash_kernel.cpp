@@ -193,10 +193,11 @@ class TaskRunner {
     q_tile_ = scratch;
     o_tile_ = q_tile_ + rows * dk_padded_;
     p_tile_ = o_tile_ + rows * p.dv_padded;
-    row_max_ = p_tile_ + rows * kStepKeys;
+    row_max_ = p_tile_ + rows * kKvBlock;
     row_sum_ = row_max_ + rows;
     q_bf16_ = reinterpret_cast<std::uint16_t*>(row_sum_ + rows * kMaxLanes);
-    p_bf16_ = reinterpret_cast<std::uint16_t*>(p_tile_);  // bf16 P in the fp32 P tile's place
+    // flash_bf16's P (a step of kStepKeys bf16 words per row) in the fp32 P tile's place.
+    p_bf16_ = reinterpret_cast<std::uint16_t*>(p_tile_);
     heads_ = task_heads(p, task);
     rows_per_head_ = task.q_end - task.q_begin;
     kv_end_ = std::min(task.kv_end, seq_.kv_len);
@@ -312,7 +313,7 @@ class TaskRunner {
       if (step.count == 0) break;
       // Keys of each block each micro-tile's P·V runs over: 0 when no row attends the block, and
       // on the causal diagonal only up to the tile's last visible key (P is 0 past it).
-      std::int64_t tile_keys[kMaxRowGroup][kStepBlocks];
+      std::int64_t tile_keys[kStepBlocks][kMaxRowGroup];
       const std::int64_t next_end = std::min(walk, i + 2 * step_blocks);
       for (int t = 0; t < tiles; ++t) {
         if (p_.k_layout == KLayout::packed) {
@@ -320,7 +321,7 @@ class TaskRunner {
             prefetch_next_block(block_at(n), t, tiles);
           }
         }
-        scores_tile(rows + t * R, t * R, step, tile_min[t], tile_max[t], tile_keys[t]);
+        scores_tile(rows + t * R, t, step, tile_min[t], tile_max[t], tile_keys);
       }
       if (v_bf16_) {
         if constexpr (simd::kHasBf16Vnni<Arch>) {  // bf16_dot is set only for this variant
@@ -328,14 +329,10 @@ class TaskRunner {
           for (int j = 0; j < step.count; ++j) v[j] = v_bf16_ + step.block[j] * p_.dv_padded;
           pv_bf16(tile_keys, tiles, v, step.count);
         }
-      } else if (v_packed_) {
-        const float* v[kStepBlocks];
-        for (int j = 0; j < step.count; ++j) v[j] = v_packed_ + step.block[j] * p_.dv_padded;
-        pv(tile_keys, tiles, v, step.count, p_.dv_padded);
+      } else if (v_packed_) {  // fp32 steps are one block
+        pv(tile_keys[0], tiles, v_packed_ + step.block[0] * p_.dv_padded, p_.dv_padded);
       } else {
-        const T* v[kStepBlocks];
-        for (int j = 0; j < step.count; ++j) v[j] = v_base_ + step.block[j] * p_.v_strides.seq;
-        pv(tile_keys, tiles, v, step.count, p_.v_strides.seq);
+        pv(tile_keys[0], tiles, v_base_ + step.block[0] * p_.v_strides.seq, p_.v_strides.seq);
       }
     }
     for (int index = 0; index < row_count; ++index) {
@@ -374,16 +371,18 @@ class TaskRunner {
     }
   }
 
-  /// P tile of one micro-tile for the blocks of a step (and the running max/sum). tile_keys[j]:
-  /// the keys of block j the tile's P·V runs over (0 when no row of the tile attends it).
-  void scores_tile(const RowRef* rows, int first_index, const Step& step, std::int64_t tile_min,
-                   std::int64_t tile_max, std::int64_t* tile_keys) noexcept {
+  /// P tile of micro-tile `tile` for the blocks of a step (and the running max/sum).
+  /// tile_keys[j][tile]: the keys of block j the tile's P·V runs over (0 when no row of the tile
+  /// attends it).
+  void scores_tile(const RowRef* rows, int tile, const Step& step, std::int64_t tile_min,
+                   std::int64_t tile_max, std::int64_t (*tile_keys)[kMaxRowGroup]) noexcept {
+    const int first_index = tile * R;
     B<Arch> scores[R * SV];
     int width = 0;  // score vectors per row, up to the last block the tile attends
     for (int j = 0; j < step.count; ++j) {
       const std::int64_t block = step.block[j];
       B<Arch>* s = scores + j * BV;
-      tile_keys[j] = 0;
+      tile_keys[j][tile] = 0;
       bool attends = false;
       // Blocks above the causal diagonal for every row of the tile are skipped.
       const bool partial =
@@ -397,11 +396,11 @@ class TaskRunner {
       if (partial) {
         for (int r = 0; r < R; ++r) mask_scores<Arch>(p_, rows[r], block, seq_.kv_len, s + r * SV);
       }
-      tile_keys[j] = std::min(step.keys[j], tile_max - block);
+      tile_keys[j][tile] = std::min(step.keys[j], tile_max - block);
       width = (j + 1) * BV;
     }
     if (width > 0 && !softmax_update(first_index, width, scores)) {
-      std::fill(tile_keys, tile_keys + step.count, std::int64_t{0});
+      for (int j = 0; j < step.count; ++j) tile_keys[j][tile] = 0;
     }
   }
 
@@ -433,7 +432,7 @@ class TaskRunner {
     bool any = false;
     for (int r = 0; r < R; ++r) {
       B<Arch>* s = scores + r * SV;
-      float* p_row = p_tile_ + (first_index + r) * kStepKeys;
+      float* p_row = p_tile_ + (first_index + r) * kKvBlock;  // fp32: one block per step
       B<Arch> top = s[0];
       for (int c = 1; c < width; ++c) top = xsimd::max(top, s[c]);
       float& m = row_max_[first_index + r];
@@ -496,46 +495,40 @@ class TaskRunner {
     return any;
   }
 
-  /// O[tile rows][col, col + V vectors) += P · V over the blocks of a step: keys[j] key rows of
-  /// block j, whose V at column col starts at v[j], key rows v_stride apart, and the columns of
-  /// each further kPanel-wide panel panel_step further (V rows read in place: panel_step =
-  /// kPanel, one contiguous row). With kPartial the last vector has `last_count` lanes (a
-  /// compile-time choice: no per-key branch in the full chunks).
+  /// O[tile rows][col, col + V vectors) += P · V, v: the block's V at column col, key rows
+  /// v_stride apart, and the columns of each further kPanel-wide panel panel_step further (V
+  /// rows read in place: panel_step = kPanel, one contiguous row). With kPartial the last vector
+  /// has `last_count` lanes (a compile-time choice: no per-key branch in the full chunks).
   template <int V, bool kPartial, class VT>
-  void pv_chunk(int first_index, const VT* const* v, std::int64_t v_stride, std::int64_t panel_step,
-                const std::int64_t* keys, int blocks, std::int64_t col,
-                std::int64_t last_count) noexcept {
+  void pv_chunk(int first_index, const VT* v, std::int64_t v_stride, std::int64_t panel_step,
+                std::int64_t keys, std::int64_t col, std::int64_t last_count) noexcept {
     B<Arch> acc[R][V];
     // O's row stride in a local: the compiler cannot tell the stores from p_ and reloaded it
     // after each one.
     const std::int64_t o_stride = p_.dv_padded;
     float* o = o_tile_ + first_index * o_stride + col;
+    const float* p_tile = p_tile_ + first_index * kKvBlock;
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
       for (int c = 0; c < V; ++c) acc[r][c] = B<Arch>::load_aligned(o + r * o_stride + c * L);
     }
-    for (int block = 0; block < blocks; ++block) {
-      const float* p_tile = p_tile_ + first_index * kStepKeys + block * kKvBlock;
-      const VT* v_vector[V];
+    const VT* v_vector[V];
+#pragma GCC unroll 4
+    for (int c = 0; c < V; ++c) v_vector[c] = v + c * L / kPanel * panel_step + c * L % kPanel;
+    for (std::int64_t j = 0; j < keys; ++j) {
+      B<Arch> vv[V];
 #pragma GCC unroll 4
       for (int c = 0; c < V; ++c) {
-        v_vector[c] = v[block] + c * L / kPanel * panel_step + c * L % kPanel;
+        const VT* at = v_vector[c] + j * v_stride;
+        vv[c] = (kPartial && c == V - 1) ? simd::load_partial<Arch>(at, last_count, 0.f)
+                                         : simd::load<Arch>(at);
       }
-      for (std::int64_t j = 0; j < keys[block]; ++j) {
-        B<Arch> vv[V];
-#pragma GCC unroll 4
-        for (int c = 0; c < V; ++c) {
-          const VT* at = v_vector[c] + j * v_stride;
-          vv[c] = (kPartial && c == V - 1) ? simd::load_partial<Arch>(at, last_count, 0.f)
-                                           : simd::load<Arch>(at);
-        }
 #pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          const B<Arch> pb(p_tile[r * kStepKeys + j]);
+      for (int r = 0; r < R; ++r) {
+        const B<Arch> pb(p_tile[r * kKvBlock + j]);
 #pragma GCC unroll 4
-          for (int c = 0; c < V; ++c) acc[r][c] = simd::fmadd<Arch>(pb, vv[c], acc[r][c]);
-        }
+        for (int c = 0; c < V; ++c) acc[r][c] = simd::fmadd<Arch>(pb, vv[c], acc[r][c]);
       }
     }
 #pragma GCC unroll 8
@@ -545,48 +538,43 @@ class TaskRunner {
     }
   }
 
-  /// O[tile rows] += P · V over the first tile_keys[t][j] key rows of each block j of a step
-  /// (v[j]: the block's V) for each micro-tile t of a row group. Column passes outermost: the
-  /// pass's V columns (4 KiB per panel and block) stay in L1 across the micro-tiles while their
-  /// O and P rows stream past them.
+  /// O[tile rows] += P · V[first tile_keys[t] block rows] for each micro-tile t of a row group.
+  /// Column passes outermost: the pass's V columns (4 KiB per panel) stay in L1 across the
+  /// micro-tiles while their O and P rows stream past them.
   template <class VT>
-  void pv(const std::int64_t (*tile_keys)[kStepBlocks], int tiles, const VT* const* v, int blocks,
-          std::int64_t v_stride) noexcept {
+  void pv(const std::int64_t* tile_keys, int tiles, const VT* v, std::int64_t v_stride) noexcept {
     constexpr int DV = Tl::kDvVecs;
     static_assert(kPanel % (DV * L) == 0 || (DV * L) % kPanel == 0, "a pass covers whole panels");
     // Packed V rows are padded to dv_padded (no partial vector); rows read in place end at dv.
     const std::int64_t width = v_packed_ ? p_.dv_padded : p_.dv;
     const std::int64_t vectors = (width + L - 1) / L;
     const std::int64_t tail = width - (vectors - 1) * L;
-    // Where column col of each block's key rows starts, the key row stride there, and the step
+    // Where column col of the block's key rows starts, the key row stride there, and the step
     // from one panel of columns to the next.
     struct Source {
-      const VT* v[kStepBlocks];
+      const VT* v;
       std::int64_t stride, panel_step;
     };
     auto source = [&](std::int64_t col) {
-      Source at{{}, v_stride, kPanel};
-      if (v_packed_) at = Source{{}, kPanel, packed_v_offset(0, kPanel)};
-      const std::int64_t offset = v_packed_ ? packed_v_offset(0, col) : col;
-      for (int j = 0; j < blocks; ++j) at.v[j] = v[j] + offset;
-      return at;
+      if (!v_packed_) return Source{v + col, v_stride, kPanel};
+      return Source{v + packed_v_offset(0, col), kPanel, packed_v_offset(0, kPanel)};
     };
     std::int64_t vec = 0;
     for (; vec + DV < vectors; vec += DV) {
       const Source at = source(vec * L);
       for (int t = 0; t < tiles; ++t) {
-        if (idle(tile_keys[t], blocks)) continue;
-        pv_chunk<DV, false>(t * R, at.v, at.stride, at.panel_step, tile_keys[t], blocks, vec * L,
-                            L);
+        if (tile_keys[t] > 0) {
+          pv_chunk<DV, false>(t * R, at.v, at.stride, at.panel_step, tile_keys[t], vec * L, L);
+        }
       }
     }
     const Source at = source(vec * L);
     for (int t = 0; t < tiles; ++t) {
-      if (idle(tile_keys[t], blocks)) continue;
+      if (tile_keys[t] == 0) continue;
       if (tail == L) {
-        pv_last<false>(t * R, at, tile_keys[t], blocks, vec, vectors - vec, L);
+        pv_last<false>(t * R, at, tile_keys[t], vec, vectors - vec, L);
       } else {
-        pv_last<true>(t * R, at, tile_keys[t], blocks, vec, vectors - vec, tail);
+        pv_last<true>(t * R, at, tile_keys[t], vec, vectors - vec, tail);
       }
     }
   }
@@ -631,17 +619,17 @@ class TaskRunner {
     }
   }
 
-  /// flash_bf16: O[tile rows] += P · V over the first tile_keys[t][j] keys of each block j of a
+  /// flash_bf16: O[tile rows] += P · V over the first tile_keys[j][t] keys of each block j of a
   /// step for each micro-tile t, column passes outermost as in pv. v[j]: block j's bf16 key
   /// pairs (packed_v_pair_offset).
-  void pv_bf16(const std::int64_t (*tile_keys)[kStepBlocks], int tiles,
+  void pv_bf16(const std::int64_t (*tile_keys)[kMaxRowGroup], int tiles,
                const std::uint16_t* const* v, int blocks) noexcept {
     constexpr int DV = Tl::kDvVecs;
     const std::int64_t vectors = p_.dv_padded / L;
     // An odd key count ends with a pair whose second key has P = 0 (masked or padding).
     std::int64_t pairs[kMaxRowGroup][kStepBlocks];
     for (int t = 0; t < tiles; ++t) {
-      for (int j = 0; j < blocks; ++j) pairs[t][j] = (tile_keys[t][j] + 1) / 2;
+      for (int j = 0; j < blocks; ++j) pairs[t][j] = (tile_keys[j][t] + 1) / 2;
     }
     const auto pass = [&]<int V>(std::integral_constant<int, V>, std::int64_t vec) {
       const std::uint16_t* panel[kStepBlocks];
@@ -673,11 +661,10 @@ class TaskRunner {
   }
 
   template <bool kPartial, class Source>
-  void pv_last(int first_index, const Source& at, const std::int64_t* keys, int blocks,
-               std::int64_t vec, std::int64_t left, std::int64_t tail) noexcept {
+  void pv_last(int first_index, const Source& at, std::int64_t keys, std::int64_t vec,
+               std::int64_t left, std::int64_t tail) noexcept {
     const auto run = [&]<int V>(std::integral_constant<int, V>) {
-      pv_chunk<V, kPartial>(first_index, at.v, at.stride, at.panel_step, keys, blocks, vec * L,
-                            tail);
+      pv_chunk<V, kPartial>(first_index, at.v, at.stride, at.panel_step, keys, vec * L, tail);
     };
     static_assert(Tl::kDvVecs == 2 || Tl::kDvVecs == 4);
     switch (left) {
