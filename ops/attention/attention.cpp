@@ -508,7 +508,10 @@ void pack_operands(FlashProblem& p, Packed& packed, const std::vector<FlashTask>
           if (pack_k && p.bf16_dot) {
             std::uint16_t* kt =
                 packed.k_bf16 + packed.k_offset[slot] + job.block * k_block_elements;
-            std::fill(kt, kt + k_block_elements, std::uint16_t{0});
+            // Zeros only where no key row lands: past the sequence end and past dk.
+            if (keys < kKvBlock || p.dk < dk_padded) {
+              std::fill(kt, kt + k_block_elements, std::uint16_t{0});
+            }
             // A pair of d (one 32-bit word) per store: kt[(d / 2) * 2 kKvBlock + 2 key + d % 2].
             for (std::int64_t key = 0; key < keys; ++key) {
               if (key + kPanel < keys) prefetch_row(p.k, k_row(key + kPanel), p.dk);

@@ -2,16 +2,17 @@
 //
 // One task = query rows of one sequence for all query heads of one KV head (GQA heads share
 // every K/V block they load). Its rows (head, position) are cut into micro-tiles of kRows rows;
-// a row group of `row_group` micro-tiles walks the KV blocks together: per block, Q·K^T and the
-// softmax for every micro-tile, then P·V for every micro-tile, one pass of V columns at a time
-// (the pass's V panels, 4 KiB each, stay in L1 across the micro-tiles), while the next block is
-// prefetched into L2. K^T and V are packed in 16-float panels (attention_kernel.hpp, kPanel),
-// so every register-tile pass streams whole consecutive cache lines.
-// Per micro-tile and KV block: S = Q·K^T in registers (scale·log2 e folded into Q, so scores
-// are in the log2 domain), mask only when the block is partial (causal diagonal, sequence end,
-// explicit mask), running max with a lazy rescale of O (only when a score passes the max by
-// more than kLazyMax), P = 2^(S-m) by a polynomial, per-lane row sums, then O += P·V with O in
-// scratch.
+// a row group of `row_group` micro-tiles walks the KV blocks together, a step of blocks at a
+// time (kStepBlocks for flash_bf16, 1 for fp32): per step, Q·K^T and the softmax for every
+// micro-tile, then P·V for every micro-tile, one pass of V columns at a time (the pass's V
+// panels, 4 KiB each per block, stay in L1 across the micro-tiles), while the next step's
+// blocks are prefetched into L2. K^T and V are packed in 16-float panels (attention_kernel.hpp,
+// kPanel), so every register-tile pass streams whole consecutive cache lines.
+// Per micro-tile and step: S = Q·K^T block by block (scale·log2 e folded into Q, so scores are
+// in the log2 domain), mask only the partial blocks (causal diagonal, sequence end, explicit
+// mask), running max with a lazy rescale of O (only when a score passes the max by more than
+// kLazyMax), P = 2^(S-m) by a polynomial, per-lane row sums, then O += P·V over the step's keys
+// with O in registers, loaded and stored once per step.
 // flash_bf16 on AVX512-BF16 runs both products on vdpbf16ps (32 MACs per instruction, twice the
 // fp32 FMA rate): K^T packed as pairs of d per key, V as pairs of keys per column, P rounded to
 // bf16 once (the row sums add the rounded weights) and fed as broadcast key pairs.
@@ -37,15 +38,20 @@ struct Tiles {
   // (8 loads per 12 FMAs, and 12 independent chains cover the FMA latency).
   static constexpr int kRows = 6;
   static constexpr int kBlockVecs = static_cast<int>(kKvBlock) / kLanes;
+  /// Score vectors per row of a step (kStepBlocks blocks): the row stride of a score tile.
+  static constexpr int kStepVecs = kStepBlocks * kBlockVecs;
   static constexpr int kColVecs = simd::kIsAvx512<Arch> ? 4 : 2;  ///< S vectors per K^T pass
   static constexpr int kDvVecs = simd::kIsAvx512<Arch> ? 4 : 2;   ///< O vectors per P·V pass
   static_assert(kRows <= kMaxTileRows && kBlockVecs % kColVecs == 0);
 };
 
-/// S tile [kRows][kBlockVecs] = Q tile · K^T block, K^T packed in panels [dk][kPanel].
+/// S tile [kRows][kBlockVecs] = Q tile · K^T block (rows kStepVecs apart), K^T packed in panels
+/// [dk][kPanel]. Out of line: inlined into the step loop, GCC 12 ran out of registers in the
+/// FMA loop (AVX2 kept an accumulator in memory and ran at two thirds of the speed; AVX-512
+/// reloaded two Q row pointers per d, its loop taking 8-16 % longer than P·V's as many FMAs).
 template <class Arch>
-inline void qk_packed(const float* q_tile, std::int64_t q_stride, const float* kt, std::int64_t dk,
-                      B<Arch>* scores) noexcept {
+[[gnu::noinline]] void qk_packed(const float* q_tile, std::int64_t q_stride, const float* kt,
+                                 std::int64_t dk, B<Arch>* scores) noexcept {
   using T = Tiles<Arch>;
   constexpr int R = T::kRows, C = T::kColVecs, L = T::kLanes;
   static_assert(kPanel % (C * L) == 0 || (C * L) % kPanel == 0, "a pass covers whole panels");
@@ -76,7 +82,7 @@ inline void qk_packed(const float* q_tile, std::int64_t q_stride, const float* k
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-      for (int c = 0; c < C; ++c) scores[r * T::kBlockVecs + col + c] = acc[r][c];
+      for (int c = 0; c < C; ++c) scores[r * T::kStepVecs + col + c] = acc[r][c];
     }
   }
 }
@@ -91,9 +97,18 @@ inline __m512 dot_bf16(__m512 acc, __m512i a, __m512i b) noexcept {
   return acc;
 }
 
-/// flash_bf16: S tile [kRows][kBlockVecs] = bf16 Q tile · K^T, with K^T packed as
-/// [ceil(dk / 2)][64 keys][2] bf16 words (pairs of consecutive d per key, zero padded). Each
-/// vdpbf16ps multiplies 16 key pairs by one broadcast query pair: 32 MACs at fp32 accumulation.
+/// low and high rounded to bf16 (nearest even) in one vector: words 0-15 from low, 16-31 from
+/// high.
+template <class Arch>
+inline __m512i pack_bf16(B<Arch> low, B<Arch> high) noexcept {
+  static_assert(simd::kHasBf16Vnni<Arch>);
+  return (__m512i)_mm512_cvtne2ps_pbh(high, low);
+}
+
+/// flash_bf16: S tile [kRows][kBlockVecs] (rows kStepVecs apart) = bf16 Q tile · K^T, with K^T
+/// packed as [ceil(dk / 2)][64 keys][2] bf16 words (pairs of consecutive d per key, zero padded).
+/// Each vdpbf16ps multiplies 16 key pairs by one broadcast query pair: 32 MACs at fp32
+/// accumulation.
 template <class Arch>
 inline void qk_bf16(const std::uint16_t* q, std::int64_t q_stride, const std::uint16_t* kt,
                     std::int64_t dk, B<Arch>* scores) noexcept {
@@ -125,7 +140,7 @@ inline void qk_bf16(const std::uint16_t* q, std::int64_t q_stride, const std::ui
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) scores[r * C + c] = acc[r][c];
+    for (int c = 0; c < C; ++c) scores[r * T::kStepVecs + c] = acc[r][c];
   }
 }
 
@@ -142,7 +157,7 @@ inline void qk_direct(const float* q_tile, std::int64_t q_stride, int rows, cons
       const std::int64_t first = key0 + g * L;
       const std::int64_t count = std::min<std::int64_t>(L, key_end - first);
       if (r >= rows || count <= 0) {
-        scores[r * T::kBlockVecs + g] = B<Arch>(0.f);
+        scores[r * T::kStepVecs + g] = B<Arch>(0.f);
         continue;
       }
       B<Arch> acc[L];
@@ -160,7 +175,7 @@ inline void qk_direct(const float* q_tile, std::int64_t q_stride, int rows, cons
           }
         }
       }
-      scores[r * T::kBlockVecs + g] = simd::transpose_sum<Arch>(acc);
+      scores[r * T::kStepVecs + g] = simd::transpose_sum<Arch>(acc);
     }
   }
 }
@@ -168,7 +183,7 @@ inline void qk_direct(const float* q_tile, std::int64_t q_stride, int rows, cons
 template <class Arch, class T>
 class TaskRunner {
   using Tl = Tiles<Arch>;
-  static constexpr int R = Tl::kRows, L = Tl::kLanes, BV = Tl::kBlockVecs;
+  static constexpr int R = Tl::kRows, L = Tl::kLanes, BV = Tl::kBlockVecs, SV = Tl::kStepVecs;
 
  public:
   TaskRunner(const FlashProblem& p, const FlashTask& task, float* scratch) noexcept
@@ -181,7 +196,8 @@ class TaskRunner {
     row_max_ = p_tile_ + rows * kKvBlock;
     row_sum_ = row_max_ + rows;
     q_bf16_ = reinterpret_cast<std::uint16_t*>(row_sum_ + rows * kMaxLanes);
-    p_bf16_ = reinterpret_cast<std::uint16_t*>(p_tile_);  // bf16 P in the fp32 P tile's place
+    // flash_bf16's P (a step of kStepKeys bf16 words per row) in the fp32 P tile's place.
+    p_bf16_ = reinterpret_cast<std::uint16_t*>(p_tile_);
     heads_ = task_heads(p, task);
     rows_per_head_ = task.q_end - task.q_begin;
     kv_end_ = std::min(task.kv_end, seq_.kv_len);
@@ -218,6 +234,12 @@ class TaskRunner {
   }
 
  private:
+  /// The KV blocks of one online-softmax step (up to kStepBlocks of the walk) and their keys.
+  struct Step {
+    std::int64_t block[kStepBlocks], keys[kStepBlocks];
+    int count = 0;
+  };
+
   void run_group(std::int64_t first, std::int64_t end) noexcept {
     RowRef rows[kMaxRowGroup * kMaxTileRows];
     const int row_count = static_cast<int>(end - first);
@@ -276,30 +298,41 @@ class TaskRunner {
     auto block_at = [&](std::int64_t i) {
       return task_.blocks ? task_.blocks[i] * kKvBlock : task_.kv_begin + i * kKvBlock;
     };
-    for (std::int64_t i = 0; i < walk; ++i) {
-      const std::int64_t block = block_at(i);
-      if (block >= group_end) break;
-      const std::int64_t keys = std::min(kKvBlock, kv_end_ - block);
-      // Keys of the block each micro-tile's P·V runs over: 0 when no row attends the block, and
+    // Steps of kStepBlocks blocks for flash_bf16 only: fp32 V of 128 keys is 32 KiB per P·V
+    // column pass, which did not stay in a 32 KiB L1d across the micro-tiles (its P·V loop ran
+    // 9 % slower, eating what the step saved); bf16 V is 16 KiB.
+    const int step_blocks = p_.bf16_dot ? kStepBlocks : 1;
+    for (std::int64_t i = 0; i < walk; i += step_blocks) {
+      Step step;
+      for (; step.count < step_blocks && i + step.count < walk; ++step.count) {
+        const std::int64_t block = block_at(i + step.count);
+        if (block >= group_end) break;
+        step.block[step.count] = block;
+        step.keys[step.count] = std::min(kKvBlock, kv_end_ - block);
+      }
+      if (step.count == 0) break;
+      // Keys of each block each micro-tile's P·V runs over: 0 when no row attends the block, and
       // on the causal diagonal only up to the tile's last visible key (P is 0 past it).
-      std::int64_t tile_keys[kMaxRowGroup];
-      const std::int64_t next = i + 1 < walk ? block_at(i + 1) : group_end;
-      const bool prefetch_next = p_.k_layout == KLayout::packed && next < group_end;
+      std::int64_t tile_keys[kStepBlocks][kMaxRowGroup];
+      const std::int64_t next_end = std::min(walk, i + 2 * step_blocks);
       for (int t = 0; t < tiles; ++t) {
-        if (prefetch_next) prefetch_next_block(next, t, tiles);
-        // Blocks above the causal diagonal for every row of the tile are skipped.
-        const bool attends = block < tile_max[t] && scores_tile(rows + t * R, t * R, block, keys,
-                                                                block + kKvBlock > tile_min[t]);
-        tile_keys[t] = attends ? std::min(keys, tile_max[t] - block) : 0;
+        if (p_.k_layout == KLayout::packed) {
+          for (std::int64_t n = i + step_blocks; n < next_end && block_at(n) < group_end; ++n) {
+            prefetch_next_block(block_at(n), t, tiles);
+          }
+        }
+        scores_tile(rows + t * R, t, step, tile_min[t], tile_max[t], tile_keys);
       }
       if (v_bf16_) {
         if constexpr (simd::kHasBf16Vnni<Arch>) {  // bf16_dot is set only for this variant
-          pv_bf16(tile_keys, tiles, v_bf16_ + block * p_.dv_padded);
+          const std::uint16_t* v[kStepBlocks];
+          for (int j = 0; j < step.count; ++j) v[j] = v_bf16_ + step.block[j] * p_.dv_padded;
+          pv_bf16(tile_keys, tiles, v, step.count);
         }
-      } else if (v_packed_) {
-        pv(tile_keys, tiles, v_packed_ + block * p_.dv_padded, p_.dv_padded);
+      } else if (v_packed_) {  // fp32 steps are one block
+        pv(tile_keys[0], tiles, v_packed_ + step.block[0] * p_.dv_padded, p_.dv_padded);
       } else {
-        pv(tile_keys, tiles, v_base_ + block * p_.v_strides.seq, p_.v_strides.seq);
+        pv(tile_keys[0], tiles, v_base_ + step.block[0] * p_.v_strides.seq, p_.v_strides.seq);
       }
     }
     for (int index = 0; index < row_count; ++index) {
@@ -338,47 +371,70 @@ class TaskRunner {
     }
   }
 
-  /// P tile of one micro-tile for one KV block (and the running max/sum). Returns false when
-  /// no row of the tile attends any key of the block.
-  bool scores_tile(const RowRef* rows, int first_index, std::int64_t block, std::int64_t keys,
-                   bool diagonal) noexcept {
-    bool attends = true;
-    const bool partial = tile_needs_mask(p_, rows, R, block, keys, diagonal, attends);
-    if (!attends) return false;
-    B<Arch> scores[R * BV];
+  /// P tile of micro-tile `tile` for the blocks of a step (and the running max/sum).
+  /// tile_keys[j][tile]: the keys of block j the tile's P·V runs over (0 when no row of the tile
+  /// attends it).
+  void scores_tile(const RowRef* rows, int tile, const Step& step, std::int64_t tile_min,
+                   std::int64_t tile_max, std::int64_t (*tile_keys)[kMaxRowGroup]) noexcept {
+    const int first_index = tile * R;
+    B<Arch> scores[R * SV];
+    int width = 0;  // score vectors per row, up to the last block the tile attends
+    for (int j = 0; j < step.count; ++j) {
+      const std::int64_t block = step.block[j];
+      B<Arch>* s = scores + j * BV;
+      tile_keys[j][tile] = 0;
+      bool attends = false;
+      // Blocks above the causal diagonal for every row of the tile are skipped.
+      const bool partial =
+          block < tile_max &&
+          tile_needs_mask(p_, rows, R, block, step.keys[j], block + kKvBlock > tile_min, attends);
+      if (!attends) {
+        for (int r = 0; r < R; ++r) std::fill(s + r * SV, s + r * SV + BV, B<Arch>(kMinusInf));
+        continue;
+      }
+      block_scores(rows, first_index, block, s);
+      if (partial) {
+        for (int r = 0; r < R; ++r) mask_scores<Arch>(p_, rows[r], block, seq_.kv_len, s + r * SV);
+      }
+      tile_keys[j][tile] = std::min(step.keys[j], tile_max - block);
+      width = (j + 1) * BV;
+    }
+    if (width > 0 && !softmax_update(first_index, width, scores)) {
+      for (int j = 0; j < step.count; ++j) tile_keys[j][tile] = 0;
+    }
+  }
+
+  /// S of one block for a micro-tile: scores [R][BV] at s, rows SV apart.
+  void block_scores(const RowRef* rows, int first_index, std::int64_t block, B<Arch>* s) noexcept {
     const float* q_tile = q_tile_ + first_index * dk_padded_;
     if (p_.k_layout == KLayout::packed) {
       if (p_.bf16_dot) {
         if constexpr (simd::kHasBf16Vnni<Arch>) {  // bf16_dot is set only for this variant
           qk_bf16<Arch>(q_bf16_ + first_index * dk_padded_, dk_padded_,
-                        kt_bf16_ + (block / kKvBlock) * dk_padded_ * kKvBlock, p_.dk, scores);
+                        kt_bf16_ + (block / kKvBlock) * dk_padded_ * kKvBlock, p_.dk, s);
         }
       } else {
-        qk_packed<Arch>(q_tile, dk_padded_, kt_ + block / kKvBlock * p_.dk * kKvBlock, p_.dk,
-                        scores);
+        qk_packed<Arch>(q_tile, dk_padded_, kt_ + block / kKvBlock * p_.dk * kKvBlock, p_.dk, s);
       }
     } else {
       int valid_rows = 0;
       for (int i = 0; i < R; ++i) valid_rows += rows[i].q != nullptr;
       qk_direct<Arch>(q_tile, dk_padded_, valid_rows, k_base_, p_.k_strides.seq, block, kv_end_,
-                      p_.dk, scores);
+                      p_.dk, s);
     }
-    return softmax_update(rows, first_index, block, partial, scores);
   }
 
-  /// Masks (partial blocks), updates the running max/sum, rescales O when the max rises by
-  /// more than kLazyMax and writes P. Returns false when no row attends any key of the block.
-  bool softmax_update(const RowRef* rows, int first_index, std::int64_t block, bool partial,
-                      B<Arch>* scores) noexcept {
+  /// Updates the running max/sum from the first `width` (masked) score vectors of each row,
+  /// rescales O when the max rises by more than kLazyMax and writes P. Returns false when no row
+  /// attends any key of the step.
+  bool softmax_update(int first_index, int width, B<Arch>* scores) noexcept {
     constexpr float kLazyMax = 8;  // log2 units: weights up to 256
     bool any = false;
     for (int r = 0; r < R; ++r) {
-      B<Arch>* s = scores + r * BV;
-      float* p_row = p_tile_ + (first_index + r) * kKvBlock;
-      const RowRef& row = rows[r];
-      if (partial) mask_scores<Arch>(p_, row, block, seq_.kv_len, s);
+      B<Arch>* s = scores + r * SV;
+      float* p_row = p_tile_ + (first_index + r) * kKvBlock;  // fp32: one block per step
       B<Arch> top = s[0];
-      for (int c = 1; c < BV; ++c) top = xsimd::max(top, s[c]);
+      for (int c = 1; c < width; ++c) top = xsimd::max(top, s[c]);
       float& m = row_max_[first_index + r];
       // The running max moves lazily: while every score stays within kLazyMax of it (the
       // usual case after the first blocks), the weights are 2^(s - m) <= 2^kLazyMax, harmless
@@ -388,10 +444,10 @@ class TaskRunner {
       const float block_max = within ? m : simd::reduce_max<Arch>(top);
       if (!(block_max > kMinusInf)) {  // nothing attended in this row (or NaN scores)
         if (p_.bf16_dot) {
-          std::fill(p_bf16_ + (first_index + r) * kKvBlock,
-                    p_bf16_ + (first_index + r + 1) * kKvBlock, std::uint16_t{0});
+          std::fill(p_bf16_ + (first_index + r) * kStepKeys,
+                    p_bf16_ + (first_index + r) * kStepKeys + width * L, std::uint16_t{0});
         } else {
-          std::fill(p_row, p_row + kKvBlock, 0.f);
+          std::fill(p_row, p_row + width * L, 0.f);
         }
         if (block_max != block_max) row_max_[first_index + r] = block_max;  // propagate NaN
         continue;
@@ -415,19 +471,20 @@ class TaskRunner {
       if (p_.bf16_dot) {
         if constexpr (simd::kHasBf16Vnni<Arch>) {
           // P rounded to bf16 once; the sum adds the rounded weights P·V multiplies, so the
-          // output stays a weighted mean of V rows (rounding only perturbs the weights). The
-          // degree-4 exp2 (4.2e-5 relative) is exact enough for weights kept to 2^-9.
-          std::uint16_t* p_words = p_bf16_ + (first_index + r) * kKvBlock;
-#pragma GCC unroll 4
-          for (int c = 0; c < BV; ++c) {
-            const __m256i words = simd::avx512_bf16_pack<Arch>(exp2_scores<Arch, 4>(s[c] - shift));
-            _mm256_store_si256(reinterpret_cast<__m256i*>(p_words + c * L), words);
-            sum +=
-                B<Arch>(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(words), 16)));
+          // output stays a weighted mean of V rows (rounding only perturbs the weights), by a
+          // bf16 dot product with ones (pairs of weights per lane, exact products). The degree-4
+          // exp2 (4.2e-5 relative) is exact enough for weights kept to 2^-9.
+          std::uint16_t* p_words = p_bf16_ + (first_index + r) * kStepKeys;
+          const __m512i ones = _mm512_set1_epi16(0x3f80);  // bf16 1.0
+          for (int c = 0; c < width; c += 2) {
+            const __m512i words = pack_bf16<Arch>(exp2_scores<Arch, 4>(s[c] - shift),
+                                                  exp2_scores<Arch, 4>(s[c + 1] - shift));
+            _mm512_store_si512(p_words + c * L, words);
+            sum = dot_bf16<Arch>(sum, words, ones);
           }
         }
       } else {
-        for (int c = 0; c < BV; ++c) {
+        for (int c = 0; c < width; ++c) {
           const B<Arch> prob = exp2_scores<Arch>(s[c] - shift);
           prob.store_aligned(p_row + c * L);
           sum += prob;
@@ -522,34 +579,37 @@ class TaskRunner {
     }
   }
 
-  /// flash_bf16: O[tile rows][col, col + V vectors) += P · V over the key pairs [0, pairs) of
-  /// the block, bf16 P (a broadcast pair per row) times V packed as key pairs (v: the block's
-  /// panel of column col): 32 MACs per vdpbf16ps.
+  /// flash_bf16: O[tile rows][col, col + V vectors) += P · V over the key pairs [0, pairs[j])
+  /// of each block j of a step, bf16 P (a broadcast pair per row) times V packed as key pairs
+  /// (v[j]: block j's panel of column col): 32 MACs per vdpbf16ps.
   template <int V>
-  void pv_bf16_chunk(int first_index, const std::uint16_t* v, std::int64_t pairs,
-                     std::int64_t col) noexcept {
+  void pv_bf16_chunk(int first_index, const std::uint16_t* const* v, const std::int64_t* pairs,
+                     int blocks, std::int64_t col) noexcept {
     __m512 acc[R][V];
     const std::int64_t o_stride = p_.dv_padded;  // a local, as in pv_chunk
     float* o = o_tile_ + first_index * o_stride + col;
-    const std::uint16_t* p_words = p_bf16_ + first_index * kKvBlock;
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
       for (int c = 0; c < V; ++c) acc[r][c] = _mm512_load_ps(o + r * o_stride + c * L);
     }
-    for (std::int64_t pair = 0; pair < pairs; ++pair) {
-      __m512i vv[V];
+    for (int block = 0; block < blocks; ++block) {
+      const std::uint16_t* p_words = p_bf16_ + first_index * kStepKeys + block * kKvBlock;
+      for (std::int64_t pair = 0; pair < pairs[block]; ++pair) {
+        __m512i vv[V];
 #pragma GCC unroll 4
-      for (int c = 0; c < V; ++c) {
-        vv[c] = _mm512_load_si512(v + c * L / kPanel * kKvBlock * kPanel + pair * 2 * kPanel);
-      }
+        for (int c = 0; c < V; ++c) {
+          vv[c] =
+              _mm512_load_si512(v[block] + c * L / kPanel * kKvBlock * kPanel + pair * 2 * kPanel);
+        }
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        std::uint32_t both;
-        std::memcpy(&both, p_words + r * kKvBlock + 2 * pair, sizeof both);
-        const __m512i pb = _mm512_set1_epi32(static_cast<int>(both));
+        for (int r = 0; r < R; ++r) {
+          std::uint32_t both;
+          std::memcpy(&both, p_words + r * kStepKeys + 2 * pair, sizeof both);
+          const __m512i pb = _mm512_set1_epi32(static_cast<int>(both));
 #pragma GCC unroll 4
-        for (int c = 0; c < V; ++c) acc[r][c] = dot_bf16<Arch>(acc[r][c], pb, vv[c]);
+          for (int c = 0; c < V; ++c) acc[r][c] = dot_bf16<Arch>(acc[r][c], pb, vv[c]);
+        }
       }
     }
 #pragma GCC unroll 8
@@ -559,17 +619,23 @@ class TaskRunner {
     }
   }
 
-  /// flash_bf16: O[tile rows] += P · V[first tile_keys[t] block rows] for each micro-tile t,
-  /// column passes outermost as in pv. v: the block's bf16 key pairs (packed_v_pair_offset).
-  void pv_bf16(const std::int64_t* tile_keys, int tiles, const std::uint16_t* v) noexcept {
+  /// flash_bf16: O[tile rows] += P · V over the first tile_keys[j][t] keys of each block j of a
+  /// step for each micro-tile t, column passes outermost as in pv. v[j]: block j's bf16 key
+  /// pairs (packed_v_pair_offset).
+  void pv_bf16(const std::int64_t (*tile_keys)[kMaxRowGroup], int tiles,
+               const std::uint16_t* const* v, int blocks) noexcept {
     constexpr int DV = Tl::kDvVecs;
     const std::int64_t vectors = p_.dv_padded / L;
+    // An odd key count ends with a pair whose second key has P = 0 (masked or padding).
+    std::int64_t pairs[kMaxRowGroup][kStepBlocks];
+    for (int t = 0; t < tiles; ++t) {
+      for (int j = 0; j < blocks; ++j) pairs[t][j] = (tile_keys[j][t] + 1) / 2;
+    }
     const auto pass = [&]<int V>(std::integral_constant<int, V>, std::int64_t vec) {
-      const std::uint16_t* panel = v + packed_v_pair_offset(0, vec * L);
+      const std::uint16_t* panel[kStepBlocks];
+      for (int j = 0; j < blocks; ++j) panel[j] = v[j] + packed_v_pair_offset(0, vec * L);
       for (int t = 0; t < tiles; ++t) {
-        // An odd key count ends with a pair whose second key has P = 0 (masked or padding).
-        const std::int64_t pairs = (tile_keys[t] + 1) / 2;
-        if (pairs > 0) pv_bf16_chunk<V>(t * R, panel, pairs, vec * L);
+        if (!idle(pairs[t], blocks)) pv_bf16_chunk<V>(t * R, panel, pairs[t], blocks, vec * L);
       }
     };
     std::int64_t vec = 0;
@@ -584,6 +650,14 @@ class TaskRunner {
       default:
         return;
     }
+  }
+
+  /// No key of any block to run over (a micro-tile that attends none of the step).
+  static bool idle(const std::int64_t* keys, int blocks) noexcept {
+    for (int j = 0; j < blocks; ++j) {
+      if (keys[j] > 0) return false;
+    }
+    return true;
   }
 
   template <bool kPartial, class Source>
