@@ -894,7 +894,6 @@ class ShiftedStreamWriter {
     if (address == next_) return;
     finish();
     shift_ = static_cast<int>(address % kVectorBytes / 4);
-    target_ = address - address % kVectorBytes;
     next_ = address;
     started_ = false;
     if constexpr (kIsAvx512<Arch>) {
@@ -914,14 +913,13 @@ class ShiftedStreamWriter {
   /// Writes the next kVectorBytes of the run.
   void push(Bits v) noexcept {
     const Bits joined = join(v);
-    auto* target = reinterpret_cast<Bits*>(target_);
+    Bits* target = aligned_target();
     if (started_ || shift_ == 0) {
       stream(target, joined);
     } else {  // the run's first vector: its lanes from shift_ on
       store_lanes(target, joined, shift_, kLanes);
     }
     started_ = true;
-    target_ += kVectorBytes;
     next_ += kVectorBytes;
   }
 
@@ -939,13 +937,18 @@ class ShiftedStreamWriter {
   /// Writes the run's last partial vector, if any. Call before stream_fence.
   void finish() noexcept {
     if (started_ && shift_ != 0) {
-      store_lanes(reinterpret_cast<Bits*>(target_), tail(), 0, shift_);
+      store_lanes(aligned_target(), tail(), 0, shift_);
     }
     started_ = false;
     next_ = 0;
   }
 
  private:
+  /// Where the next joined vector goes: the aligned vector holding next_ (shift_ lanes in).
+  Bits* aligned_target() const noexcept {
+    return reinterpret_cast<Bits*>(next_ - static_cast<std::uintptr_t>(shift_) * 4);
+  }
+
   static Bits bits(F32<Arch> v) noexcept {
     if constexpr (kIsAvx512<Arch>) {
       return _mm512_castps_si512(v);
@@ -996,11 +999,10 @@ class ShiftedStreamWriter {
     }
   }
 
-  int shift_ = 0;              ///< the run's offset within a vector, in 32-bit lanes
-  std::uintptr_t target_ = 0;  ///< where the next joined vector goes (aligned)
-  std::uintptr_t next_ = 0;    ///< where the run continues (0: no run)
-  bool started_ = false;       ///< a vector of the run was pushed
-  Bits previous_{};            ///< (AVX2: rotated by shift_)
+  int shift_ = 0;            ///< the run's offset within a vector, in 32-bit lanes
+  std::uintptr_t next_ = 0;  ///< where the run continues (0: no run)
+  bool started_ = false;     ///< a vector of the run was pushed
+  Bits previous_{};          ///< (AVX2: rotated by shift_)
   Bits join_index_{}, rotate_index_{}, from_previous_{};
 };
 

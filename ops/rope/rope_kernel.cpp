@@ -92,19 +92,18 @@ void rotate_half_in_order(const T* x, const C* cos, const C* sin, std::size_t di
                           simd::ShiftedStreamWriter<Arch>& writer) {
   constexpr std::size_t kLanes = B<Arch>::size;
   const std::size_t half = dim / 2;
+  const auto first = [&](std::size_t at) {
+    return first_half<Arch>(simd::load<Arch>(x + at), simd::load<Arch>(x + half + at),
+                            simd::load<Arch>(cos + at), simd::load<Arch>(sin + at));
+  };
+  const auto second = [&](std::size_t at) {
+    return second_half<Arch>(simd::load<Arch>(x + at), simd::load<Arch>(x + half + at),
+                             simd::load<Arch>(cos + half + at), simd::load<Arch>(sin + half + at));
+  };
   for (std::size_t i = 0; i < half; i += 2 * kLanes) {
-    const auto first = [&](std::size_t at) {
-      return first_half<Arch>(simd::load<Arch>(x + at), simd::load<Arch>(x + half + at),
-                              simd::load<Arch>(cos + at), simd::load<Arch>(sin + at));
-    };
     writer.template push_pair<T>(first(i), first(i + kLanes));
   }
   for (std::size_t i = 0; i < half; i += 2 * kLanes) {
-    const auto second = [&](std::size_t at) {
-      return second_half<Arch>(simd::load<Arch>(x + at), simd::load<Arch>(x + half + at),
-                               simd::load<Arch>(cos + half + at),
-                               simd::load<Arch>(sin + half + at));
-    };
     writer.template push_pair<T>(second(i), second(i + kLanes));
   }
 }
