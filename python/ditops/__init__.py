@@ -1,6 +1,6 @@
 """ditops: fused DiT/LLM operator kernels for the CPU (attention, RoPE, RMSNorm, RainFusion,
-MLA decode, W8A8 linear layers) on torch CPU tensors and numpy arrays, under MindIE-SD's names.
-See docs/python.md."""
+MLA decode, W8A8 linear layers) on torch CPU tensors and numpy arrays, under MindIE-SD's names
+(ditops.mindiesd: the whole of MindIE-SD's surface). See docs/python.md and docs/mindiesd.md."""
 
 from ._ditops import (
     Error,
@@ -21,15 +21,30 @@ from .ops import (
     rainfusion_attention,
     rms_norm,
     rotary_position_embedding,
+    scaled_dot_product_attention,
     select_attention,
-    sparse_attention,
 )
 from . import _arrays
 
 if _arrays.torch is not None:
-    from .nn import RMSNorm
-    from .quant import QuantLinear, TimestepPolicyConfig, quantize, set_timestep
+    from .quant import QuantLinear, set_timestep
     from ._op import register_torch_ops
+
+    # MindIE-SD's names that are not plain operators, one object each with ditops.mindiesd's.
+    from .mindiesd import (
+        CacheAgent,
+        CacheConfig,
+        OnlineQuantConfig,
+        QuantConfig,
+        RMSNorm,
+        TimestepManager,
+        TimestepPolicyConfig,
+        fast_layernorm,
+        get_activation_layer,
+        layernorm_scale_shift,
+        quantize,
+        sparse_attention,
+    )
 
     _torch_library = register_torch_ops()
 

@@ -72,6 +72,16 @@ def float32_mask(mask):
     return mask.astype(np.float32)
 
 
+def float32_table(table, x):
+    """A cos / sin table as the kernels take it: float32 or x's dtype; another float dtype is
+    widened to float32 (exact from bfloat16 and float16)."""
+    if table.dtype == x.dtype:
+        return table
+    if is_torch(table):
+        return table if table.dtype == torch.float32 else table.to(torch.float32)
+    return table if table.dtype == np.float32 else table.astype(np.float32)
+
+
 def forbid_grad(call, *tensors):
     """ditops computes forward passes only: a call that autograd would have to differentiate
     raises here instead of returning outputs without a gradient."""

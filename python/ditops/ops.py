@@ -3,6 +3,8 @@ arrays (DLPack, no copies, any strides the C++ call accepts). Outputs come back 
 kind, or are written into `out=`; ditops.Error (a ValueError) carries the C++ message, and
 nothing is written when a call is refused."""
 
+import os
+
 from . import _arrays
 from . import _ditops as _module
 from ._op import Op, call
@@ -48,7 +50,7 @@ def _attention_out(q, v):
 _ATTENTION_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? mask, float? scale, bool causal, "
                      "bool head_first, str backend, int int8_chunk)")
 
-_attention = Op(
+_attention_op = Op(
     "attention_forward",
     _ATTENTION_SCHEMA + " -> Tensor",
     lambda q, k, v, *rest: [(_attention_out(q, v), None)],
@@ -200,29 +202,125 @@ _mla = Op(
 # ---- public calls ---------------------------------------------------------------------------
 
 
-def attention_forward(query, key, value, attn_mask=None, scale=None, fused=True,
-                      head_first=False, *, causal=False, return_lse=False, backend="automatic",
-                      out=None, int8_chunk=2):
-    """MindIE-SD's attention_forward: softmax(scale · q·kᵀ + mask) · v per head, BSND
-    (head_first=False) or BNSD, output in the input layout. attn_mask: boolean (True = attend)
-    or additive float, [Sq, Sk] or broadcastable [B|1, N|1, Sq|1, Sk]. fused=False runs the
-    reference math. Keywords: causal, return_lse (then (out, lse), lse float32 [B, N, Sq]),
-    backend (a name of backend_names(), default automatic), out, int8_chunk. GQA: key and value
-    may have fewer heads."""
-    if not fused:
-        backend = "reference"
-    _arrays.forbid_grad("attention_forward", query, key, value, attn_mask)
-    mask = _arrays.float32_mask(attn_mask)
-    return call(_attention_lse if return_lse else _attention, query, key, value, mask, scale,
+def _attention(query, key, value, mask, scale, causal, head_first, backend, return_lse, out,
+               int8_chunk):
+    """ditops' own attention semantics: mask None, boolean (True = attend) or additive float;
+    causal bottom-right aligned."""
+    _arrays.forbid_grad("attention_forward", query, key, value, mask)
+    mask = _arrays.float32_mask(mask)
+    return call(_attention_lse if return_lse else _attention_op, query, key, value, mask, scale,
                 causal, head_first, backend, int8_chunk, out=out)
+
+
+_OP_TYPES = ("prompt_flash_attn", "fused_attn_score", "ascend_laser_attention")
+_ATTENTION_KEYWORDS = {"causal": False, "return_lse": False, "backend": "automatic", "out": None,
+                       "int8_chunk": 2, "opt_mode": "runtime", "op_type": "fused_attn_score",
+                       "layout": "BNSD"}
+
+
+def _attention_options(kwargs):
+    """attention_forward's keywords with their defaults; MindIE-SD's NPU dispatch choices
+    (opt_mode, op_type, layout) are checked as MindIE-SD checks them and then have no effect:
+    on the CPU the tuner picks the kernel, and the input layout is head_first's."""
+    unknown = set(kwargs) - set(_ATTENTION_KEYWORDS)
+    if unknown:
+        raise TypeError(f"attention_forward() got unexpected keyword arguments {sorted(unknown)}")
+    options = {**_ATTENTION_KEYWORDS, **kwargs}
+    if options["opt_mode"] not in ("runtime", "static", "manual"):
+        raise _ditops.Error(f"attention_forward: opt_mode \"{options['opt_mode']}\" is not "
+                            "runtime, static or manual")
+    if options["opt_mode"] == "manual":
+        op_type = os.environ.get("MINDIE_SD_FA_TYPE") or options["op_type"]
+        if op_type not in _OP_TYPES:
+            raise _ditops.Error(f"attention_forward: op_type \"{op_type}\" is not one of "
+                                f"{', '.join(_OP_TYPES)}")
+        if options["layout"] not in ("BNSD", "BSND", "BSH"):
+            raise _ditops.Error(f"attention_forward: layout \"{options['layout']}\" is not "
+                                "BNSD, BSND or BSH")
+    return options
+
+
+def _keep_mask(attn_mask):
+    """MindIE-SD's mask meaning: any nonzero element attends, whatever the dtype."""
+    if attn_mask is None or attn_mask.dtype in (bool, _arrays.np.bool_) or (
+            _arrays.is_torch(attn_mask) and attn_mask.dtype == _arrays.torch.bool):
+        return attn_mask
+    return attn_mask != 0
+
+
+def attention_forward(query, key, value, attn_mask=None, scale=None, fused=True,
+                      head_first=False, **kwargs):
+    """MindIE-SD's attention_forward: softmax(scale · q·kᵀ, masked) · v per head, BSND
+    (head_first=False) or BNSD, output in the input layout. attn_mask of any dtype, nonzero =
+    attend (MindIE-SD's meaning; for an additive mask use scaled_dot_product_attention),
+    [Sq, Sk] or broadcastable [B|1, N|1, Sq|1, Sk]. fused=False runs the reference math.
+    Keywords: causal (bottom-right aligned), return_lse (then (out, lse), lse float32
+    [B, N, Sq]), backend (a name of backend_names(), default automatic), out, int8_chunk; and
+    MindIE-SD's opt_mode, op_type, layout (checked, then the tuner chooses the kernel). GQA: key
+    and value may have fewer heads."""
+    options = _attention_options(kwargs)
+    for name, value_ in (("query", query), ("key", key), ("value", value)):
+        if len(value_.shape) != 4:
+            raise _ditops.Error(f"attention_forward: {name} has rank {len(value_.shape)}, "
+                                "expected rank 4 (BSND, or BNSD with head_first)")
+    if not isinstance(fused, bool):
+        raise _ditops.Error(f"attention_forward: fused must be a bool, got {type(fused).__name__}")
+    if scale is not None and not isinstance(scale, (float, int)):
+        raise _ditops.Error(f"attention_forward: scale must be a float, got "
+                            f"{type(scale).__name__}")
+    backend = options["backend"] if fused else "reference"
+    return _attention(query, key, value, _keep_mask(attn_mask), scale, options["causal"],
+                      head_first, backend, options["return_lse"], options["out"],
+                      options["int8_chunk"])
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False):
+    """torch.nn.functional.scaled_dot_product_attention's semantics on ditops' kernels: BNSD
+    ([..., N, S, D] with one batch dimension), attn_mask boolean (True = attend) or additive
+    float, broadcastable to [B, N, Sq, Sk]; is_causal top-left aligned (query i attends keys
+    0..i), not together with attn_mask; key/value with fewer heads only with enable_gqa;
+    dropout_p must be 0 (inference)."""
+    if dropout_p != 0.0:
+        raise _ditops.Error(f"scaled_dot_product_attention: dropout_p ({dropout_p}) must be 0")
+    if is_causal and attn_mask is not None:
+        raise _ditops.Error("scaled_dot_product_attention: attn_mask and is_causal are exclusive")
+    if len(query.shape) != 4 or len(key.shape) != 4:
+        raise _ditops.Error(f"scaled_dot_product_attention: query {list(query.shape)} and key "
+                            f"{list(key.shape)} must be [B, N, S, D]")
+    if key.shape[1] != query.shape[1] and not enable_gqa:
+        raise _ditops.Error(f"scaled_dot_product_attention: key has {key.shape[1]} heads, query "
+                            f"{query.shape[1]}: pass enable_gqa=True for grouped-query attention")
+    sq, sk = query.shape[2], key.shape[2]
+    causal = False
+    if is_causal:
+        if sq == sk:
+            causal = True  # top-left and bottom-right agree
+        elif _arrays.is_torch(query):
+            attn_mask = _arrays.torch.ones(sq, sk, dtype=_arrays.torch.bool).tril()
+        else:
+            attn_mask = _arrays.np.tril(_arrays.np.ones((sq, sk), dtype=bool))
+    return _attention(query, key, value, attn_mask, scale, causal, True, "automatic", False, None,
+                      2)
 
 
 def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
                              max_seqlen_k=None, dropout_p=0.0, softmax_scale=None, causal=False,
+                             window_size=None, softcap=None, alibi_slopes=None,
+                             deterministic=None, return_attn_probs=None, block_table=None, *,
                              backend="automatic"):
     """MindIE-SD's attention_forward_varlen: packed sequences q [Tq, N, D], k/v [Tk, Nkv, D];
     cu_seqlens_* the prefix sums of the lengths (int32, B + 1 entries). Returns [Tq, N, Dv].
-    dropout_p must be 0 (inference); max_seqlen_* are derived from cu_seqlens and only checked."""
+    causal is bottom-right aligned per sequence. dropout_p must be 0 (inference); max_seqlen_*
+    are derived from cu_seqlens and only checked; MindIE-SD's reserved window_size, softcap,
+    alibi_slopes, deterministic, return_attn_probs and block_table must be None."""
+    reserved = {"window_size": window_size, "softcap": softcap, "alibi_slopes": alibi_slopes,
+                "deterministic": deterministic, "return_attn_probs": return_attn_probs,
+                "block_table": block_table}
+    given = [name for name, value in reserved.items() if value is not None]
+    if given:
+        raise _ditops.Error(f"attention_forward_varlen: {', '.join(given)} not supported (MindIE-SD "
+                            "reserves them): pass None")
     if dropout_p != 0.0:
         raise _ditops.Error(f"attention_forward_varlen: dropout_p ({dropout_p}) must be 0")
     _arrays.forbid_grad("attention_forward_varlen", q, k, v)
@@ -259,11 +357,17 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b, out=None, lse=None):
 def rotary_position_embedding(x, cos, sin, rotated_mode="rotated_half", head_first=False,
                               fused=True):
     """MindIE-SD's rotary_position_embedding: x · cos + rot(x) · sin, x [B, S, N, D] (or
-    [B, N, S, D] with head_first), cos/sin [S, D] or broadcastable. rotated_mode
+    [B, N, S, D] with head_first), or any 4-D x with 4-D cos/sin broadcastable to it ([S, B, N, D]
+    with [S, 1, 1, D]); cos/sin [S, D] follow x's sequence dimension. rotated_mode
     "rotated_half" (rot(x) = cat(-x2, x1)) or "rotated_interleaved" ([-x1, x0, -x3, x2, ...]).
-    fused=False is accepted for MindIE-SD's signature; both run the same kernel."""
+    Computed in fp32 whatever cos's float dtype (MindIE-SD computes in cos's dtype), returned in
+    x's. fused=False is accepted for MindIE-SD's signature; both run the same kernel."""
     del fused
     _arrays.forbid_grad("rotary_position_embedding", x, cos, sin)
+    if len(cos.shape) != len(sin.shape) or len(cos.shape) not in (2, 4):
+        raise _ditops.Error(f"rotary_position_embedding: cos {list(cos.shape)} and sin "
+                            f"{list(sin.shape)} must both be [S, D] or 4-D")
+    cos, sin = (_arrays.float32_table(table, x) for table in (cos, sin))
     return call(_rope, x, cos, sin, rotated_mode, head_first)
 
 
@@ -316,43 +420,6 @@ def rainfusion_attention(q, k, v, latent_shape, txt_len=0, sparsity=0.64, patter
     layout = _layout_args(latent_shape, txt_len, text_first, sparsity, textural_stride,
                           recall_threshold, dense_first_frame)
     return call(_rainfusion, q, k, v, list(patterns or []), *layout, scale, head_first)
-
-
-def sparse_attention(query, key, value, attn_mask=None, scale=None, is_causal=False, head_num=1,
-                     input_layout="BNSD", sparse_type=None, txt_len=0, block_size=128,
-                     latent_shape_q=None, latent_shape_k=None, keep_sink=True, keep_recent=True,
-                     cdf_threshold=1.0, sparsity=0.0, text_first=True):
-    """MindIE-SD's sparse_attention. sparse_type None: dense attention (attention_forward).
-    "rf_v2": RainFusion's adaptive blocks: q and k mean-pooled over block_size tokens, every
-    query block keeps its (1 - sparsity) share of key blocks of highest pooled score, blocks of
-    text tokens (txt_len, first unless text_first=False) and, with keep_sink, of the first
-    latent frame kept whole; then block-sparse attention. latent_shape_q [frames, height,
-    width]; self-attention only (latent_shape_k equal or None, no mask, not causal).
-    keep_recent and cdf_threshold < 1 are not implemented: an Error says so."""
-    if input_layout not in ("BNSD", "BSND"):
-        raise _ditops.Error(f"sparse_attention: input_layout \"{input_layout}\" is not BNSD or "
-                            "BSND")
-    head_first = input_layout == "BNSD"
-    if sparse_type is None:
-        return attention_forward(query, key, value, attn_mask, scale, head_first=head_first,
-                                 causal=is_causal)
-    if sparse_type != "rf_v2":
-        raise _ditops.Error(f"sparse_attention: sparse_type \"{sparse_type}\" is not None or "
-                            "\"rf_v2\"")
-    if attn_mask is not None or is_causal:
-        raise _ditops.Error("sparse_attention: rf_v2 takes no attn_mask and is not causal")
-    if latent_shape_k is not None and list(latent_shape_k) != list(latent_shape_q):
-        raise _ditops.Error("sparse_attention: rf_v2 is self-attention: latent_shape_k must "
-                            "equal latent_shape_q")
-    if cdf_threshold < 1.0 or not keep_recent:
-        raise _ditops.Error("sparse_attention: rf_v2 with cdf_threshold < 1 or without "
-                            "keep_recent is not implemented")
-    _arrays.forbid_grad("sparse_attention", query, key, value)
-    layout = _layout_args(latent_shape_q, txt_len, text_first, sparsity, 2, 0.95, keep_sink)
-    mask = call(_adaptive_blocks, query, key, *layout, int(block_size), scale, head_first)
-    out, _ = call(_block_sparse, query, key, value, mask, int(block_size), scale, head_first,
-                  False)
-    return out
 
 
 def mla_decode_paged(q_nope, q_rope, nope, nope_scale, rope, block_table, seq_lens, scale=None,

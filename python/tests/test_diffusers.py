@@ -23,16 +23,21 @@ def rel_l2(a, b):
 @pytest.fixture
 def counted(monkeypatch):
     """Counts the calls of ditops' attention, RMSNorm and rotary embedding."""
-    calls = {"attention_forward": 0, "rms_norm": 0, "rotary_position_embedding": 0,
-             "sparse_attention": 0}
-    for name in calls:
-        original = getattr(ditops.ops, name)
+    # The backends call ditops' attention with torch's mask meaning (ops._attention), and
+    # RainFusion's rf_v2 attention as ditops.diffusers imported it.
+    where = {"attention_forward": (ditops.ops, "_attention"),
+             "rms_norm": (ditops.ops, "rms_norm"),
+             "rotary_position_embedding": (ditops.ops, "rotary_position_embedding"),
+             "sparse_attention": (ditops.diffusers, "rainfusion_v2_attention")}
+    calls = dict.fromkeys(where, 0)
+    for name, (module, attribute) in where.items():
+        original = getattr(module, attribute)
 
         def counting(*args, _name=name, _original=original, **kwargs):
             calls[_name] += 1
             return _original(*args, **kwargs)
 
-        monkeypatch.setattr(ditops.ops, name, counting)
+        monkeypatch.setattr(module, attribute, counting)
     return calls
 
 

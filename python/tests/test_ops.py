@@ -50,10 +50,14 @@ def test_attention_masks_scale_gqa(causal):
     keep[:, -1] = True  # every row keeps a key (causal keeps the last one too)
     broadcast = torch.rand(1, n, sq, sk) > 0.3
     broadcast[..., -1] = True
-    additive = torch.randn(b, 1, sq, sk)
-    for mask in (None, keep, broadcast, additive, additive.to(torch.bfloat16)):
+    for mask in (None, keep, broadcast):
         out = ditops.attention_forward(q, k, v, mask, scale=0.3, causal=causal)
         want, _ = reference_attention(q, k, v, mask, scale=0.3, causal=causal)
+        close(out, want)
+    # MindIE-SD's meaning for masks of other dtypes: nonzero attends (the value does not matter).
+    for nonzero in (keep.float() * 3.5, keep.to(torch.bfloat16) * -1, keep.to(torch.int32)):
+        out = ditops.attention_forward(q, k, v, nonzero, scale=0.3, causal=causal)
+        want, _ = reference_attention(q, k, v, keep, scale=0.3, causal=causal)
         close(out, want)
 
 
@@ -243,45 +247,6 @@ def test_block_sparse_attention_equals_the_expanded_mask():
     tokens = block_mask.repeat_interleave(block, -1).repeat_interleave(block, -2)[..., :s, :s]
     out = ditops.block_sparse_attention(q, k, v, block_mask, block)
     close(out, reference_attention(q, k, v, tokens)[0])
-
-
-def test_sparse_attention_rf_v2():
-    frames, height, width, text = 3, 8, 12, 40
-    s = frames * height * width + text
-    q, k, v = randn(1, 2, s, 64), randn(1, 2, s, 64), randn(1, 2, s, 64)
-    dense = reference_attention(q, k, v, head_first=True)[0]
-    kwargs = dict(sparse_type="rf_v2", txt_len=text, latent_shape_q=[frames, height, width],
-                  block_size=64)
-    # Sparsity 0 keeps every block: dense attention.
-    close(ditops.sparse_attention(q, k, v, sparsity=0.0, **kwargs), dense)
-    # Sparsity 0.5: every query block keeps the forced (text, first-frame) blocks and the
-    # highest-scoring others by pooled q·k, as the documented rule says.
-    out = ditops.sparse_attention(q, k, v, sparsity=0.5, **kwargs)
-    blocks = math.ceil(s / 64)
-    pooled = [torch.stack([t[0, h, i * 64:(i + 1) * 64].double().mean(0) for i in range(blocks)])
-              for t in (q, k) for h in range(2)]
-    forced = torch.zeros(blocks, dtype=torch.bool)
-    token_forced = torch.zeros(s, dtype=torch.bool)
-    token_forced[:text + height * width] = True  # text first, then frame 0
-    for i in range(blocks):
-        forced[i] = token_forced[i * 64:(i + 1) * 64].any()
-    keep_count = math.ceil(0.5 * blocks)
-    mask = torch.zeros(1, 2, blocks, blocks, dtype=torch.bool)
-    for h in range(2):
-        scores = pooled[h] @ pooled[2 + h].T / 8.0
-        for i in range(blocks):
-            if forced[i]:
-                mask[0, h, i] = True
-                continue
-            mask[0, h, i, forced] = True
-            others = [j for j in torch.argsort(-scores[i], stable=True).tolist() if not forced[j]]
-            for j in others[:max(0, keep_count - int(forced.sum()))]:
-                mask[0, h, i, j] = True
-    mask[0, :, :, forced] = True
-    tokens = mask.repeat_interleave(64, -1).repeat_interleave(64, -2)[..., :s, :s]
-    close(out, reference_attention(q, k, v, tokens, head_first=True)[0])
-    # Dense through sparse_type None.
-    close(ditops.sparse_attention(q, k, v), dense)
 
 
 def test_rainfusion_dense_heads_are_dense_attention():
