@@ -38,11 +38,14 @@ ditops_ensure_packages() {
 # The one virtual environment of the Python work (build/venv; DITOPS_VENV overrides), with what
 # the package, its tests and the model benchmarks need from PyPI. pip keeps its cache
 # (~/.cache/pip), so a second run, or a fresh clone on the same machine, downloads nothing.
-ditops_python_requirements=(numpy safetensors torch diffusers nanobind scikit-build-core pytest)
+# cache-dit: the tests run its MindIE-SD attention backend on ditops.mindiesd (the version
+# they were written against).
+ditops_python_requirements=(numpy safetensors torch diffusers nanobind scikit-build-core pytest
+                            "cache-dit==1.5.3")
 ditops_venv=${DITOPS_VENV:-build/venv}
 ditops_ensure_venv() {
   [ -x "$ditops_venv/bin/python" ] || python3 -m venv "$ditops_venv"
-  local modules="numpy, safetensors, torch, diffusers, nanobind, scikit_build_core, pytest"
+  local modules="numpy, safetensors, torch, diffusers, nanobind, scikit_build_core, pytest, cache_dit"
   if ! "$ditops_venv/bin/python" -c "import $modules" 2>/dev/null; then
     echo "ditops: installing ${ditops_python_requirements[*]} into $ditops_venv"
     "$ditops_venv/bin/pip" install -q "${ditops_python_requirements[@]}"
