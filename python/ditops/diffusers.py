@@ -17,6 +17,7 @@ import contextlib
 import torch
 
 from . import ops
+from .mindiesd.layers.flash_attn.sparse_flash_attn_rf_v2 import rainfusion_v2_attention
 
 _BACKENDS = {"dense": "ditops", "int8": "ditops_int8", "rainfusion": "ditops_rainfusion"}
 
@@ -111,15 +112,17 @@ def _rainfusion_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_c
     tokens = None if layout is None else (
         layout["frames"] * layout["height"] * layout["width"] + layout["text"])
     if (tokens is None or attn_mask is not None or is_causal or return_lse
-            or _parallel(_parallel_config) or query.shape[1] != tokens or key.shape[1] != tokens):
+            or _parallel(_parallel_config) or query.shape[1] != tokens
+            or not query.shape == key.shape == value.shape):
         return _dense(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                       return_lse, _parallel_config)
-    return ops.sparse_attention(
-        query, key, value, scale=scale, input_layout="BSND", sparse_type="rf_v2",
-        txt_len=layout["text"], text_first=layout["text_first"],
-        latent_shape_q=[layout["frames"], layout["height"], layout["width"]],
-        block_size=_rainfusion["block_size"], sparsity=_rainfusion["sparsity"],
-        keep_sink=_rainfusion["keep_sink"])
+    # MindIE-SD's rf_v2 block choice (sparse_attention's) per batch entry, with the text on
+    # the side the model puts it and keep_sink deciding whether the first frame is kept whole.
+    return rainfusion_v2_attention(
+        query, key, value, [layout["frames"], layout["height"], layout["width"]],
+        layout["text"], layout["text_first"], _rainfusion["sparsity"],
+        _rainfusion["block_size"], scale, head_first=False,
+        protect_first_frame=_rainfusion["keep_sink"])
 
 
 _FUNCTIONS = {"ditops": _dense, "ditops_int8": _int8, "ditops_rainfusion": _rainfusion_attention}
