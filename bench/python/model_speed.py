@@ -39,10 +39,12 @@ _ditops_seconds = [0.0]
 
 
 def _time_ditops_calls():
-    """Every public ditops op accumulates its wall time into _ditops_seconds."""
-    for name in ("attention_forward", "rms_norm", "rotary_position_embedding",
-                 "sparse_attention"):
-        original = getattr(ditops.ops, name)
+    """Every ditops call the diffusers integration makes accumulates its wall time into
+    _ditops_seconds (attention through ops._attention, torch's mask meaning)."""
+    for module, name in ((ditops.ops, "_attention"), (ditops.ops, "rms_norm"),
+                         (ditops.ops, "rotary_position_embedding"),
+                         (ditops.diffusers, "rainfusion_v2_attention")):
+        original = getattr(module, name)
 
         def timed(*args, _original=original, **kwargs):
             start = time.perf_counter()
@@ -51,7 +53,7 @@ def _time_ditops_calls():
             finally:
                 _ditops_seconds[0] += time.perf_counter() - start
 
-        setattr(ditops.ops, name, timed)
+        setattr(module, name, timed)
     from ditops import quant
 
     original_forward = quant.QuantLinear.forward

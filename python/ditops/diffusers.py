@@ -92,9 +92,9 @@ def _flash_backend(backend):
             return _lse_for_diffusers(_context_parallel(query, key, value, mask, is_causal, scale,
                                                         return_lse, _parallel_config),
                                       return_lse)
-        return _lse_for_diffusers(ops.attention_forward(query, key, value, mask, scale,
-                                                        causal=is_causal, return_lse=return_lse,
-                                                        backend=backend), return_lse)
+        # torch's mask meaning (boolean keep or additive float): ditops' own attention call.
+        return _lse_for_diffusers(ops._attention(query, key, value, mask, scale, is_causal, False,
+                                                 backend, return_lse, None, 2), return_lse)
 
     return attention
 
