@@ -1,8 +1,12 @@
-// Public entries rms_norm and add_rms_norm: validate, describe the problem, run rows in parallel.
+// Public entries rms_norm, add_rms_norm, layer_norm and layer_norm_scale_shift: validate, describe
+// the problem, run rows in parallel.
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdint>
 #include <ditops/norm.hpp>
+#include <string>
 #include <vector>
 
 #include "ops/core/check.hpp"
@@ -24,36 +28,41 @@ void check_eps(const char* call, float eps) {
   }
 }
 
-void check_weight(const Arg& weight, const Arg& x) {
-  if (weight.view.empty()) return;
-  core::check_view(weight, 1, 1);
-  core::check_dtype(weight, {DType::f32, x.view.dtype});
-  core::check_dim(weight, 0, x, x.view.rank - 1);
+/// A per-channel vector (weight, bias): empty, or [D] in f32 or the dtype of x.
+void check_per_channel(const Arg& vector, const Arg& x) {
+  if (vector.view.empty()) return;
+  core::check_view(vector, 1, 1);
+  core::check_dtype(vector, {DType::f32, x.view.dtype});
+  core::check_dim(vector, 0, x, x.view.rank - 1);
 }
 
-/// The (validated) weight as D floats when it is stored narrower; empty when f32 or absent.
-std::vector<float> narrow_weight_as_f32(const TensorView& weight) {
-  if (weight.empty() || weight.dtype == DType::f32) return {};
-  std::vector<float> converted(static_cast<std::size_t>(weight.shape[0]));
+/// A (validated) per-channel vector as D floats when it is stored narrower; empty when f32 or
+/// absent.
+std::vector<float> narrow_as_f32(const TensorView& vector) {
+  if (vector.empty() || vector.dtype == DType::f32) return {};
+  std::vector<float> converted(static_cast<std::size_t>(vector.shape[0]));
   for (std::size_t i = 0; i < converted.size(); ++i) {
-    converted[i] = weight.dtype == DType::bf16 ? static_cast<const bf16*>(weight.data)[i].to_float()
-                                               : static_cast<const f16*>(weight.data)[i].to_float();
+    converted[i] = vector.dtype == DType::bf16 ? static_cast<const bf16*>(vector.data)[i].to_float()
+                                               : static_cast<const f16*>(vector.data)[i].to_float();
   }
   return converted;
+}
+
+bool all_finite(const float* values, std::int64_t count) {
+  return !values ||
+         std::all_of(values, values + count, [](float value) { return std::isfinite(value); });
 }
 
 /// Runs a validated problem; reads the weight only now, after every check passed.
 void run(norm::NormProblem& problem, const TensorView& weight) {
   if (problem.rows.rows == 0 || problem.dim == 0) return;
-  const std::vector<float> converted = narrow_weight_as_f32(weight);
+  const std::vector<float> converted = narrow_as_f32(weight);
   problem.weight = weight.empty()      ? nullptr
                    : converted.empty() ? static_cast<const float*>(weight.data)
                                        : converted.data();
   // A row whose sum of squares is finite has finite inputs; with a finite weight its outputs
   // hold no NaN, and their rounding to bf16 can skip the NaN case.
-  problem.weight_finite =
-      !problem.weight || std::all_of(problem.weight, problem.weight + problem.dim,
-                                     [](float w) { return std::isfinite(w); });
+  problem.weight_finite = all_finite(problem.weight, problem.dim);
   static const core::IsaTable<decltype(&norm::rms_norm_rows<xsimd::sse2>)> kernels =
       DITOPS_ISA_TABLE(norm::rms_norm_rows);
   const auto kernel = kernels.get();
@@ -72,6 +81,117 @@ void run(norm::NormProblem& problem, const TensorView& weight) {
       });
 }
 
+/// Strides that walk scale or shift along x's leading dims: x's rank, each leading extent x's
+/// or 1 (broadcast: stride 0), the last one D.
+std::array<std::int64_t, kMaxRank> modulation_strides(const Arg& modulation, const Arg& x) {
+  const TensorView& m = modulation.view;
+  const int rank = x.view.rank;
+  core::check_view(modulation, rank, rank);
+  core::check_dim(modulation, rank - 1, x, rank - 1);
+  std::array<std::int64_t, kMaxRank> strides{};
+  for (int d = 0; d < rank - 1; ++d) {
+    if (m.shape[d] == x.view.shape[d]) {
+      strides[d] = m.shape[d] == 1 ? 0 : m.strides[d];
+    } else if (m.shape[d] != 1) {
+      core::fail(modulation.call, std::string(modulation.name) + ".shape[" + std::to_string(d) +
+                                      "] (" + std::to_string(m.shape[d]) +
+                                      ") must be 1 or equal x.shape[" + std::to_string(d) + "] (" +
+                                      std::to_string(x.view.shape[d]) + ")");
+    }
+  }
+  return strides;
+}
+
+/// layer_norm and layer_norm_scale_shift (scale and shift empty or both given).
+void run_layer_norm(const char* call, const TensorView& x, const TensorView& weight,
+                    const TensorView& bias, const TensorView& scale, const TensorView& shift,
+                    float eps, const TensorView& out) {
+  const core::CallScope scope(call);
+  const Arg x_arg{call, "x", x}, weight_arg{call, "weight", weight}, bias_arg{call, "bias", bias},
+      scale_arg{call, "scale", scale}, shift_arg{call, "shift", shift}, out_arg{call, "out", out};
+  core::check_view(x_arg, 1, kMaxRank);
+  core::check_dtype(x_arg, kFloatTypes);
+  core::check_view(out_arg, 1, kMaxRank);
+  core::check_same_dtype(out_arg, x_arg);
+  core::check_same_shape(out_arg, x_arg);
+  check_eps(call, eps);
+  check_per_channel(weight_arg, x_arg);
+  check_per_channel(bias_arg, x_arg);
+  const bool modulated = !scale.empty();
+  if (scale.empty() != shift.empty()) {
+    core::fail(call, std::string(modulated ? "shift" : "scale") + " is empty but " +
+                         (modulated ? "scale" : "shift") + " is not: give both or neither");
+  }
+  norm::LayerNormProblem problem;
+  problem.rows = core::row_layout_of(x);
+  if (modulated) {
+    problem.rows.strides[norm::LayerNormProblem::kScale] = modulation_strides(scale_arg, x_arg);
+    problem.rows.strides[norm::LayerNormProblem::kShift] = modulation_strides(shift_arg, x_arg);
+    core::check_dtype(scale_arg, {DType::f32, x.dtype});
+    core::check_same_dtype(shift_arg, scale_arg);
+  }
+  core::check_writable(out_arg);
+  core::check_no_overlap(out_arg, x_arg, /*identical_ok=*/true);
+  for (const Arg* input : {&weight_arg, &bias_arg, &scale_arg, &shift_arg}) {
+    if (!input->view.empty()) core::check_no_overlap(out_arg, *input, false);
+  }
+
+  problem.dtype = x.dtype;
+  problem.modulation_dtype = scale.dtype;
+  problem.dim = x.shape[x.rank - 1];
+  problem.rows.strides[norm::LayerNormProblem::kOut] = core::row_layout_of(out).strides[0];
+  problem.x = x.data;
+  problem.out = out.data;
+  problem.scale = scale.data;
+  problem.shift = shift.data;
+  problem.eps = eps;
+  if (problem.rows.rows == 0 || problem.dim == 0) return;
+
+  // Weight and bias as floats; with modulation the kernel folds or applies both, so an absent
+  // one becomes ones or zeros there.
+  const auto dim = static_cast<std::size_t>(problem.dim);
+  const std::vector<float> narrow_weight = narrow_as_f32(weight), narrow_bias = narrow_as_f32(bias);
+  std::vector<float> ones, zeros;
+  const auto as_f32 = [&](const TensorView& vector, const std::vector<float>& converted,
+                          std::vector<float>& neutral, float neutral_value) -> const float* {
+    if (!converted.empty()) return converted.data();
+    if (!vector.empty()) return static_cast<const float*>(vector.data);
+    if (!modulated) return nullptr;
+    neutral.assign(dim, neutral_value);
+    return neutral.data();
+  };
+  problem.weight = as_f32(weight, narrow_weight, ones, 1.f);
+  problem.bias = as_f32(bias, narrow_bias, zeros, 0.f);
+  // A row whose statistics are in range has finite inputs; with a finite weight and bias its
+  // outputs hold no NaN, and their rounding to bf16 can skip the NaN case.
+  problem.affine_finite =
+      all_finite(problem.weight, problem.dim) && all_finite(problem.bias, problem.dim);
+  // Rows that share scale and shift one after the other ([B, 1, D] for x [B, S, D], S > 1).
+  const int inner = problem.rows.dims - 1;
+  problem.modulation_repeats = modulated && inner >= 0 && problem.rows.shape[inner] > 1 &&
+                               problem.rows.strides[norm::LayerNormProblem::kScale][inner] == 0 &&
+                               problem.rows.strides[norm::LayerNormProblem::kShift][inner] == 0;
+
+  static const core::IsaTable<decltype(&norm::layer_norm_rows<xsimd::sse2>)> kernels =
+      DITOPS_ISA_TABLE(norm::layer_norm_rows);
+  const auto kernel = kernels.get();
+  const std::int64_t written = problem.rows.rows * problem.dim * dtype_size(problem.dtype);
+  // x read and out written; per-token scale and shift are streamed as well.
+  const std::int64_t bytes =
+      2 * written + (modulated && !problem.modulation_repeats
+                         ? 2 * problem.rows.rows * problem.dim * dtype_size(scale.dtype)
+                         : 0);
+  const int threads = core::threads_for_bytes(bytes);
+  problem.stream = core::use_streaming_stores(written);
+  const std::size_t stride =
+      core::per_thread_stride<float>(norm::layer_norm_scratch_floats(problem));
+  core::AlignedBuffer<float> scratch(stride * threads);
+  core::parallel_ranges(
+      problem.rows.rows, threads, [&](std::int64_t begin, std::int64_t end, int thread) {
+        kernel(problem, begin, end, scratch.empty() ? nullptr : scratch.data() + thread * stride);
+      });
+}
+
 }  // namespace
 
 void rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) {
@@ -84,7 +204,7 @@ void rms_norm(const TensorView& x, const TensorView& weight, float eps, const Te
   core::check_same_dtype(out_arg, x_arg);
   core::check_same_shape(out_arg, x_arg);
   check_eps(kCall, eps);
-  check_weight(weight_arg, x_arg);
+  check_per_channel(weight_arg, x_arg);
   core::check_writable(out_arg);
   core::check_no_overlap(out_arg, x_arg, /*identical_ok=*/true);
   if (!weight.empty()) core::check_no_overlap(out_arg, weight_arg, false);
@@ -115,7 +235,7 @@ void add_rms_norm(const TensorView& x, const TensorView& residual, const TensorV
     core::check_same_shape(*arg, x_arg);
   }
   check_eps(kCall, eps);
-  check_weight(weight_arg, x_arg);
+  check_per_channel(weight_arg, x_arg);
   for (const Arg* output : {&out_arg, &sum_arg}) {
     core::check_writable(*output);
     core::check_no_overlap(*output, x_arg, /*identical_ok=*/true);
@@ -137,6 +257,17 @@ void add_rms_norm(const TensorView& x, const TensorView& residual, const TensorV
   problem.out = out.data;
   problem.sum_out = sum_out.data;
   run(problem, weight);
+}
+
+void layer_norm(const TensorView& x, const TensorView& weight, const TensorView& bias, float eps,
+                const TensorView& out) {
+  run_layer_norm("layer_norm", x, weight, bias, {}, {}, eps, out);
+}
+
+void layer_norm_scale_shift(const TensorView& x, const TensorView& weight, const TensorView& bias,
+                            const TensorView& scale, const TensorView& shift, float eps,
+                            const TensorView& out) {
+  run_layer_norm("layer_norm_scale_shift", x, weight, bias, scale, shift, eps, out);
 }
 
 }  // namespace ditops

@@ -1,4 +1,4 @@
-// RMSNorm row kernel, compiled once per ISA level (cmake/DitopsKernels.cmake).
+// RMSNorm and LayerNorm row kernels, compiled once per ISA level (cmake/DitopsKernels.cmake).
 //
 // Memory-bound: each row is read once from memory and once more from L1 (D <= ~8K floats fit
 // L1/L2), so the work per element must stay a few vector ops or the conversions of 16-bit types
@@ -33,26 +33,36 @@ struct RowOperands {
   T* sum_out;
 };
 
-/// Sum of the squares of one row of x, in two partial sums (two FMA chains).
-template <class Arch, class T>
-float sum_squares(const T* x, std::size_t dim) {
+/// Reduces one row of x to a float: step(acc, v) folds each vector v into one of two
+/// accumulators (two dependency chains), whose lanes are summed at the end. A partial last
+/// vector holds `fill` in its missing lanes, which step must count as 0.
+template <class Arch, class T, class Step>
+float reduce_row(const T* x, std::size_t dim, float fill, const Step& step) {
   constexpr std::size_t kLanes = B<Arch>::size;
   B<Arch> even(0.f), odd(0.f);
   std::size_t i = 0;
   for (; i + 2 * kLanes <= dim; i += 2 * kLanes) {
-    const B<Arch> a = simd::load<Arch>(x + i), b = simd::load<Arch>(x + i + kLanes);
-    even = simd::fmadd<Arch>(a, a, even);
-    odd = simd::fmadd<Arch>(b, b, odd);
+    even = step(even, simd::load<Arch>(x + i));
+    odd = step(odd, simd::load<Arch>(x + i + kLanes));
   }
-  if (i < dim) {  // less than two vectors left: one (maybe partial), then maybe a partial one
-    const B<Arch> a = simd::load_chunk<Arch>(x, i, std::min(kLanes, dim - i));
-    even = simd::fmadd<Arch>(a, a, even);
-    if (i + kLanes < dim) {
-      const B<Arch> b = simd::load_chunk<Arch>(x, i + kLanes, dim - i - kLanes);
-      odd = simd::fmadd<Arch>(b, b, odd);
-    }
+  // Less than two vectors left: one (maybe partial), then maybe a partial one.
+  const auto piece = [&](std::size_t at) {
+    const std::size_t count = std::min(kLanes, dim - at);
+    return count < kLanes ? simd::load_partial<Arch>(x + at, count, fill)
+                          : simd::load<Arch>(x + at);
+  };
+  if (i < dim) {
+    even = step(even, piece(i));
+    if (i + kLanes < dim) odd = step(odd, piece(i + kLanes));
   }
   return simd::reduce_add<Arch>(even + odd);
+}
+
+/// Sum of the squares of one row of x.
+template <class Arch, class T>
+float sum_squares(const T* x, std::size_t dim) {
+  return reduce_row<Arch>(x, dim, 0.f,
+                          [](B<Arch> acc, B<Arch> v) { return simd::fmadd<Arch>(v, v, acc); });
 }
 
 /// Fused pass 1 of one row: h = x + residual to sum_out (rounded to T) and, when `h` is another
@@ -121,9 +131,10 @@ void scale_row(const S* src, T* out, const float* weight, float inv_rms, std::si
       });
 }
 
-/// Whether a row's fp32 sum of squares cannot give its scale: it overflowed (|x| beyond ~1e19),
-/// underflowed where eps does not dominate (|x| below ~1e-20; the output would be inf or NaN),
-/// is NaN, or its mean plus eps overflows (eps near FLT_MAX: the output would be 0).
+/// Whether a row's fp32 sum of squares (of x; for LayerNorm, of its deviations from the mean)
+/// cannot give its scale: it overflowed (|x| beyond ~1e19), underflowed where eps does not
+/// dominate (|x| below ~1e-20; the output would be inf or NaN), is NaN, or its mean plus eps
+/// overflows (eps near FLT_MAX: the output would be 0).
 inline bool sum_out_of_range(float sum, float eps, std::size_t dim) {
   return !(sum <= 0x1p126f) || (sum < 0x1p-100f && eps < 0x1p-80f) ||
          !(sum / static_cast<float>(dim) + eps <= std::numeric_limits<float>::max());
@@ -280,6 +291,305 @@ void norm_rows_by_length(const NormProblem& p, std::int64_t begin, std::int64_t 
   }
 }
 
+// ---- LayerNorm and AdaLN ----------------------------------------------------------------------
+//
+// Three passes over each row: its sum (read from memory), the sum of squared deviations from
+// the mean (from L1; two-pass, since E[x^2] - mean^2 cancels catastrophically for rows whose
+// mean is large beside their spread), and the output (from L1). With modulation broadcast over
+// the sequence, weight * (1 + scale) and bias * (1 + scale) + shift are folded once per batch
+// element, so every row costs what plain LayerNorm costs; per-token scale and shift rows are
+// streamed and applied per element.
+
+/// Sum of one row of x.
+template <class Arch, class T>
+float row_sum(const T* x, std::size_t dim) {
+  return reduce_row<Arch>(x, dim, 0.f, [](B<Arch> acc, B<Arch> v) { return acc + v; });
+}
+
+/// Sum of the squared deviations of one row of x from `mean`.
+template <class Arch, class T>
+float centered_sum_squares(const T* x, std::size_t dim, float mean) {
+  const B<Arch> center(mean);
+  return reduce_row<Arch>(x, dim, mean, [&](B<Arch> acc, B<Arch> v) {
+    const B<Arch> deviation = v - center;
+    return simd::fmadd<Arch>(deviation, deviation, acc);
+  });
+}
+
+/// t * gain + offset over elements [i, i + count) of the D-float gain and offset (either may be
+/// left out: kGain, kOffset).
+template <class Arch, bool kGain, bool kOffset>
+B<Arch> apply_affine(B<Arch> t, const float* gain, const float* offset, std::size_t i,
+                     std::size_t count) {
+  if constexpr (kGain && kOffset) {
+    return simd::fmadd<Arch>(t, simd::load_chunk<Arch>(gain, i, count),
+                             simd::load_chunk<Arch>(offset, i, count));
+  } else if constexpr (kGain) {
+    return t * simd::load_chunk<Arch>(gain, i, count);
+  } else if constexpr (kOffset) {
+    return t + simd::load_chunk<Arch>(offset, i, count);
+  } else {
+    return t;
+  }
+}
+
+/// Pass 3 of a row: out = (x - mean) * inv_std * gain + offset. gain and offset are the weight
+/// and the bias, or their fold with a broadcast scale and shift. Prefetching, kMayBeNaN and the
+/// options as in scale_row.
+template <class Arch, bool kGain, bool kOffset, bool kPrefetch, bool kMayBeNaN, class T>
+void normalize_affine_row(const T* x, T* out, const float* gain, const float* offset, float mean,
+                          float inv_std, std::size_t dim, bool stream, const T* next_x) {
+  constexpr std::size_t kLanes = B<Arch>::size;
+  const B<Arch> center(mean), scale(inv_std);
+  simd::for_each_piece<Arch>(
+      out, dim, stream,
+      [&](std::size_t i, auto whole_lines) {
+        if constexpr (kPrefetch) {
+          simd::prefetch(next_x + i);
+          simd::prefetch(next_x + i + kLanes);
+        }
+        const B<Arch> a = (simd::load<Arch>(x + i) - center) * scale;
+        const B<Arch> b = (simd::load<Arch>(x + i + kLanes) - center) * scale;
+        simd::store_pair<Arch, T, kMayBeNaN>(
+            out + i, apply_affine<Arch, kGain, kOffset>(a, gain, offset, i, kLanes),
+            apply_affine<Arch, kGain, kOffset>(b, gain, offset, i + kLanes, kLanes), whole_lines);
+      },
+      [&](std::size_t i, std::size_t count, auto whole_line) {
+        if constexpr (kPrefetch) simd::prefetch(next_x + i);
+        const B<Arch> t = (simd::load_chunk<Arch>(x, i, count) - center) * scale;
+        simd::store_chunk<Arch>(out, i, count,
+                                apply_affine<Arch, kGain, kOffset>(t, gain, offset, i, count),
+                                whole_line);
+      });
+}
+
+/// normalize_affine_row with the options of this row chosen once.
+template <class Arch, bool kPrefetch, bool kMayBeNaN, class T>
+void normalize_affine_row(const T* x, T* out, const float* gain, const float* offset, float mean,
+                          float inv_std, std::size_t dim, bool stream, const T* next_x) {
+  if (gain && offset) {
+    normalize_affine_row<Arch, true, true, kPrefetch, kMayBeNaN>(x, out, gain, offset, mean,
+                                                                 inv_std, dim, stream, next_x);
+  } else if (gain) {
+    normalize_affine_row<Arch, true, false, kPrefetch, kMayBeNaN>(x, out, gain, offset, mean,
+                                                                  inv_std, dim, stream, next_x);
+  } else if (offset) {
+    normalize_affine_row<Arch, false, true, kPrefetch, kMayBeNaN>(x, out, gain, offset, mean,
+                                                                  inv_std, dim, stream, next_x);
+  } else {
+    normalize_affine_row<Arch, false, false, kPrefetch, kMayBeNaN>(x, out, gain, offset, mean,
+                                                                   inv_std, dim, stream, next_x);
+  }
+}
+
+template <class Arch, class T>
+void normalize_affine_row(const T* x, T* out, const float* gain, const float* offset, float mean,
+                          float inv_std, std::size_t dim, bool stream, const T* next_x,
+                          bool may_be_nan) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (!may_be_nan) {
+      if (next_x) {
+        return normalize_affine_row<Arch, true, false>(x, out, gain, offset, mean, inv_std, dim,
+                                                       stream, next_x);
+      }
+      return normalize_affine_row<Arch, false, false>(x, out, gain, offset, mean, inv_std, dim,
+                                                      stream, next_x);
+    }
+  }
+  if (next_x) {
+    return normalize_affine_row<Arch, true, true>(x, out, gain, offset, mean, inv_std, dim, stream,
+                                                  next_x);
+  }
+  normalize_affine_row<Arch, false, true>(x, out, gain, offset, mean, inv_std, dim, stream, next_x);
+}
+
+/// Pass 3 of a row with its own scale and shift rows (per-token modulation):
+/// out = ((x - mean) * inv_std * weight + bias) * (1 + scale) + shift.
+template <class Arch, bool kPrefetch, class T, class S>
+void normalize_modulated_row(const T* x, T* out, const float* weight, const float* bias,
+                             const S* scale_row, const S* shift_row, float mean, float inv_std,
+                             std::size_t dim, bool stream, const T* next_x) {
+  constexpr std::size_t kLanes = B<Arch>::size;
+  const B<Arch> center(mean), scale(inv_std), one(1.f);
+  const auto modulate = [&](B<Arch> v, std::size_t i, std::size_t count) {
+    const B<Arch> affine =
+        apply_affine<Arch, true, true>((v - center) * scale, weight, bias, i, count);
+    return simd::fmadd<Arch>(affine, simd::load_chunk<Arch>(scale_row, i, count) + one,
+                             simd::load_chunk<Arch>(shift_row, i, count));
+  };
+  simd::for_each_piece<Arch>(
+      out, dim, stream,
+      [&](std::size_t i, auto whole_lines) {
+        if constexpr (kPrefetch) {
+          simd::prefetch(next_x + i);
+          simd::prefetch(next_x + i + kLanes);
+        }
+        simd::store_pair<Arch>(out + i, modulate(simd::load<Arch>(x + i), i, kLanes),
+                               modulate(simd::load<Arch>(x + i + kLanes), i + kLanes, kLanes),
+                               whole_lines);
+      },
+      [&](std::size_t i, std::size_t count, auto whole_line) {
+        if constexpr (kPrefetch) simd::prefetch(next_x + i);
+        simd::store_chunk<Arch>(
+            out, i, count, modulate(simd::load_chunk<Arch>(x, i, count), i, count), whole_line);
+      });
+}
+
+/// Folds a broadcast scale and shift row into the weight and bias: gain = weight * (1 + scale),
+/// offset = bias * (1 + scale) + shift (D floats each). Returns whether all of them are finite.
+template <class Arch, class S>
+bool fold_modulation(const float* weight, const float* bias, const S* scale_row, const S* shift_row,
+                     std::size_t dim, float* gain, float* offset) {
+  constexpr std::size_t kLanes = B<Arch>::size;
+  const B<Arch> one(1.f), zero(0.f);
+  B<Arch> non_finite(0.f);  // 0 * v is NaN exactly where v is NaN or infinite
+  for (std::size_t i = 0; i < dim; i += kLanes) {
+    const std::size_t count = std::min(kLanes, dim - i);
+    const B<Arch> factor = simd::load_chunk<Arch>(scale_row, i, count) + one;
+    const B<Arch> g = simd::load_chunk<Arch>(weight, i, count) * factor;
+    const B<Arch> h = simd::fmadd<Arch>(simd::load_chunk<Arch>(bias, i, count), factor,
+                                        simd::load_chunk<Arch>(shift_row, i, count));
+    simd::store_chunk<Arch>(gain, i, count, g, false);
+    simd::store_chunk<Arch>(offset, i, count, h, false);
+    non_finite = non_finite + g * zero + h * zero;
+  }
+  return !std::isnan(simd::reduce_add<Arch>(non_finite));
+}
+
+/// A row whose fp32 statistics are out of range (sum_out_of_range on its sum of squared
+/// deviations; a NaN or infinite sum makes that NaN too), in double: mean, variance and output.
+/// Rare rows, so scalar code; NaN and infinity propagate as in the vector path. weight, bias,
+/// scale_row and shift_row may each be null (1, 0, 0, 0).
+template <class T, class S>
+void layer_norm_row_in_double(const T* x, T* out, const float* weight, const float* bias,
+                              const S* scale_row, const S* shift_row, float eps, std::size_t dim) {
+  double sum = 0;
+  for (std::size_t i = 0; i < dim; ++i) sum += to_float(x[i]);
+  const double mean = sum / static_cast<double>(dim);
+  double squares = 0;
+  for (std::size_t i = 0; i < dim; ++i) {
+    const double deviation = to_float(x[i]) - mean;
+    squares += deviation * deviation;
+  }
+  const double inv_std = 1.0 / std::sqrt(squares / static_cast<double>(dim) + eps);
+  for (std::size_t i = 0; i < dim; ++i) {
+    double y = (to_float(x[i]) - mean) * inv_std;
+    if (weight) y *= weight[i];
+    if (bias) y += bias[i];
+    if (scale_row) y = y * (1.0 + to_float(scale_row[i])) + to_float(shift_row[i]);
+    out[i] = from_float<T>(static_cast<float>(y));
+  }
+}
+
+/// The weight and bias folded with the scale and shift rows they were last folded with.
+struct FoldedModulation {
+  const void* scale_row = nullptr;  ///< null: nothing folded yet
+  const void* shift_row = nullptr;
+  float* gain;
+  float* offset;
+  bool finite = true;
+};
+
+/// Normalizes the Rows rows at the walker and moves it past them; `more_rows`: rows follow in
+/// this thread's range (worth prefetching for long rows). S: the type of scale and shift.
+template <class Arch, class T, class S, int Rows>
+void layer_norm_pass(const LayerNormProblem& p, core::RowWalker<4>& walker, bool more_rows,
+                     FoldedModulation& folded, simd::LineStager<Arch, T>& target) {
+  using Operand = LayerNormProblem::Operand;
+  const auto dim = static_cast<std::size_t>(p.dim);
+  const T* x[Rows];
+  T* out[Rows];
+  const S* scale_row[Rows] = {};
+  const S* shift_row[Rows] = {};
+  for (int r = 0; r < Rows; ++r, walker.next()) {
+    x[r] = static_cast<const T*>(p.x) + walker.offset(Operand::kX);
+    out[r] = static_cast<T*>(p.out) + walker.offset(Operand::kOut);
+    if (p.scale) {
+      scale_row[r] = static_cast<const S*>(p.scale) + walker.offset(Operand::kScale);
+      shift_row[r] = static_cast<const S*>(p.shift) + walker.offset(Operand::kShift);
+    }
+  }
+  // Each pass over the rows before the next, so that short rows' reductions overlap.
+  float mean[Rows], squares[Rows], inv_std[Rows];
+  for (int r = 0; r < Rows; ++r) mean[r] = row_sum<Arch>(x[r], dim) / static_cast<float>(dim);
+  for (int r = 0; r < Rows; ++r) squares[r] = centered_sum_squares<Arch>(x[r], dim, mean[r]);
+  for (int r = 0; r < Rows; ++r) {
+    inv_std[r] = 1.f / std::sqrt(squares[r] / static_cast<float>(dim) + p.eps);
+  }
+
+  const T* next_x = more_rows && dim * sizeof(T) >= 1024
+                        ? static_cast<const T*>(p.x) + walker.offset(Operand::kX)
+                        : nullptr;
+  for (int r = 0; r < Rows; ++r) {
+    T* dst = target.begin_row(out[r]);
+    const bool stream = target.streams_in_place();
+    if (sum_out_of_range(squares[r], p.eps, dim)) {
+      layer_norm_row_in_double(x[r], dst, p.weight, p.bias, scale_row[r], shift_row[r], p.eps, dim);
+    } else if (p.scale && !p.modulation_repeats) {
+      if (next_x) {
+        normalize_modulated_row<Arch, true>(x[r], dst, p.weight, p.bias, scale_row[r], shift_row[r],
+                                            mean[r], inv_std[r], dim, stream, next_x);
+      } else {
+        normalize_modulated_row<Arch, false>(x[r], dst, p.weight, p.bias, scale_row[r],
+                                             shift_row[r], mean[r], inv_std[r], dim, stream,
+                                             next_x);
+      }
+    } else if (p.scale) {
+      if (folded.scale_row != scale_row[r] || folded.shift_row != shift_row[r]) {
+        folded.finite = fold_modulation<Arch>(p.weight, p.bias, scale_row[r], shift_row[r], dim,
+                                              folded.gain, folded.offset);
+        folded.scale_row = scale_row[r];
+        folded.shift_row = shift_row[r];
+      }
+      normalize_affine_row<Arch>(x[r], dst, folded.gain, folded.offset, mean[r], inv_std[r], dim,
+                                 stream, next_x, !folded.finite);
+    } else {
+      normalize_affine_row<Arch>(x[r], dst, p.weight, p.bias, mean[r], inv_std[r], dim, stream,
+                                 next_x, !p.affine_finite);
+    }
+    target.end_row();
+  }
+}
+
+template <class Arch, class T, class S, int Rows>
+void layer_norm_range(const LayerNormProblem& p, std::int64_t begin, std::int64_t end,
+                      float* scratch) {
+  const auto dim = static_cast<std::size_t>(p.dim);
+  core::RowWalker<4> walker(p.rows, begin);
+  simd::LineStager<Arch, T> target(dim, p.stream);
+  FoldedModulation folded{nullptr, nullptr, scratch, scratch ? scratch + dim : nullptr};
+  std::int64_t row = begin;
+  for (; row + Rows <= end; row += Rows) {
+    layer_norm_pass<Arch, T, S, Rows>(p, walker, row + Rows < end, folded, target);
+  }
+  for (; row < end; ++row) {
+    layer_norm_pass<Arch, T, S, 1>(p, walker, row + 1 < end, folded, target);
+  }
+  target.finish();
+  if (p.stream) simd::stream_fence<Arch>();
+}
+
+template <class Arch, class T, class S>
+void layer_norm_range_by_length(const LayerNormProblem& p, std::int64_t begin, std::int64_t end,
+                                float* scratch) {
+  if (rows_per_pass(p.dim, p.dtype) == 4) {
+    layer_norm_range<Arch, T, S, 4>(p, begin, end, scratch);
+  } else {
+    layer_norm_range<Arch, T, S, 1>(p, begin, end, scratch);
+  }
+}
+
+/// T's rows, with scale and shift in f32 or in T.
+template <class Arch, class T>
+void layer_norm_range_of(const LayerNormProblem& p, std::int64_t begin, std::int64_t end,
+                         float* scratch) {
+  if (p.modulation_dtype == DType::f32) {
+    layer_norm_range_by_length<Arch, T, float>(p, begin, end, scratch);
+  } else {
+    layer_norm_range_by_length<Arch, T, T>(p, begin, end, scratch);
+  }
+}
+
 }  // namespace
 
 template <class Arch>
@@ -297,5 +607,21 @@ void rms_norm_rows(const NormProblem& problem, std::int64_t begin, std::int64_t 
 
 template void rms_norm_rows<KernelArch>(const NormProblem&, std::int64_t, std::int64_t,
                                         float*) noexcept;
+
+template <class Arch>
+void layer_norm_rows(const LayerNormProblem& problem, std::int64_t begin, std::int64_t end,
+                     float* scratch) noexcept {
+  switch (problem.dtype) {
+    case DType::bf16:
+      return layer_norm_range_of<Arch, bf16>(problem, begin, end, scratch);
+    case DType::f16:
+      return layer_norm_range_of<Arch, f16>(problem, begin, end, scratch);
+    default:
+      return layer_norm_range_of<Arch, float>(problem, begin, end, scratch);
+  }
+}
+
+template void layer_norm_rows<KernelArch>(const LayerNormProblem&, std::int64_t, std::int64_t,
+                                          float*) noexcept;
 
 }  // namespace ditops::norm

@@ -1,6 +1,8 @@
 #pragma once
-// RMSNorm kernels: the problem the public entry validated, and the per-ISA row kernel.
+// RMSNorm and LayerNorm kernels: the problems the public entries validated, and the per-ISA row
+// kernels.
 
+#include <cstddef>
 #include <cstdint>
 #include <ditops/tensor.hpp>
 
@@ -39,5 +41,38 @@ inline int rows_per_pass(std::int64_t dim, DType dtype) noexcept {
 template <class Arch>
 void rms_norm_rows(const NormProblem& problem, std::int64_t begin, std::int64_t end,
                    float* scratch) noexcept;
+
+/// A LayerNorm (with AdaLN modulation when scale is set) the public entry validated.
+struct LayerNormProblem {
+  /// Operand indices in rows.
+  enum Operand { kX = 0, kOut = 1, kScale = 2, kShift = 3 };
+  DType dtype = DType::f32;             ///< of x and out
+  DType modulation_dtype = DType::f32;  ///< of scale and shift: f32 or dtype
+  std::int64_t dim = 0;                 ///< D, the normalized (contiguous) dimension
+  core::RowLayout rows;                 ///< leading shape; strides per Operand
+  const void* x = nullptr;
+  void* out = nullptr;
+  const float* weight = nullptr;  ///< D floats, or null (1); set whenever scale is
+  const float* bias = nullptr;    ///< D floats, or null (0); set whenever scale is
+  bool affine_finite = true;      ///< no weight or bias is NaN or infinite
+  const void* scale = nullptr;    ///< a row of D per row of x, or null (no modulation)
+  const void* shift = nullptr;    ///< set exactly when scale is
+  /// Consecutive rows share their scale and shift rows (broadcast over the sequence): the kernel
+  /// folds them into the weight and bias once per run of such rows, instead of per row.
+  bool modulation_repeats = false;
+  float eps = 0.f;
+  bool stream = false;  ///< write out with streaming (non-temporal) stores
+};
+
+/// Floats of scratch layer_norm_rows needs per thread: the folded weight and bias.
+inline std::size_t layer_norm_scratch_floats(const LayerNormProblem& problem) noexcept {
+  return problem.modulation_repeats ? 2 * static_cast<std::size_t>(problem.dim) : 0;
+}
+
+/// Normalizes rows [begin, end). scratch: layer_norm_scratch_floats floats private to the
+/// calling thread. Defined per ISA in norm_kernel.cpp.
+template <class Arch>
+void layer_norm_rows(const LayerNormProblem& problem, std::int64_t begin, std::int64_t end,
+                     float* scratch) noexcept;
 
 }  // namespace ditops::norm
