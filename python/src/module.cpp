@@ -253,6 +253,23 @@ NB_MODULE(_ditops, m) {
       nb::arg("x"), nb::arg("residual"), nb::arg("weight"), nb::arg("eps"), nb::arg("out"),
       nb::arg("sum_out"), release);
 
+  // layer_norm when scale and shift are None, else layer_norm_scale_shift.
+  m.def(
+      "layer_norm_scale_shift",
+      [](const Array& x, const OptionalArray& weight, const OptionalArray& bias,
+         const OptionalArray& scale, const OptionalArray& shift, float eps, const Array& out) {
+        if (!scale && !shift) {
+          layer_norm(as_view(x, "x"), as_view(weight, "weight"), as_view(bias, "bias"), eps,
+                     as_view(out, "out"));
+          return;
+        }
+        layer_norm_scale_shift(as_view(x, "x"), as_view(weight, "weight"), as_view(bias, "bias"),
+                               as_view(scale, "scale"), as_view(shift, "shift"), eps,
+                               as_view(out, "out"));
+      },
+      nb::arg("x"), nb::arg("weight").none(), nb::arg("bias").none(), nb::arg("scale").none(),
+      nb::arg("shift").none(), nb::arg("eps"), nb::arg("out"), release);
+
   m.def(
       "merge_attention_states",
       [](const Array& out_a, const Array& lse_a, const Array& out_b, const Array& lse_b,
