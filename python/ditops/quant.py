@@ -1,10 +1,11 @@
-"""W8A8 models in PyTorch: `quantize(model, quant_des_path)` replaces, in place, every
-nn.Linear whose name an msmodelslim description lists with a W8A8 algorithm by a ditops layer
-built from the export's tensors (MindIE-SD's quantize). TimestepPolicyConfig picks the
-denoising steps that use static activation parameters in W8A8_TIMESTEP layers, and
-set_timestep(model, step) moves one model's step."""
+"""W8A8 linear layers in PyTorch models: QuantLinear (a torch module over a ditops layer), the
+layers quantize() builds from an msmodelslim export or from a model's own weights, and the
+denoising step of each converted model's W8A8_TIMESTEP layers (set_timestep: one model;
+set_every_timestep: all of them, MindIE-SD's TimestepManager). The MindIE-SD surface over this
+(quantize, its configurations) is ditops.mindiesd.quantization."""
 
 import atexit
+import weakref
 
 import torch
 
@@ -35,9 +36,9 @@ _forward = native(_ditops.QuantLinear.forward)
 
 
 class QuantLinear(torch.nn.Module):
-    """One layer of a loaded export (static, dynamic or timestep W8A8, or FLOAT): y = x · Wᵀ + b
-    on ditops' int8 GEMM, x float32 or bfloat16 [..., in_features] with a contiguous last
-    dimension, y of x's dtype."""
+    """One ditops layer (static, dynamic or timestep W8A8, or FLOAT) as a drop-in nn.Linear:
+    y = x · Wᵀ + b on ditops' int8 GEMM, x [..., in_features] of any float dtype, y of x's
+    dtype (float16 is computed in float32: the kernels take float32 and bfloat16)."""
 
     def __init__(self, layer, name=""):
         super().__init__()
@@ -53,6 +54,10 @@ class QuantLinear(torch.nn.Module):
 
     def forward(self, x):
         forbid_grad("QuantLinear", x)
+        if x.dtype == torch.float16:
+            return self.forward(x.float()).half()
+        if x.stride(-1) != 1:  # the kernels read rows with a contiguous last dimension
+            x = x.contiguous()
         return call(_quant_linear, x, self.layer_id, "none")
 
     def extra_repr(self):
@@ -60,62 +65,85 @@ class QuantLinear(torch.nn.Module):
                 f"out_features={self.out_features}")
 
 
-class TimestepPolicyConfig:
-    """MindIE-SD's TimestepPolicyConfig: register(steps, "static" | "dynamic") with steps an
-    int, a list or a range; later registrations override earlier ones; unregistered steps are
-    dynamic."""
-
-    def __init__(self):
-        self.static_steps = set()
-
-    def register(self, steps, mode):
-        if mode not in ("static", "dynamic"):
-            raise ValueError(f"TimestepPolicyConfig.register: mode \"{mode}\" is not static or "
-                             "dynamic")
-        steps = [steps] if isinstance(steps, int) else list(steps)
-        for step in steps:
-            if int(step) < 0:
-                raise ValueError(f"TimestepPolicyConfig.register: step {step} < 0")
-            (self.static_steps.add if mode == "static" else self.static_steps.discard)(int(step))
-        return self
+def w8a8_dynamic_layer(linear):
+    """A W8A8_DYNAMIC layer of nn.Linear `linear`'s own weights: per output channel,
+    symmetric, scale_n = max_k |W[n, k]| / 127 (1 for an all-zero row) and W_q = round(W /
+    scale_n) in [-127, 127], from the weights as they are (float32, bfloat16 or float16); the
+    bias kept in float32. Activations are quantized per token at each forward. ditops.Error for
+    weights that are not finite."""
+    weight = linear.weight.detach().to("cpu", torch.float32)
+    scale = weight.abs().amax(dim=1) / 127
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    weight_q = torch.round(weight / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    bias = linear.bias
+    if bias is not None:
+        bias = bias.detach().to("cpu", torch.float32).contiguous()
+    return _ditops.QuantLinear.w8a8("W8A8_DYNAMIC", weight_q, weight_scale=scale, bias=bias)
 
 
-def quantize(model, quant_des_path, timestep_config=None, weights_path=""):
-    """Replaces, in place, every nn.Linear of `model` that the description lists with a W8A8
-    algorithm by a QuantLinear from the export (FLOAT entries keep the model's own layer).
-    Returns the model. A listed layer whose shape differs from the module's is an Error."""
-    static_steps = sorted(timestep_config.static_steps) if timestep_config else []
-    export = _ditops.QuantModel.load(str(quant_des_path), str(weights_path), static_steps)
-    listed = set(export.layer_names())
-    # Every layer is built and checked before the first replacement: a refused export leaves
-    # the model as it was.
-    replacements = []
-    for name, module in model.named_modules():
-        if not isinstance(module, torch.nn.Linear) or name not in listed:
-            continue
-        if export.layer_algo(name) == "FLOAT":
-            continue
-        layer = export.linear(name)
-        if (layer.in_features, layer.out_features) != (module.in_features, module.out_features):
-            raise _ditops.Error(
-                f"quantize: layer \"{name}\" of {quant_des_path} is [{layer.out_features}, "
-                f"{layer.in_features}], the model's nn.Linear [{module.out_features}, "
-                f"{module.in_features}]")
-        replacements.append((name, layer))
-    for name, layer in replacements:
+def replace_layers(model, layers):
+    """Puts QuantLinear(layer) at each (dotted name, ditops layer) of `layers` in `model`, and
+    counts them in model._ditops_quantized_layers."""
+    for name, layer in layers:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, QuantLinear(layer, name))
-    replaced = len(replacements)
-    model._ditops_quant_model = export
-    model._ditops_quantized_layers = replaced
-    return model
+    model._ditops_quantized_layers = getattr(model, "_ditops_quantized_layers", 0) + len(layers)
+
+
+# A step no policy makes static: what a converted model's timestep layers are at while no step
+# is set (C++ steps are ints >= 0; the largest int32 is past every layer's steps).
+UNSET_STEP = 2**31 - 1
+
+# Every live ModelTimestep, for set_every_timestep.
+_TIMESTEPS = weakref.WeakSet()
+_current_step = [None]
+
+
+class ModelTimestep:
+    """The denoising step of one converted model. Its exports are loaded with every step
+    static, so the step handed to each decides how its W8A8_TIMESTEP layers run: t itself
+    where the export's is_static(t), UNSET_STEP (dynamic) elsewhere."""
+
+    def __init__(self):
+        self.exports = []  # (export, is_static)
+        _TIMESTEPS.add(self)
+
+    def add(self, export, is_static):
+        self.exports.append((export, is_static))
+        self.set(_current_step[0])
+
+    def set(self, step):
+        if step is not None and step < 0:
+            raise _ditops.Error(f"set_timestep: step {step} < 0")
+        for export, is_static in self.exports:
+            static = step is not None and is_static(step)
+            export.set_timestep_step(step if static else UNSET_STEP)
+
+
+def model_timestep(model):
+    """The ModelTimestep of `model`, made on first use (quantize() marks each model it
+    converts with one)."""
+    timestep = getattr(model, "_ditops_timestep", None)
+    if timestep is None:
+        timestep = ModelTimestep()
+        model._ditops_timestep = timestep
+    return timestep
+
+
+def set_every_timestep(step):
+    """Moves every converted model to denoising step `step` (None: no step), and the models
+    converted later start there."""
+    _current_step[0] = step
+    for timestep in list(_TIMESTEPS):
+        timestep.set(step)
 
 
 def set_timestep(model, step):
-    """The denoising step of a model `quantize` converted (MindIE-SD's
-    TimestepManager.set_timestep_idx, per model)."""
-    export = getattr(model, "_ditops_quant_model", None)
-    if export is None:
+    """The denoising step (an int >= 0) of one model quantize() converted, read by its
+    W8A8_TIMESTEP layers under its timestep policy; other models keep theirs (MindIE-SD's
+    TimestepManager.set_timestep_idx moves every model). ValueError for another model."""
+    timestep = getattr(model, "_ditops_timestep", None)
+    if timestep is None:
         raise ValueError("set_timestep: the model was not converted by ditops.quantize")
-    export.set_timestep_step(int(step))
+    timestep.set(int(step))

@@ -411,22 +411,56 @@ NB_MODULE(_ditops, m) {
              const std::string& activation) {
             layer.forward(as_view(x, "x"), as_view(y, "y"), activation_from_name(activation));
           },
-          nb::arg("x"), nb::arg("y"), nb::arg("activation") = "none", release);
+          nb::arg("x"), nb::arg("y"), nb::arg("activation") = "none", release)
+      .def_static(
+          "float_linear",
+          [](const Array& weight, const OptionalArray& bias) {
+            return QuantLinear::float_linear(as_view(weight, "weight"), as_view(bias, "bias"));
+          },
+          nb::arg("weight"), nb::arg("bias").none() = nb::none(), release)
+      // A W8A8 layer from tensors in memory (algo "W8A8" or "W8A8_DYNAMIC"; a W8A8_TIMESTEP
+      // layer follows a model's step, so it comes from QuantModel).
+      .def_static(
+          "w8a8",
+          [](const std::string& algo, const Array& weight, const OptionalArray& weight_scale,
+             const OptionalArray& deq_scale, const OptionalArray& quant_bias,
+             const OptionalArray& input_scale, const OptionalArray& input_offset,
+             const OptionalArray& bias, const OptionalArray& smooth_scale) {
+            std::optional<QuantAlgo> parsed;
+            for (const QuantAlgo known : {QuantAlgo::w8a8_static, QuantAlgo::w8a8_dynamic}) {
+              if (algo == quant_algo_name(known)) parsed = known;
+            }
+            if (!parsed) throw Error("algo \"" + algo + "\" is not W8A8 or W8A8_DYNAMIC");
+            const W8A8Tensors tensors{as_view(weight, "weight"),
+                                      as_view(weight_scale, "weight_scale"),
+                                      as_view(deq_scale, "deq_scale"),
+                                      as_view(quant_bias, "quant_bias"),
+                                      as_view(input_scale, "input_scale"),
+                                      as_view(input_offset, "input_offset"),
+                                      as_view(bias, "bias"),
+                                      as_view(smooth_scale, "smooth_scale")};
+            return QuantLinear::w8a8(*parsed, tensors);
+          },
+          nb::arg("algo"), nb::arg("weight"), nb::arg("weight_scale").none() = nb::none(),
+          nb::arg("deq_scale").none() = nb::none(), nb::arg("quant_bias").none() = nb::none(),
+          nb::arg("input_scale").none() = nb::none(), nb::arg("input_offset").none() = nb::none(),
+          nb::arg("bias").none() = nb::none(), nb::arg("smooth_scale").none() = nb::none(),
+          release);
 
   nb::class_<QuantModel>(m, "QuantModel")
       .def_static(
           "load",
           [](const std::string& description, const std::string& weights_path,
-             const std::vector<int>& static_steps) {
+             const std::vector<std::tuple<int, int>>& static_ranges) {
             QuantModelOptions options;
             options.weights_path = weights_path;
-            for (const int step : static_steps) {
-              options.timestep_policy.set(step, TimestepMode::static_params);
+            for (const auto& [first, last] : static_ranges) {
+              options.timestep_policy.set(first, last, TimestepMode::static_params);
             }
             return QuantModel::load(description, std::move(options));
           },
           nb::arg("description"), nb::arg("weights_path") = "",
-          nb::arg("static_steps") = std::vector<int>{}, release)
+          nb::arg("static_ranges") = std::vector<std::tuple<int, int>>{}, release)
       .def_prop_ro("model_algo",
                    [](const QuantModel& model) { return quant_algo_name(model.model_algo()); })
       .def("layer_names", &QuantModel::layer_names)
@@ -438,6 +472,10 @@ NB_MODULE(_ditops, m) {
           "linear",
           [](const QuantModel& model, const std::string& name) { return model.linear(name); },
           release)
+      .def(
+          "float_tensor",
+          [](const QuantModel& model, const std::string& name) { return model.float_tensor(name); },
+          nb::arg("name"), release)
       .def("set_timestep_step", &QuantModel::set_timestep_step, nb::arg("step"))
       .def("timestep_step", [](const QuantModel& model) { return model.timestep()->step(); });
 }
