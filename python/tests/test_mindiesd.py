@@ -85,6 +85,7 @@ SUBMODULES = [
     "layers.flash_attn.attention_forward_varlen", "layers.flash_attn.sparse_flash_attn",
     "layers.norm", "layers.rope", "layers.activation", "layers.adalayernorm", "layers.muls_add",
     "layers.residual_gate_add", "layers.fused_moe", "quantization", "quantization.quantize",
+    "quantization.mode",
     "quantization.config", "quantization.utils", "cache_agent", "cache_agent.cache",
     "cache_agent.cache_agent", "compilation", "utils", "utils.exception",
 ]
