@@ -33,17 +33,17 @@ struct RowOperands {
   T* sum_out;
 };
 
-/// Reduces one row of x to a float: step(acc, v) folds each vector v into one of two
-/// accumulators (two dependency chains), whose lanes are summed at the end. A partial last
-/// vector holds `fill` in its missing lanes, which step must count as 0.
+/// Reduces one row of x to a float: step(acc, v, i) folds each vector v (elements from i) into
+/// one of two accumulators (two dependency chains), whose lanes are summed at the end. A partial
+/// last vector holds `fill` in its missing lanes, which step must count as 0.
 template <class Arch, class T, class Step>
 float reduce_row(const T* x, std::size_t dim, float fill, const Step& step) {
   constexpr std::size_t kLanes = B<Arch>::size;
   B<Arch> even(0.f), odd(0.f);
   std::size_t i = 0;
   for (; i + 2 * kLanes <= dim; i += 2 * kLanes) {
-    even = step(even, simd::load<Arch>(x + i));
-    odd = step(odd, simd::load<Arch>(x + i + kLanes));
+    even = step(even, simd::load<Arch>(x + i), i);
+    odd = step(odd, simd::load<Arch>(x + i + kLanes), i + kLanes);
   }
   // Less than two vectors left: one (maybe partial), then maybe a partial one.
   const auto piece = [&](std::size_t at) {
@@ -52,8 +52,8 @@ float reduce_row(const T* x, std::size_t dim, float fill, const Step& step) {
                           : simd::load<Arch>(x + at);
   };
   if (i < dim) {
-    even = step(even, piece(i));
-    if (i + kLanes < dim) odd = step(odd, piece(i + kLanes));
+    even = step(even, piece(i), i);
+    if (i + kLanes < dim) odd = step(odd, piece(i + kLanes), i + kLanes);
   }
   return simd::reduce_add<Arch>(even + odd);
 }
@@ -61,8 +61,9 @@ float reduce_row(const T* x, std::size_t dim, float fill, const Step& step) {
 /// Sum of the squares of one row of x.
 template <class Arch, class T>
 float sum_squares(const T* x, std::size_t dim) {
-  return reduce_row<Arch>(x, dim, 0.f,
-                          [](B<Arch> acc, B<Arch> v) { return simd::fmadd<Arch>(v, v, acc); });
+  return reduce_row<Arch>(x, dim, 0.f, [](B<Arch> acc, B<Arch> v, std::size_t) {
+    return simd::fmadd<Arch>(v, v, acc);
+  });
 }
 
 /// Fused pass 1 of one row: h = x + residual to sum_out (rounded to T) and, when `h` is another
@@ -293,24 +294,34 @@ void norm_rows_by_length(const NormProblem& p, std::int64_t begin, std::int64_t 
 
 // ---- LayerNorm and AdaLN ----------------------------------------------------------------------
 //
-// Three passes over each row: its sum (read from memory), the sum of squared deviations from
-// the mean (from L1; two-pass, since E[x^2] - mean^2 cancels catastrophically for rows whose
-// mean is large beside their spread), and the output (from L1). With modulation broadcast over
-// the sequence, weight * (1 + scale) and bias * (1 + scale) + shift are folded once per batch
-// element, so every row costs what plain LayerNorm costs; per-token scale and shift rows are
-// streamed and applied per element.
+// Three passes over each row: its sum (read from memory; a 16-bit row is widened into floats
+// in scratch on the way, so that the other passes do not convert it again), the sum of squared
+// deviations from the mean (from L1; two-pass, since E[x^2] - mean^2 cancels catastrophically
+// for rows whose mean is large beside their spread), and the output (from L1). With modulation
+// broadcast over the sequence, weight * (1 + scale) and bias * (1 + scale) + shift are folded once
+// per batch element, so every row costs what plain LayerNorm costs; per-token scale and shift rows
+// are streamed and applied per element.
 
-/// Sum of one row of x.
+/// Sum of one row of x. With `copy` (narrow T), the row is also stored there as floats, whole
+/// vectors (copy holds D rounded up to a cache line, aligned): the later passes read floats from
+/// L1 instead of converting every element twice more.
 template <class Arch, class T>
-float row_sum(const T* x, std::size_t dim) {
-  return reduce_row<Arch>(x, dim, 0.f, [](B<Arch> acc, B<Arch> v) { return acc + v; });
+float row_sum(const T* x, std::size_t dim, float* copy) {
+  if (!copy) {
+    return reduce_row<Arch>(x, dim, 0.f,
+                            [](B<Arch> acc, B<Arch> v, std::size_t) { return acc + v; });
+  }
+  return reduce_row<Arch>(x, dim, 0.f, [&](B<Arch> acc, B<Arch> v, std::size_t i) {
+    v.store_aligned(copy + i);
+    return acc + v;
+  });
 }
 
-/// Sum of the squared deviations of one row of x from `mean`.
-template <class Arch, class T>
-float centered_sum_squares(const T* x, std::size_t dim, float mean) {
+/// Sum of the squared deviations of one row from `mean`.
+template <class Arch>
+float centered_sum_squares(const float* row, std::size_t dim, float mean) {
   const B<Arch> center(mean);
-  return reduce_row<Arch>(x, dim, mean, [&](B<Arch> acc, B<Arch> v) {
+  return reduce_row<Arch>(row, dim, mean, [&](B<Arch> acc, B<Arch> v, std::size_t) {
     const B<Arch> deviation = v - center;
     return simd::fmadd<Arch>(deviation, deviation, acc);
   });
@@ -333,12 +344,13 @@ B<Arch> apply_affine(B<Arch> t, const float* gain, const float* offset, std::siz
   }
 }
 
-/// Pass 3 of a row: out = (x - mean) * inv_std * gain + offset. gain and offset are the weight
-/// and the bias, or their fold with a broadcast scale and shift. Prefetching, kMayBeNaN and the
-/// options as in scale_row.
+/// Pass 3 of a row (x, or its floats): out = (x - mean) * inv_std * gain + offset. gain and
+/// offset are the weight and the bias, or their fold with a broadcast scale and shift.
+/// Prefetching, kMayBeNaN and the options as in scale_row.
 template <class Arch, bool kGain, bool kOffset, bool kPrefetch, bool kMayBeNaN, class T>
-void normalize_affine_row(const T* x, T* out, const float* gain, const float* offset, float mean,
-                          float inv_std, std::size_t dim, bool stream, const T* next_x) {
+void normalize_affine_row(const float* x, T* out, const float* gain, const float* offset,
+                          float mean, float inv_std, std::size_t dim, bool stream,
+                          const T* next_x) {
   constexpr std::size_t kLanes = B<Arch>::size;
   const B<Arch> center(mean), scale(inv_std);
   simd::for_each_piece<Arch>(
@@ -365,8 +377,9 @@ void normalize_affine_row(const T* x, T* out, const float* gain, const float* of
 
 /// normalize_affine_row with the options of this row chosen once.
 template <class Arch, bool kPrefetch, bool kMayBeNaN, class T>
-void normalize_affine_row(const T* x, T* out, const float* gain, const float* offset, float mean,
-                          float inv_std, std::size_t dim, bool stream, const T* next_x) {
+void normalize_affine_row(const float* x, T* out, const float* gain, const float* offset,
+                          float mean, float inv_std, std::size_t dim, bool stream,
+                          const T* next_x) {
   if (gain && offset) {
     normalize_affine_row<Arch, true, true, kPrefetch, kMayBeNaN>(x, out, gain, offset, mean,
                                                                  inv_std, dim, stream, next_x);
@@ -383,8 +396,8 @@ void normalize_affine_row(const T* x, T* out, const float* gain, const float* of
 }
 
 template <class Arch, class T>
-void normalize_affine_row(const T* x, T* out, const float* gain, const float* offset, float mean,
-                          float inv_std, std::size_t dim, bool stream, const T* next_x,
+void normalize_affine_row(const float* x, T* out, const float* gain, const float* offset,
+                          float mean, float inv_std, std::size_t dim, bool stream, const T* next_x,
                           bool may_be_nan) {
   if constexpr (std::is_same_v<T, bf16>) {
     if (!may_be_nan) {
@@ -406,7 +419,7 @@ void normalize_affine_row(const T* x, T* out, const float* gain, const float* of
 /// Pass 3 of a row with its own scale and shift rows (per-token modulation):
 /// out = ((x - mean) * inv_std * weight + bias) * (1 + scale) + shift.
 template <class Arch, bool kPrefetch, class T, class S>
-void normalize_modulated_row(const T* x, T* out, const float* weight, const float* bias,
+void normalize_modulated_row(const float* x, T* out, const float* weight, const float* bias,
                              const S* scale_row, const S* shift_row, float mean, float inv_std,
                              std::size_t dim, bool stream, const T* next_x) {
   constexpr std::size_t kLanes = B<Arch>::size;
@@ -492,9 +505,10 @@ struct FoldedModulation {
 
 /// Normalizes the Rows rows at the walker and moves it past them; `more_rows`: rows follow in
 /// this thread's range (worth prefetching for long rows). S: the type of scale and shift.
+/// widened: room for the rows as floats (scratch_row_floats each) when T is narrow.
 template <class Arch, class T, class S, int Rows>
 void layer_norm_pass(const LayerNormProblem& p, core::RowWalker<4>& walker, bool more_rows,
-                     FoldedModulation& folded, simd::LineStager<Arch, T>& target) {
+                     FoldedModulation& folded, float* widened, simd::LineStager<Arch, T>& target) {
   using Operand = LayerNormProblem::Operand;
   const auto dim = static_cast<std::size_t>(p.dim);
   const T* x[Rows];
@@ -509,10 +523,21 @@ void layer_norm_pass(const LayerNormProblem& p, core::RowWalker<4>& walker, bool
       shift_row[r] = static_cast<const S*>(p.shift) + walker.offset(Operand::kShift);
     }
   }
-  // Each pass over the rows before the next, so that short rows' reductions overlap.
+  // Each pass over the rows before the next, so that short rows' reductions overlap. Passes 2
+  // and 3 read x as floats: x itself, or its copy widened in pass 1.
   float mean[Rows], squares[Rows], inv_std[Rows];
-  for (int r = 0; r < Rows; ++r) mean[r] = row_sum<Arch>(x[r], dim) / static_cast<float>(dim);
-  for (int r = 0; r < Rows; ++r) squares[r] = centered_sum_squares<Arch>(x[r], dim, mean[r]);
+  const float* row[Rows];
+  for (int r = 0; r < Rows; ++r) {
+    if constexpr (std::is_same_v<T, float>) {
+      row[r] = x[r];
+      mean[r] = row_sum<Arch>(x[r], dim, nullptr) / static_cast<float>(dim);
+    } else {
+      float* copy = widened + r * scratch_row_floats(p.dim);
+      row[r] = copy;
+      mean[r] = row_sum<Arch>(x[r], dim, copy) / static_cast<float>(dim);
+    }
+  }
+  for (int r = 0; r < Rows; ++r) squares[r] = centered_sum_squares<Arch>(row[r], dim, mean[r]);
   for (int r = 0; r < Rows; ++r) {
     inv_std[r] = 1.f / std::sqrt(squares[r] / static_cast<float>(dim) + p.eps);
   }
@@ -527,10 +552,10 @@ void layer_norm_pass(const LayerNormProblem& p, core::RowWalker<4>& walker, bool
       layer_norm_row_in_double(x[r], dst, p.weight, p.bias, scale_row[r], shift_row[r], p.eps, dim);
     } else if (p.scale && !p.modulation_repeats) {
       if (next_x) {
-        normalize_modulated_row<Arch, true>(x[r], dst, p.weight, p.bias, scale_row[r], shift_row[r],
-                                            mean[r], inv_std[r], dim, stream, next_x);
+        normalize_modulated_row<Arch, true>(row[r], dst, p.weight, p.bias, scale_row[r],
+                                            shift_row[r], mean[r], inv_std[r], dim, stream, next_x);
       } else {
-        normalize_modulated_row<Arch, false>(x[r], dst, p.weight, p.bias, scale_row[r],
+        normalize_modulated_row<Arch, false>(row[r], dst, p.weight, p.bias, scale_row[r],
                                              shift_row[r], mean[r], inv_std[r], dim, stream,
                                              next_x);
       }
@@ -541,10 +566,10 @@ void layer_norm_pass(const LayerNormProblem& p, core::RowWalker<4>& walker, bool
         folded.scale_row = scale_row[r];
         folded.shift_row = shift_row[r];
       }
-      normalize_affine_row<Arch>(x[r], dst, folded.gain, folded.offset, mean[r], inv_std[r], dim,
+      normalize_affine_row<Arch>(row[r], dst, folded.gain, folded.offset, mean[r], inv_std[r], dim,
                                  stream, next_x, !folded.finite);
     } else {
-      normalize_affine_row<Arch>(x[r], dst, p.weight, p.bias, mean[r], inv_std[r], dim, stream,
+      normalize_affine_row<Arch>(row[r], dst, p.weight, p.bias, mean[r], inv_std[r], dim, stream,
                                  next_x, !p.affine_finite);
     }
     target.end_row();
@@ -557,13 +582,18 @@ void layer_norm_range(const LayerNormProblem& p, std::int64_t begin, std::int64_
   const auto dim = static_cast<std::size_t>(p.dim);
   core::RowWalker<4> walker(p.rows, begin);
   simd::LineStager<Arch, T> target(dim, p.stream);
-  FoldedModulation folded{nullptr, nullptr, scratch, scratch ? scratch + dim : nullptr};
+  // The scratch layout of layer_norm_scratch_floats: gain and offset (when the modulation
+  // repeats), then the widened rows (narrow T).
+  const std::size_t row_floats = scratch_row_floats(p.dim);
+  const std::size_t folded_floats = p.modulation_repeats ? 2 * row_floats : 0;
+  FoldedModulation folded{nullptr, nullptr, scratch, scratch ? scratch + row_floats : nullptr};
+  float* widened = std::is_same_v<T, float> ? nullptr : scratch + folded_floats;
   std::int64_t row = begin;
   for (; row + Rows <= end; row += Rows) {
-    layer_norm_pass<Arch, T, S, Rows>(p, walker, row + Rows < end, folded, target);
+    layer_norm_pass<Arch, T, S, Rows>(p, walker, row + Rows < end, folded, widened, target);
   }
   for (; row < end; ++row) {
-    layer_norm_pass<Arch, T, S, 1>(p, walker, row + 1 < end, folded, target);
+    layer_norm_pass<Arch, T, S, 1>(p, walker, row + 1 < end, folded, widened, target);
   }
   target.finish();
   if (p.stream) simd::stream_fence<Arch>();

@@ -64,9 +64,20 @@ struct LayerNormProblem {
   bool stream = false;  ///< write out with streaming (non-temporal) stores
 };
 
-/// Floats of scratch layer_norm_rows needs per thread: the folded weight and bias.
+/// Floats one row takes in scratch: D rounded up to whole cache lines (rows widened to floats
+/// are stored in whole vectors, on aligned addresses).
+inline std::size_t scratch_row_floats(std::int64_t dim) noexcept {
+  return (static_cast<std::size_t>(dim) + 15) / 16 * 16;
+}
+
+/// Floats of scratch layer_norm_rows needs per thread: the weight and bias folded with a
+/// repeating modulation, then, for 16-bit x, the rows of one pass widened to floats.
 inline std::size_t layer_norm_scratch_floats(const LayerNormProblem& problem) noexcept {
-  return problem.modulation_repeats ? 2 * static_cast<std::size_t>(problem.dim) : 0;
+  const std::size_t row = scratch_row_floats(problem.dim);
+  return (problem.modulation_repeats ? 2 * row : 0) +
+         (problem.dtype == DType::f32
+              ? 0
+              : static_cast<std::size_t>(rows_per_pass(problem.dim, problem.dtype)) * row);
 }
 
 /// Normalizes rows [begin, end). scratch: layer_norm_scratch_floats floats private to the
