@@ -166,26 +166,6 @@ _rainfusion = Op(
 )
 
 
-def _adaptive_blocks_shape(q, k, *rest):
-    layout, (block_size, scale, head_first) = rest[:9], rest[9:]
-    b, n, s = _attention_dims("sparse_attention", q, head_first)
-    blocks = -(-s // block_size) if block_size > 0 else 0
-    return [((b, n, blocks, blocks), "bool")]
-
-
-def _adaptive_blocks_run(q, k, *rest):
-    layout, (block_size, scale, head_first, mask) = rest[:9], rest[9:]
-    _ditops.rainfusion_adaptive_blocks(q, k, _rf(*layout), block_size, mask, scale, head_first)
-
-
-_adaptive_blocks = Op(
-    "rainfusion_adaptive_blocks",
-    f"(Tensor q, Tensor k, {_RAINFUSION_SCHEMA}, int block_size, float? scale, bool head_first) "
-    "-> Tensor",
-    _adaptive_blocks_shape,
-    _adaptive_blocks_run,
-)
-
 _mla = Op(
     "mla_decode_paged",
     "(Tensor q_nope, Tensor q_rope, Tensor nope, Tensor nope_scale, Tensor rope, "

@@ -83,6 +83,8 @@ REFUSED = {
 SUBMODULES = [
     "layers", "layers.flash_attn", "layers.flash_attn.attention_forward",
     "layers.flash_attn.attention_forward_varlen", "layers.flash_attn.sparse_flash_attn",
+    "layers.flash_attn.sparse_flash_attn_rf_v2", "layers.flash_attn.sparse_flash_attn_rf_v3",
+    "layers.flash_attn.sparse_flash_attn_ada_bsa",
     "layers.norm", "layers.rope", "layers.activation", "layers.adalayernorm", "layers.muls_add",
     "layers.residual_gate_add", "layers.fused_moe", "quantization", "quantization.quantize",
     "quantization.mode",
