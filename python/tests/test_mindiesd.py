@@ -338,8 +338,8 @@ def run_python(code, *args, env_path=None, cwd=None):
 
 PROGRAM = textwrap.dedent("""
     import sys
-    import torch
     from mindiesd.layers.flash_attn.attention_forward import attention_forward
+    import torch
     from mindiesd.layers import rotary_position_embedding
     from mindiesd.quantization import TimestepManager
     from mindiesd.cache_agent import CacheConfig
