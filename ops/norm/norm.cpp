@@ -139,7 +139,7 @@ void run_layer_norm(const char* call, const TensorView& x, const TensorView& wei
   problem.dtype = x.dtype;
   problem.modulation_dtype = scale.dtype;
   problem.dim = x.shape[x.rank - 1];
-  problem.rows.strides[norm::LayerNormProblem::kOut] = core::row_layout_of(out).strides[0];
+  problem.rows.strides[norm::LayerNormProblem::kOutput] = core::row_layout_of(out).strides[0];
   problem.x = x.data;
   problem.out = out.data;
   problem.scale = scale.data;

@@ -516,8 +516,8 @@ void layer_norm_pass(const LayerNormProblem& p, core::RowWalker<4>& walker, bool
   const S* scale_row[Rows] = {};
   const S* shift_row[Rows] = {};
   for (int r = 0; r < Rows; ++r, walker.next()) {
-    x[r] = static_cast<const T*>(p.x) + walker.offset(Operand::kX);
-    out[r] = static_cast<T*>(p.out) + walker.offset(Operand::kOut);
+    x[r] = static_cast<const T*>(p.x) + walker.offset(Operand::kInput);
+    out[r] = static_cast<T*>(p.out) + walker.offset(Operand::kOutput);
     if (p.scale) {
       scale_row[r] = static_cast<const S*>(p.scale) + walker.offset(Operand::kScale);
       shift_row[r] = static_cast<const S*>(p.shift) + walker.offset(Operand::kShift);
@@ -543,7 +543,7 @@ void layer_norm_pass(const LayerNormProblem& p, core::RowWalker<4>& walker, bool
   }
 
   const T* next_x = more_rows && dim * sizeof(T) >= 1024
-                        ? static_cast<const T*>(p.x) + walker.offset(Operand::kX)
+                        ? static_cast<const T*>(p.x) + walker.offset(Operand::kInput)
                         : nullptr;
   for (int r = 0; r < Rows; ++r) {
     T* dst = target.begin_row(out[r]);

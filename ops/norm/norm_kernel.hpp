@@ -45,7 +45,7 @@ void rms_norm_rows(const NormProblem& problem, std::int64_t begin, std::int64_t 
 /// A LayerNorm (with AdaLN modulation when scale is set) the public entry validated.
 struct LayerNormProblem {
   /// Operand indices in rows.
-  enum Operand { kX = 0, kOut = 1, kScale = 2, kShift = 3 };
+  enum Operand { kInput = 0, kOutput = 1, kScale = 2, kShift = 3 };
   DType dtype = DType::f32;             ///< of x and out
   DType modulation_dtype = DType::f32;  ///< of scale and shift: f32 or dtype
   std::int64_t dim = 0;                 ///< D, the normalized (contiguous) dimension
