@@ -19,28 +19,13 @@
 
 #include "ops/core/arch.hpp"
 #include "ops/core/simd.hpp"
+#include "ops/rope/rotation.hpp"
 
 namespace ditops::rope {
 namespace {
 
 template <class Arch>
 using B = simd::F32<Arch>;
-
-/// Lane permutation [1, 0, 3, 2, ...]: the partner of each element of an interleaved pair.
-struct PairSwap {
-  static constexpr unsigned get(unsigned index, unsigned) { return index ^ 1u; }
-};
-
-/// Rotate-half: out[i] = x[i]*cos[i] - x[i+h]*sin[i] for i < h (the first half), and
-/// out[i+h] = x[i+h]*cos[i+h] + x[i]*sin[i+h] (the second); x1 = x[i..], x2 = x[i+h..].
-template <class Arch>
-inline B<Arch> first_half(B<Arch> x1, B<Arch> x2, B<Arch> c1, B<Arch> s1) noexcept {
-  return simd::fmadd<Arch>(x1, c1, -(x2 * s1));
-}
-template <class Arch>
-inline B<Arch> second_half(B<Arch> x1, B<Arch> x2, B<Arch> c2, B<Arch> s2) noexcept {
-  return simd::fmadd<Arch>(x2, c2, x1 * s2);
-}
 
 /// Rotate-half of one row, stored piece by piece (both halves of a piece together).
 template <class Arch, class T, class C>
@@ -107,28 +92,6 @@ void rotate_half_in_order(const T* x, const C* cos, const C* sin, std::size_t di
     writer.template push_pair<T>(second(i), second(i + kLanes));
   }
 }
-
-/// Interleaved: out[2j] = x[2j]*cos[2j] - x[2j+1]*sin[2j];
-/// out[2j+1] = x[2j+1]*cos[2j+1] + x[2j]*sin[2j+1].
-template <class Arch>
-class InterleavedRotation {
- public:
-  InterleavedRotation() noexcept {
-    // -0.0 on even lanes flips the sign of sin there: rot(x) = [-x1, x0, -x3, x2, ...].
-    alignas(64) float sign_lanes[B<Arch>::size];
-    for (std::size_t lane = 0; lane < B<Arch>::size; ++lane)
-      sign_lanes[lane] = lane % 2 ? 0.f : -0.f;
-    sign_ = B<Arch>::load_aligned(sign_lanes);
-  }
-  B<Arch> operator()(B<Arch> v, B<Arch> c, B<Arch> s) const noexcept {
-    constexpr auto kSwap =
-        xsimd::make_batch_constant<xsimd::batch<std::uint32_t, Arch>, PairSwap>();
-    return simd::fmadd<Arch>(v, c, xsimd::swizzle(v, kSwap) * (s ^ sign_));
-  }
-
- private:
-  B<Arch> sign_;
-};
 
 /// Interleaved rotation of one row, stored piece by piece.
 template <class Arch, class T, class C>
