@@ -7,6 +7,7 @@
 #include "ops/core/isa.hpp"
 #include "ops/core/threads.hpp"
 #include "ops/rope/rope_kernel.hpp"
+#include "ops/rope/rope_tables.hpp"
 
 namespace ditops {
 namespace {
@@ -14,35 +15,6 @@ namespace {
 constexpr std::int64_t kCacheLineBytes = 64;
 
 using core::Arg;
-
-/// Strides that walk `table` (cos or sin) along x's three leading dims: [S, D] follows x's
-/// sequence dim only; a 4-D table follows each dim it does not broadcast (extent 1).
-std::array<std::int64_t, kMaxRank> table_strides(const Arg& table, const Arg& x, int seq_dim) {
-  const TensorView& t = table.view;
-  core::check_view(table, 2, 4);
-  if (t.rank == 3) {
-    core::fail(table.call, std::string(table.name) + " has rank 3, expected 2 ([S, D]) or 4");
-  }
-  core::check_dim(table, t.rank - 1, x, 3);
-  std::array<std::int64_t, kMaxRank> strides{};
-  if (t.rank == 2) {
-    core::check_dim(table, 0, x, seq_dim);
-    strides[seq_dim] = t.strides[0];
-    return strides;
-  }
-  for (int d = 0; d < 3; ++d) {
-    if (t.shape[d] == x.view.shape[d]) {
-      strides[d] = t.shape[d] == 1 ? 0 : t.strides[d];
-    } else if (t.shape[d] == 1) {
-      strides[d] = 0;
-    } else {
-      core::fail(table.call, std::string(table.name) + ".shape[" + std::to_string(d) + "] (" +
-                                 std::to_string(t.shape[d]) + ") must be 1 or equal x.shape[" +
-                                 std::to_string(d) + "] (" + std::to_string(x.view.shape[d]) + ")");
-    }
-  }
-  return strides;
-}
 
 }  // namespace
 
@@ -63,8 +35,8 @@ void rotary_position_embedding(const TensorView& x, const TensorView& cos, const
   core::check_same_dtype(out_arg, x_arg);
   core::check_same_shape(out_arg, x_arg);
   const int seq_dim = head_first ? 2 : 1;
-  const auto cos_strides = table_strides(cos_arg, x_arg, seq_dim);
-  const auto sin_strides = table_strides(sin_arg, x_arg, seq_dim);
+  const auto cos_strides = rope::table_strides(cos_arg, x_arg, seq_dim);
+  const auto sin_strides = rope::table_strides(sin_arg, x_arg, seq_dim);
   core::check_dtype(cos_arg, {DType::f32, x.dtype});
   core::check_same_dtype(sin_arg, cos_arg);
   core::check_writable(out_arg);
