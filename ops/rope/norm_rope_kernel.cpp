@@ -1,0 +1,254 @@
+// Fused RMSNorm + RoPE kernel, compiled once per ISA level (cmake/DitopsKernels.cmake).
+//
+// Memory-bound, as each half alone: a group (one head of D, or a token's N heads) is read from
+// memory once for its sum of squares and once more from L1 (a group of 3072 bf16 is 6 KiB) to
+// normalize and rotate it, and written once; the unfused pair reads and writes every element
+// twice. Rows are rotated as ops/rope/rope_kernel.cpp rotates them (the arithmetic of
+// ops/rope/rotation.hpp, pieces along out's cache lines, rows that share lines staged through
+// simd::LineStager when streaming) with x * inv_rms * weight in place of x. Each piece reads
+// every input it needs before writing its output, so out may be x.
+
+#include "ops/rope/norm_rope_kernel.hpp"
+
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <type_traits>
+
+#include "ops/core/arch.hpp"
+#include "ops/core/simd.hpp"
+#include "ops/rope/rotation.hpp"
+
+namespace ditops::rope {
+namespace {
+
+template <class Arch>
+using B = simd::F32<Arch>;
+
+/// Sum of the squares of `count` contiguous elements, in two accumulators (two dependency
+/// chains) whose lanes are added at the end.
+template <class Arch, class T>
+float sum_squares(const T* x, std::size_t count) {
+  constexpr std::size_t kLanes = B<Arch>::size;
+  B<Arch> even(0.f), odd(0.f);
+  std::size_t i = 0;
+  for (; i + 2 * kLanes <= count; i += 2 * kLanes) {
+    const B<Arch> a = simd::load<Arch>(x + i), b = simd::load<Arch>(x + i + kLanes);
+    even = simd::fmadd<Arch>(a, a, even);
+    odd = simd::fmadd<Arch>(b, b, odd);
+  }
+  for (; i < count; i += kLanes) {
+    const B<Arch> a = simd::load_chunk<Arch>(x, i, std::min(kLanes, count - i));
+    even = simd::fmadd<Arch>(a, a, even);
+  }
+  return simd::reduce_add<Arch>(even + odd);
+}
+
+/// Whether a group's fp32 sum of squares cannot give its scale: overflowed (|x| beyond ~1e19),
+/// underflowed where eps does not dominate (|x| below ~1e-20), NaN, or mean + eps overflows.
+/// Such groups go through normalize_rotate_in_double.
+inline bool sum_out_of_range(float sum, float eps, std::size_t count) {
+  return !(sum <= 0x1p126f) || (sum < 0x1p-100f && eps < 0x1p-80f) ||
+         !(sum / static_cast<float>(count) + eps <= std::numeric_limits<float>::max());
+}
+
+/// The normalized values of one row: x * inv_rms (* weight when kWeighted).
+template <class Arch, bool kWeighted, class T>
+struct Normalized {
+  const T* x;
+  const float* weight;
+  B<Arch> scale;
+  B<Arch> operator()(std::size_t i) const noexcept {
+    B<Arch> v = simd::load<Arch>(x + i) * scale;
+    if constexpr (kWeighted) v *= simd::load<Arch>(weight + i);
+    return v;
+  }
+  /// Elements [i, i + count) (count <= lanes; the other lanes 0).
+  B<Arch> chunk(std::size_t i, std::size_t count) const noexcept {
+    B<Arch> v = simd::load_chunk<Arch>(x, i, count) * scale;
+    if constexpr (kWeighted) v *= simd::load_chunk<Arch>(weight, i, count);
+    return v;
+  }
+};
+
+/// Rotate-half of one normalized row, stored piece by piece (both halves of a piece together).
+template <class Arch, class T, class C, class N>
+void rotate_half(const N& x, const C* cos, const C* sin, T* out, std::size_t dim, bool stream) {
+  constexpr std::size_t kLanes = B<Arch>::size;
+  const std::size_t half = dim / 2;
+  // Pieces follow the cache lines of the first half; the second half streams along only when
+  // it starts at the same offset within a line.
+  const bool same_line_phase = half * sizeof(T) % simd::kCacheLineBytes == 0;
+  simd::for_each_piece<Arch>(
+      out, half, stream,
+      [&](std::size_t i, auto whole) {
+        const B<Arch> x1a = x(i), x1b = x(i + kLanes);
+        const B<Arch> x2a = x(half + i), x2b = x(half + i + kLanes);
+        simd::store_pair<Arch>(
+            out + i,
+            first_half<Arch>(x1a, x2a, simd::load<Arch>(cos + i), simd::load<Arch>(sin + i)),
+            first_half<Arch>(x1b, x2b, simd::load<Arch>(cos + i + kLanes),
+                             simd::load<Arch>(sin + i + kLanes)),
+            whole);
+        simd::store_pair<Arch>(
+            out + half + i,
+            second_half<Arch>(x1a, x2a, simd::load<Arch>(cos + half + i),
+                              simd::load<Arch>(sin + half + i)),
+            second_half<Arch>(x1b, x2b, simd::load<Arch>(cos + half + i + kLanes),
+                              simd::load<Arch>(sin + half + i + kLanes)),
+            whole && same_line_phase);
+      },
+      [&](std::size_t i, std::size_t n, auto whole) {
+        const B<Arch> x1 = x.chunk(i, n), x2 = x.chunk(half + i, n);
+        simd::store_chunk<Arch>(out, i, n,
+                                first_half<Arch>(x1, x2, simd::load_chunk<Arch>(cos, i, n),
+                                                 simd::load_chunk<Arch>(sin, i, n)),
+                                whole);
+        simd::store_chunk<Arch>(out + half, i, n,
+                                second_half<Arch>(x1, x2, simd::load_chunk<Arch>(cos + half, i, n),
+                                                  simd::load_chunk<Arch>(sin + half, i, n)),
+                                whole && same_line_phase);
+      });
+}
+
+/// Interleaved rotation of one normalized row, stored piece by piece.
+template <class Arch, class T, class C, class N>
+void rotate_interleaved(const N& x, const C* cos, const C* sin, T* out, std::size_t dim,
+                        bool stream, const InterleavedRotation<Arch>& rotated) {
+  constexpr std::size_t kLanes = B<Arch>::size;
+  // Pairs must not straddle pieces, so the first (line-alignment) piece must be even-sized; when
+  // out sits an odd number of elements off a line boundary, do not stream.
+  const bool align = stream && simd::elements_to_line(out) % 2 == 0;
+  simd::for_each_piece<Arch>(
+      out, dim, align,
+      [&](std::size_t i, auto whole) {
+        simd::store_pair<Arch>(out + i,
+                               rotated(x(i), simd::load<Arch>(cos + i), simd::load<Arch>(sin + i)),
+                               rotated(x(i + kLanes), simd::load<Arch>(cos + i + kLanes),
+                                       simd::load<Arch>(sin + i + kLanes)),
+                               whole);
+      },
+      [&](std::size_t i, std::size_t n, auto whole) {
+        simd::store_chunk<Arch>(out, i, n,
+                                rotated(x.chunk(i, n), simd::load_chunk<Arch>(cos, i, n),
+                                        simd::load_chunk<Arch>(sin, i, n)),
+                                whole);
+      });
+}
+
+/// A group whose fp32 sum of squares is out of range, in double, where every float's square
+/// fits and 1 / rms may exceed FLT_MAX. Rare, so scalar code; each rotation pair is read before
+/// it is written (in place). NaN and infinity propagate as in the vector path.
+template <class T, class C>
+void normalize_rotate_in_double(const NormRopeProblem& p, const T* x, const C* cos, const C* sin,
+                                T* out) {
+  const auto dim = static_cast<std::size_t>(p.dim);
+  double sum = 0;
+  for (std::int64_t h = 0; h < p.heads; ++h) {
+    for (std::size_t i = 0; i < dim; ++i) {
+      const double v = to_float(x[h * p.head_strides[kNormX] + i]);
+      sum += v * v;
+    }
+  }
+  const double inv_rms = 1.0 / std::sqrt(sum / static_cast<double>(p.heads * p.dim) + p.eps);
+  const bool half = p.mode == RotatedMode::rotated_half;
+  const std::size_t pairs = dim / 2;
+  for (std::int64_t h = 0; h < p.heads; ++h) {
+    const T* row = x + h * p.head_strides[kNormX];
+    const C* cos_row = cos + h * p.head_strides[kNormCos];
+    const C* sin_row = sin + h * p.head_strides[kNormSin];
+    T* out_row = out + h * p.head_strides[kNormOut];
+    const float* weight = p.weight ? p.weight + h * p.dim : nullptr;
+    const auto normalized = [&](std::size_t i) {
+      const double v = to_float(row[i]) * inv_rms;
+      return weight ? v * weight[i] : v;
+    };
+    for (std::size_t k = 0; k < pairs; ++k) {
+      // A rotation pair: i is rotated by -sin, j by +sin.
+      const std::size_t i = half ? k : 2 * k, j = half ? k + pairs : 2 * k + 1;
+      const double a = normalized(i), b = normalized(j);
+      const double rotated_i = a * to_float(cos_row[i]) - b * to_float(sin_row[i]);
+      const double rotated_j = b * to_float(cos_row[j]) + a * to_float(sin_row[j]);
+      out_row[i] = from_float<T>(static_cast<float>(rotated_i));
+      out_row[j] = from_float<T>(static_cast<float>(rotated_j));
+    }
+  }
+}
+
+template <class Arch, bool kWeighted, class T, class C>
+void norm_rope_typed(const NormRopeProblem& p, std::int64_t begin, std::int64_t end) {
+  const auto dim = static_cast<std::size_t>(p.dim);
+  const auto count = static_cast<std::size_t>(p.heads * p.dim);
+  const InterleavedRotation<Arch> interleaved;
+  core::RowWalker<4> walker(p.groups, begin);
+  // Rows (heads) that share cache lines are computed into the stager's buffer and streamed from
+  // there; a token's heads follow one another in out, so each completes its predecessor's line.
+  simd::LineStager<Arch, T> stager(dim, p.stream);
+  for (std::int64_t group = begin; group < end; ++group, walker.next()) {
+    const T* x = static_cast<const T*>(p.x) + walker.offset(kNormX);
+    T* out = static_cast<T*>(p.out) + walker.offset(kNormOut);
+    const C* cos = static_cast<const C*>(p.cos) + walker.offset(kNormCos);
+    const C* sin = static_cast<const C*>(p.sin) + walker.offset(kNormSin);
+    const float sum = sum_squares<Arch>(x, count);
+    if (sum_out_of_range(sum, p.eps, count)) [[unlikely]] {
+      stager.finish();  // its pending line, before this group's rows are written directly
+      normalize_rotate_in_double<T, C>(p, x, cos, sin, out);
+      continue;
+    }
+    const B<Arch> scale(1.f / std::sqrt(sum / static_cast<float>(count) + p.eps));
+    for (std::int64_t h = 0; h < p.heads; ++h) {
+      const Normalized<Arch, kWeighted, T> row{x + h * p.head_strides[kNormX],
+                                               kWeighted ? p.weight + h * p.dim : nullptr, scale};
+      T* dst = stager.begin_row(out + h * p.head_strides[kNormOut]);
+      const C* cos_row = cos + h * p.head_strides[kNormCos];
+      const C* sin_row = sin + h * p.head_strides[kNormSin];
+      if (p.mode == RotatedMode::rotated_half) {
+        rotate_half<Arch>(row, cos_row, sin_row, dst, dim, stager.streams_in_place());
+      } else {
+        rotate_interleaved<Arch>(row, cos_row, sin_row, dst, dim, stager.streams_in_place(),
+                                 interleaved);
+      }
+      stager.end_row();
+    }
+  }
+  stager.finish();
+  if (p.stream) simd::stream_fence<Arch>();
+}
+
+template <class Arch, class T, class C>
+void norm_rope_weighted(const NormRopeProblem& p, std::int64_t begin, std::int64_t end) {
+  if (p.weight) {
+    norm_rope_typed<Arch, true, T, C>(p, begin, end);
+  } else {
+    norm_rope_typed<Arch, false, T, C>(p, begin, end);
+  }
+}
+
+template <class Arch, class T>
+void norm_rope_for(const NormRopeProblem& p, std::int64_t begin, std::int64_t end) {
+  if (p.table_dtype == DType::f32) {
+    norm_rope_weighted<Arch, T, float>(p, begin, end);
+  } else {
+    norm_rope_weighted<Arch, T, T>(p, begin, end);
+  }
+}
+
+}  // namespace
+
+template <class Arch>
+void norm_rope_groups(const NormRopeProblem& problem, std::int64_t begin,
+                      std::int64_t end) noexcept {
+  switch (problem.dtype) {
+    case DType::bf16:
+      return norm_rope_for<Arch, bf16>(problem, begin, end);
+    case DType::f16:
+      return norm_rope_for<Arch, f16>(problem, begin, end);
+    default:
+      return norm_rope_weighted<Arch, float, float>(problem, begin, end);
+  }
+}
+
+template void norm_rope_groups<KernelArch>(const NormRopeProblem&, std::int64_t,
+                                           std::int64_t) noexcept;
+
+}  // namespace ditops::rope
