@@ -20,6 +20,7 @@ from .ops import (
     mla_decode_paged,
     rainfusion_attention,
     rms_norm,
+    rms_norm_rotary_position_embedding,
     rotary_position_embedding,
     scaled_dot_product_attention,
     select_attention,

@@ -89,6 +89,16 @@ _rope = Op(
     ),
 )
 
+_norm_rope = Op(
+    "rms_norm_rotary_position_embedding",
+    "(Tensor x, Tensor? weight, float eps, Tensor cos, Tensor sin, str mode, bool head_first) "
+    "-> Tensor",
+    lambda x, weight, eps, cos, sin, mode, head_first: [(None, None)],
+    lambda x, weight, eps, cos, sin, mode, head_first, out: (
+        _ditops.rms_norm_rotary_position_embedding(x, weight, eps, cos, sin, out, mode,
+                                                   head_first)),
+)
+
 _rms_norm = Op(
     "rms_norm",
     "(Tensor x, Tensor weight, float eps) -> Tensor",
@@ -355,6 +365,23 @@ def rms_norm(x, weight, eps=1e-6):
     """x / sqrt(mean(x²) + eps) · weight over the last dimension."""
     _arrays.forbid_grad("rms_norm", x, weight)
     return call(_rms_norm, x, weight, float(eps))
+
+
+def rms_norm_rotary_position_embedding(x, weight, cos, sin, eps=1e-6,
+                                       rotated_mode="rotated_half", head_first=False, out=None):
+    """rotary_position_embedding(rms_norm(x, weight, eps), cos, sin, rotated_mode, head_first)
+    in one pass: the q/k RMSNorm of DiT attention and the rotary embedding after it, computed
+    in fp32 and rounded once to x's dtype. weight [D] normalizes each head (FLUX); [N · D] each
+    token's N heads together (Wan; x [B, S, N, D] with each token's heads contiguous, as
+    .unflatten(2, (N, D)) of a projection gives); None: each head, unweighted. x, cos, sin,
+    rotated_mode and head_first as rotary_position_embedding; `out` (optional, may be x)
+    receives the result."""
+    _arrays.forbid_grad("rms_norm_rotary_position_embedding", x, weight, cos, sin)
+    if len(cos.shape) != len(sin.shape) or len(cos.shape) not in (2, 4):
+        raise _ditops.Error(f"rms_norm_rotary_position_embedding: cos {list(cos.shape)} and sin "
+                            f"{list(sin.shape)} must both be [S, D] or 4-D")
+    cos, sin = (_arrays.float32_table(table, x) for table in (cos, sin))
+    return call(_norm_rope, x, weight, float(eps), cos, sin, rotated_mode, head_first, out=out)
 
 
 def add_rms_norm(x, residual, weight, eps=1e-6):

@@ -237,6 +237,17 @@ NB_MODULE(_ditops, m) {
       nb::arg("head_first"), release);
 
   m.def(
+      "rms_norm_rotary_position_embedding",
+      [](const Array& x, const OptionalArray& weight, float eps, const Array& cos, const Array& sin,
+         const Array& out, const std::string& mode, bool head_first) {
+        rms_norm_rotary_position_embedding(
+            as_view(x, "x"), as_view(weight, "weight"), eps, as_view(cos, "cos"),
+            as_view(sin, "sin"), as_view(out, "out"), rotated_mode_from_name(mode), head_first);
+      },
+      nb::arg("x"), nb::arg("weight").none(), nb::arg("eps"), nb::arg("cos"), nb::arg("sin"),
+      nb::arg("out"), nb::arg("mode"), nb::arg("head_first"), release);
+
+  m.def(
       "rms_norm",
       [](const Array& x, const Array& weight, float eps, const Array& out) {
         rms_norm(as_view(x, "x"), as_view(weight, "weight"), eps, as_view(out, "out"));
