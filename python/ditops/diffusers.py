@@ -222,13 +222,40 @@ def _patch_rope(enable):
             module.apply_rotary_emb = _original_rope["function"]
 
 
+def _rms_norm_weight_eps(norm, x):
+    """(weight, eps) of a q/k norm that is an RMSNorm with a weight (a model's own, or the
+    ditops _RMSNorm over it) as ops take them for x, else None."""
+    if not isinstance(norm, _RMSNorm) and not _is_rms_norm(norm):
+        return None
+    weight = norm.weight
+    if weight.dtype not in (x.dtype, torch.float32):
+        weight = weight.to(x.dtype)
+    eps = torch.finfo(x.dtype).eps if norm.eps is None else float(norm.eps)
+    return weight, eps
+
+
+def _norm_then_rope(norm, x, heads, cos, sin):
+    """norm(x) unflattened to [B, S, heads, D], then Wan's (interleaved) rotary embedding: one
+    fused ditops pass when norm is an RMSNorm with a weight (over each head or, as in Wan, over
+    the whole inner dimension), else the norm module then ditops' rotary embedding."""
+    params = _rms_norm_weight_eps(norm, x)
+    if (params is None or params[0].ndim != 1
+            or params[0].shape[0] not in (x.shape[-1], x.shape[-1] // heads)):
+        x = norm(x).unflatten(2, (heads, -1))
+        return ops.rotary_position_embedding(x, cos, sin, "rotated_interleaved")
+    weight, eps = params
+    return ops.rms_norm_rotary_position_embedding(x.unflatten(2, (heads, -1)), weight, cos, sin,
+                                                  eps, "rotated_interleaved")
+
+
 def _wan_processor_class():
     from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
     class WanDitopsAttnProcessor(WanAttnProcessor):
         """Wan's self-attention processor with its rotary embedding on ditops (freqs laid out
-        c0, c0, c1, c1, ...: interleaved pairs, computed in fp32). Cross-attention and image
-        (I2V) attention go to Wan's own processor."""
+        c0, c0, c1, c1, ...: interleaved pairs, computed in fp32), fused with the q/k RMSNorm
+        before it where that is an RMSNorm with a weight. Cross-attention and image (I2V)
+        attention go to Wan's own processor."""
 
         def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                      rotary_emb=None):
@@ -239,12 +266,10 @@ def _wan_processor_class():
             from diffusers.models.transformers.transformer_wan import _get_qkv_projections
 
             query, key, value = _get_qkv_projections(attn, hidden_states, None)
-            query = attn.norm_q(query).unflatten(2, (attn.heads, -1))
-            key = attn.norm_k(key).unflatten(2, (attn.heads, -1))
             value = value.unflatten(2, (attn.heads, -1))
             cos, sin = (f.reshape(f.shape[1], f.shape[3]) for f in rotary_emb)
-            query = ops.rotary_position_embedding(query, cos, sin, "rotated_interleaved")
-            key = ops.rotary_position_embedding(key, cos, sin, "rotated_interleaved")
+            query = _norm_then_rope(attn.norm_q, query, attn.heads, cos, sin)
+            key = _norm_then_rope(attn.norm_k, key, attn.heads, cos, sin)
             dispatch, _ = _diffusers()
             hidden_states = dispatch.dispatch_attention_fn(
                 query, key, value, attn_mask=attention_mask, backend=self._attention_backend,

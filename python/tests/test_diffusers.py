@@ -28,6 +28,8 @@ def counted(monkeypatch):
     where = {"attention_forward": (ditops.ops, "_attention"),
              "rms_norm": (ditops.ops, "rms_norm"),
              "rotary_position_embedding": (ditops.ops, "rotary_position_embedding"),
+             "rms_norm_rotary_position_embedding": (ditops.ops,
+                                                    "rms_norm_rotary_position_embedding"),
              "sparse_attention": (ditops.diffusers, "rainfusion_v2_attention")}
     calls = dict.fromkeys(where, 0)
     for name, (module, attribute) in where.items():
@@ -56,7 +58,13 @@ def test_enabled_model_matches_diffusers(name, dtype, tolerance, counted):
     assert counted["attention_forward"] > 0
     if name in ("flux", "wan", "hunyuan"):  # q/k RMSNorm (CogVideoX's are LayerNorms)
         assert counted["rms_norm"] > 0
-    assert counted["rotary_position_embedding"] > 0
+    if name == "wan":
+        # Self-attention's q/k RMSNorm and rotary embedding run fused (2 per layer), the
+        # cross-attention's norms alone.
+        assert counted["rms_norm_rotary_position_embedding"] == 2 * len(model.blocks)
+        assert counted["rotary_position_embedding"] == 0
+    else:
+        assert counted["rotary_position_embedding"] > 0
     assert rel_l2(got, want) <= tolerance, rel_l2(got, want)
     ditops.diffusers.disable(model)
     assert torch.equal(model(**inputs)[0], want)

@@ -190,6 +190,49 @@ def test_rms_norms_match_formula(dtype, threads):
     close(ditops.rms_norm(x[:, ::2], weight), reference(x[:, ::2]))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mode", ["rotated_half", "rotated_interleaved"])
+@pytest.mark.parametrize("group", ["head", "token", "none"])
+def test_rms_norm_rope_matches_torch_composition(dtype, mode, group, threads):
+    """The fused op against torch's RMSNorm over each head ([D] weight) or each token's heads
+    ([N * D] weight, as Wan's q/k norm), then the rotary embedding, all in fp64."""
+    b, s, n, d = 2, 37, 3, 64
+    x = randn(b, s, n, d, dtype=dtype)
+    weight = None if group == "none" else (torch.rand(d if group == "head" else n * d) + 0.5).to(
+        dtype)
+    angles = torch.rand(s, d // 2) * 6
+    angles = (torch.cat((angles, angles), dim=-1) if mode == "rotated_half"
+              else angles.repeat_interleave(2, dim=-1))
+    cos, sin = angles.cos(), angles.sin()
+    x64 = x.double() if group != "token" else x.double().flatten(2)
+    norm = torch.nn.RMSNorm(x64.shape[-1], eps=1e-6, elementwise_affine=weight is not None,
+                            dtype=torch.float64)
+    if weight is not None:
+        norm.weight.data.copy_(weight.double())
+    with torch.no_grad():
+        normalized = norm(x64).reshape(b, s, n, d)
+    want = rope_reference(normalized, cos, sin, mode == "rotated_interleaved", False)
+    got = ditops.rms_norm_rotary_position_embedding(x, weight, cos, sin, 1e-6, mode)
+    assert got.dtype == dtype
+    close(got, want)
+    # In place, and on tables of x's dtype.
+    got = ditops.rms_norm_rotary_position_embedding(x.clone(), weight, cos.to(dtype),
+                                                    sin.to(dtype), 1e-6, mode)
+    close(got, rope_reference(normalized, cos.to(dtype), sin.to(dtype),
+                              mode == "rotated_interleaved", False))
+    inplace = x.clone()
+    assert ditops.rms_norm_rotary_position_embedding(inplace, weight, cos, sin, 1e-6, mode,
+                                                     out=inplace) is inplace
+    close(inplace, want)
+
+
+def test_rms_norm_rope_refuses_heads_that_are_not_contiguous():
+    x = randn(1, 4, 2, 16)[:, :, :, :8]  # each head 8 of 16 values: head stride 16
+    with pytest.raises(ditops.Error, match="x.strides\\[2\\] \\(16\\) must be D \\(8\\)"):
+        ditops.rms_norm_rotary_position_embedding(x, torch.ones(16), torch.ones(4, 8),
+                                                  torch.zeros(4, 8))
+
+
 def test_cfg_combine():
     cond, uncond = randn(2, 16, 300), randn(2, 16, 300)
     want = uncond.double() + 4.5 * (cond.double() - uncond.double())
@@ -276,6 +319,8 @@ def test_custom_ops_pass_opcheck():
         (torch.ops.ditops.add_rms_norm, (x, x, w, 1e-6)),
         (torch.ops.ditops.rotary_position_embedding, (q, angles.cos(), angles.sin(),
                                                       "rotated_half", False)),
+        (torch.ops.ditops.rms_norm_rotary_position_embedding,
+         (q, torch.rand(32), 1e-6, angles.cos(), angles.sin(), "rotated_interleaved", False)),
         (torch.ops.ditops.cfg_combine, (x, x, 2.0)),
         (torch.ops.ditops.merge_attention_states, (q, torch.randn(1, 2, 24), k,
                                                    torch.randn(1, 2, 24))),
