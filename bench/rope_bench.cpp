@@ -1,6 +1,8 @@
 // RoPE on out-of-cache tensors, both modes and both layouts: ditops beside an Eigen-expression
 // baseline (BSND) with the same threads. Shapes: FLUX [1, 4608, 24, 128] and an LLM-like
-// [1, 8192, 24, 128] (8192 x 3072 elements), BSND or BNSD (head_first), cos/sin [S, 128] in f32.
+// [1, 8192, 24, 128] (8192 x 3072 elements), BSND or BNSD (head_first), cos/sin [S, 128] in f32
+// or, for 16-bit x, in x's dtype (as ONNX Runtime takes them; ditops widens such a table row to
+// fp32 once for the heads that share it).
 
 #include <omp.h>
 
@@ -52,15 +54,23 @@ void BM_rope(benchmark::State& state) {
   const bool eigen = state.range(3) != 0;
   const bool head_first = state.range(4) != 0;
   const std::int64_t skip = skip_elements<T>(state, 5);
+  const bool table_in_x_dtype = state.range(6) != 0;
   const std::int64_t elements = seq * kHeads * kDim;
   const std::int64_t bytes = 2 * elements * static_cast<std::int64_t>(sizeof(T));
   ColdBuffers<T> x(elements + skip, bytes), out(elements + skip, bytes, 2);
   std::vector<float> cos(seq * kDim), sin(seq * kDim);
+  std::vector<T> cos_x(seq * kDim), sin_x(seq * kDim);  // the same, in x's dtype
   for (std::int64_t i = 0; i < seq * kDim; ++i) {
     const double angle = (i / kDim) * std::pow(10000.0, -2.0 * (i % (kDim / 2)) / kDim);
     cos[i] = static_cast<float>(std::cos(angle));
     sin[i] = static_cast<float>(std::sin(angle));
+    cos_x[i] = from_float<T>(cos[i]);
+    sin_x[i] = from_float<T>(sin[i]);
   }
+  const TensorView cos_view =
+      table_in_x_dtype ? view(cos_x.data(), {seq, kDim}) : view(cos.data(), {seq, kDim});
+  const TensorView sin_view =
+      table_in_x_dtype ? view(sin_x.data(), {seq, kDim}) : view(sin.data(), {seq, kDim});
   set_num_threads(threads);
   const RotatedMode mode =
       interleaved ? RotatedMode::rotated_interleaved : RotatedMode::rotated_half;
@@ -75,8 +85,7 @@ void BM_rope(benchmark::State& state) {
           head_first ? view(xs, {1, kHeads, seq, kDim}) : view(xs, {1, seq, kHeads, kDim});
       TensorView out_view = shape;
       out_view.data = ys;
-      rotary_position_embedding(shape, view(cos.data(), {seq, kDim}), view(sin.data(), {seq, kDim}),
-                                out_view, mode, head_first);
+      rotary_position_embedding(shape, cos_view, sin_view, out_view, mode, head_first);
     }
     benchmark::ClobberMemory();
   }
@@ -84,31 +93,36 @@ void BM_rope(benchmark::State& state) {
                  (interleaved ? " interleaved" : " half") +
                  (head_first ? " BNSD [1, 24, " + std::to_string(seq) + ", 128]"
                              : " BSND [1, " + std::to_string(seq) + ", 24, 128]") +
-                 (skip ? " misaligned" : ""));
+                 (skip ? " misaligned" : "") + (table_in_x_dtype ? " tables in x's dtype" : ""));
   // x read and out written; the [S, D] tables are reused across 24 heads and are not counted.
   report_bandwidth(state, static_cast<double>(bytes), threads);
 }
 
 // Args: sequence index, interleaved, threads, baseline (0 = ditops, 1 = Eigen), layout
 // (0 = BSND, 1 = BNSD; the Eigen baseline is BSND only), misaligned (x and out 16 bytes past a
-// cache line, as allocators put them; ditops BSND at FLUX's length).
+// cache line, as allocators put them; ditops BSND at FLUX's length), tables in x's dtype (16-bit
+// x, ditops BSND at FLUX's length, aligned and misaligned: the widened-table path).
+template <bool kSixteenBit>
 void rope_args(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"seq", "interleaved", "threads", "eigen", "head_first", "misaligned"});
+  b->ArgNames({"seq", "interleaved", "threads", "eigen", "head_first", "misaligned", "x_tables"});
   for (int seq = 0; seq < 2; ++seq) {
     for (int interleaved : {0, 1}) {
       for (int threads : {1, 2}) {
-        for (int eigen : {0, 1}) b->Args({seq, interleaved, threads, eigen, 0, 0});
-        b->Args({seq, interleaved, threads, 0, 1, 0});
-        if (seq == 0) b->Args({seq, interleaved, threads, 0, 0, 1});
+        for (int eigen : {0, 1}) b->Args({seq, interleaved, threads, eigen, 0, 0, 0});
+        b->Args({seq, interleaved, threads, 0, 1, 0, 0});
+        if (seq == 0) b->Args({seq, interleaved, threads, 0, 0, 1, 0});
+        if (seq == 0 && kSixteenBit) {
+          for (int misaligned : {0, 1}) b->Args({seq, interleaved, threads, 0, 0, misaligned, 1});
+        }
       }
     }
   }
   b->UseRealTime()->Unit(benchmark::kMillisecond);
 }
 
-BENCHMARK_TEMPLATE(BM_rope, float)->Apply(rope_args);
-BENCHMARK_TEMPLATE(BM_rope, bf16)->Apply(rope_args);
-BENCHMARK_TEMPLATE(BM_rope, f16)->Apply(rope_args);
+BENCHMARK_TEMPLATE(BM_rope, float)->Apply(rope_args<false>);
+BENCHMARK_TEMPLATE(BM_rope, bf16)->Apply(rope_args<true>);
+BENCHMARK_TEMPLATE(BM_rope, f16)->Apply(rope_args<true>);
 
 }  // namespace
 }  // namespace ditops::bench

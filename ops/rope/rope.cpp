@@ -65,17 +65,21 @@ void rotary_position_embedding(const TensorView& x, const TensorView& cos, const
   const std::int64_t bytes = problem.rows.rows * problem.dim * dtype_size(x.dtype) * 2;
   // Streaming saves reading each line of out for ownership, decided by the traffic (x read and
   // out written): 16-bit RoPE at FLUX's [1, 4608, 24, 128] writes 28 MiB and ran 1.1x faster
-  // streamed. Rows that fill whole cache lines, or whose vectors the kernel joins into aligned
-  // ones, stream from the threshold of the traffic; rows that share lines and are staged
-  // (simd::LineStager), whose staging costs about what streaming saves (0.93x streamed), from
-  // the threshold of the bytes written, as before.
+  // streamed. Rows that fill whole cache lines stream from the threshold of the traffic; so do
+  // f32 rows whose vectors the kernel joins into aligned ones (simd::ShiftedStreamWriter: f32
+  // BSND 16 bytes past a line, 1 thread, 8.5 ms joined vs 12.5 ms not streamed). 16-bit rows
+  // are not joined: their conversions make them compute-bound on AVX2 (AMD Zen 3: f16
+  // [1, 4096, 24, 128] as allocated, 1 thread, about 9 ms joined vs 6.5-7.5 ms not streamed).
+  // Rows that share lines and are staged (simd::LineStager), whose staging costs about what
+  // streaming saves (0.93x streamed), stream from the threshold of the bytes written.
   bool whole_lines = reinterpret_cast<std::uintptr_t>(out.data) % kCacheLineBytes == 0 &&
                      problem.dim * dtype_size(x.dtype) % kCacheLineBytes == 0;
   for (int d = 0; d < problem.rows.dims; ++d) {
     whole_lines &= problem.rows.strides[rope::kOut][d] * dtype_size(x.dtype) % kCacheLineBytes == 0;
   }
-  problem.stream_joined = core::use_streaming_stores(bytes);
-  problem.stream = whole_lines ? problem.stream_joined : core::use_streaming_stores(bytes / 2);
+  const bool stream_traffic = core::use_streaming_stores(bytes);
+  problem.stream_joined = stream_traffic && x.dtype == DType::f32;
+  problem.stream = whole_lines ? stream_traffic : core::use_streaming_stores(bytes / 2);
   core::parallel_ranges(
       problem.rows.rows, core::threads_for_bytes(bytes),
       [&](std::int64_t begin, std::int64_t end, int) { kernel(problem, begin, end); });

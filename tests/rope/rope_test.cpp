@@ -22,7 +22,9 @@ namespace {
 // (D/2) and the interleaved (D) loops, and the large widths of the RMSNorm sweep.
 const std::int64_t kDims[] = {2, 6, 8, 34, 64, 72, 80, 96, 128, 256, 3072, 5120, 4104};
 
-enum class TableKind { seq_dim, broadcast_all, per_batch, per_head };
+/// The 4-D kinds broadcast the dims they do not name; heads_only ([1, N, 1, D] or [1, 1, N, D])
+/// broadcasts the sequence, x's innermost row dim in BNSD.
+enum class TableKind { seq_dim, broadcast_all, per_batch, per_head, heads_only };
 
 /// cos/sin of angle theta(s, k) = (s + 1) * 10000^(-2*(k mod D/2)/D) laid out for `mode`, with
 /// per-batch and per-head variations for the 4-D kinds so that broadcasting errors show.
@@ -65,7 +67,8 @@ struct RopeCase {
       t_shape = {seq, dim};
     } else {
       t_shape = {1, 1, 1, dim};
-      t_shape[seq_dim] = seq;
+      if (table != TableKind::heads_only) t_shape[seq_dim] = seq;
+      if (table == TableKind::heads_only) t_shape[head_dim] = heads;
       if (table == TableKind::per_batch) t_shape[0] = batch;
       if (table == TableKind::per_head) t_shape[head_dim] = heads;
     }
@@ -138,6 +141,30 @@ TYPED_TEST(RopeTest, MatchesReferenceOverSweep) {
                 rng);
           }
         }
+      }
+    }
+  }
+}
+
+// 16-bit tables read by runs of rows (broadcast along x's innermost row dim: BSND's heads, or
+// the sequence of BNSD with [1, N, 1, D] tables) are widened to fp32 once per run: the run
+// changes with the position, the batch or the head, a thread's range starts part way into a
+// run, and D is odd in halves, short, the largest widened (1024) or just above it (direct).
+TYPED_TEST(RopeTest, WidenedTableRowsFollowEveryTableChange) {
+  using T = typename TypeParam::X;
+  using C = typename TypeParam::Table;
+  std::mt19937 rng(11);
+  for (std::int64_t dim : {2, 6, 130, 1024, 1026}) {
+    // Over 512 KiB of traffic for D >= 130, so that two threads split the rows.
+    const std::int64_t seq = dim >= 1024 ? 19 : 131;
+    for (RotatedMode mode : {RotatedMode::rotated_half, RotatedMode::rotated_interleaved}) {
+      for (bool in_place : {false, true}) {
+        const std::int64_t pad = in_place ? 0 : 3;
+        for (TableKind table : {TableKind::seq_dim, TableKind::per_batch, TableKind::heads_only}) {
+          RopeCase<T, C>{2, seq, 7, dim, false, mode, table, pad, 2, in_place}.run_and_check(rng);
+        }
+        RopeCase<T, C>{2, seq, 5, dim, true, mode, TableKind::heads_only, pad, 2, in_place}
+            .run_and_check(rng);
       }
     }
   }
@@ -261,8 +288,9 @@ namespace {
 // Outputs above 32 MiB are written with streaming stores; padding elements per row move each
 // row start further, so the rows meet every misalignment, odd ones included (which the
 // interleaved mode must handle pair-safely), and no row continues where the previous one ended.
-// D = 136 rows are staged; D = 128 rows (whole vectors) are joined into aligned vectors, a run
-// per row (simd::ShiftedStreamWriter) where their starts fall on 4 bytes.
+// D = 136 rows are staged; D = 128 f32 rows (whole vectors) are joined into aligned vectors, a
+// run per row (simd::ShiftedStreamWriter) where their starts fall on 4 bytes; 16-bit ones are
+// not streamed (they are not joined) unless they fill whole lines.
 TYPED_TEST(RopeTest, LargeOutputsUseStreamingStoresCorrectly) {
   using T = typename TypeParam::X;
   using C = typename TypeParam::Table;
