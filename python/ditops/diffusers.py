@@ -10,7 +10,9 @@ they are replaced by one that calls the dispatcher. The q/k RMSNorm modules beco
 RMSNorms over the same weights. diffusers' `apply_rotary_emb` (FLUX, HunyuanVideo, CogVideoX) is
 replaced, while any model is enabled, by the same math on ditops' kernel (falling back to
 diffusers' own for the forms the kernel does not take); Wan's self-attention processor, whose
-rotary embedding is local to it, is replaced by one that applies it on ditops."""
+rotary embedding is local to it, is replaced by one that applies it on ditops. In Wan's
+self-attention and FLUX's attention, whose q/k RMSNorms come right before the rotary embedding,
+both run as one fused ditops pass (rms_norm_rotary_position_embedding)."""
 
 import contextlib
 
@@ -280,6 +282,83 @@ def _wan_processor_class():
     return WanDitopsAttnProcessor
 
 
+def _flux_processor_class():
+    from diffusers.models.transformers.transformer_flux import (
+        FluxAttnProcessor,
+        _get_qkv_projections,
+    )
+
+    def per_head_params(norm, x, head_dim):
+        params = _rms_norm_weight_eps(norm, x)
+        if params is None or tuple(params[0].shape) != (head_dim,):
+            return None
+        return params
+
+    class FluxDitopsAttnProcessor(FluxAttnProcessor):
+        """FLUX's attention processor with each q/k RMSNorm (per head) and the rotary embedding
+        after it in one fused ditops pass per segment: the text tokens (norm_added_q/k, the
+        first rows of the tables) and the image tokens (norm_q/k, the rest), written into the
+        concatenated q and k. Forms the fused op does not take (no rotary embedding, norms that
+        are not RMSNorms with a [head_dim] weight, tables that are not real [S, D] pairs) go to
+        FLUX's own processor."""
+
+        def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                     image_rotary_emb=None):
+            original = super().__call__
+            if (image_rotary_emb is None or not isinstance(image_rotary_emb, (tuple, list))
+                    or image_rotary_emb[0].ndim != 2 or hidden_states.dtype not in (
+                        torch.float32, torch.bfloat16, torch.float16)):
+                return original(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                image_rotary_emb)
+            joint = attn.added_kv_proj_dim is not None
+            norms = [attn.norm_q, attn.norm_k] + (
+                [attn.norm_added_q, attn.norm_added_k] if joint else [])
+            params = [per_head_params(norm, hidden_states, attn.head_dim) for norm in norms]
+            if any(p is None for p in params) or (joint and encoder_hidden_states is None):
+                return original(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                image_rotary_emb)
+            dispatch, _ = _diffusers()
+            query, key, value, encoder_query, encoder_key, encoder_value = (
+                _get_qkv_projections(attn, hidden_states, encoder_hidden_states))
+            cos, sin = image_rotary_emb
+
+            def fused(x, index, rows, out=None):
+                weight, eps = params[index]
+                return ops.rms_norm_rotary_position_embedding(
+                    x.unflatten(-1, (-1, attn.head_dim)), weight, cos[rows], sin[rows], eps,
+                    "rotated_interleaved", out=out)
+
+            value = value.unflatten(-1, (-1, attn.head_dim))
+            if joint:
+                text = encoder_query.shape[1]
+                batch, tokens = query.shape[0], text + query.shape[1]
+                heads = query.shape[-1] // attn.head_dim
+                joined = []
+                for image, encoder, index in ((query, encoder_query, 0), (key, encoder_key, 1)):
+                    both = image.new_empty(batch, tokens, heads, attn.head_dim)
+                    fused(encoder, index + 2, slice(0, text), out=both[:, :text])
+                    fused(image, index, slice(text, tokens), out=both[:, text:])
+                    joined.append(both)
+                query, key = joined
+                value = torch.cat([encoder_value.unflatten(-1, (-1, attn.head_dim)), value], 1)
+            else:
+                rows = slice(0, query.shape[1])
+                query, key = fused(query, 0, rows), fused(key, 1, rows)
+            hidden_states = dispatch.dispatch_attention_fn(
+                query, key, value, attn_mask=attention_mask, backend=self._attention_backend,
+                parallel_config=self._parallel_config)
+            hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+            if encoder_hidden_states is None:
+                return hidden_states
+            encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
+                [text, hidden_states.shape[1] - text], dim=1)
+            hidden_states = attn.to_out[1](attn.to_out[0](hidden_states.contiguous()))
+            encoder_hidden_states = attn.to_add_out(encoder_hidden_states.contiguous())
+            return hidden_states, encoder_hidden_states
+
+    return FluxDitopsAttnProcessor
+
+
 def _cogvideox_processor_class():
     _, embeddings = _diffusers()
 
@@ -388,6 +467,9 @@ def enable(model, backend="dense", sparsity=0.75, block_size=128, keep_sink=True
         processor_class = _wan_processor_class()
         model.set_attn_processor({key: processor_class() if key.endswith("attn1.processor")
                                   else value for key, value in state["processors"].items()})
+    if fuse_rope_and_norms and type(model).__name__ == "FluxTransformer2DModel":
+        processor_class = _flux_processor_class()
+        model.set_attn_processor({key: processor_class() for key in state["processors"]})
     model.set_attention_backend(name)
     # set_attention_backend also makes the backend every other model's default: only this
     # model's processors (which now name it) are to use ditops.

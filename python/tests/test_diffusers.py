@@ -56,13 +56,19 @@ def test_enabled_model_matches_diffusers(name, dtype, tolerance, counted):
     ditops.diffusers.enable(model)
     got = model(**inputs)[0]
     assert counted["attention_forward"] > 0
-    if name in ("flux", "wan", "hunyuan"):  # q/k RMSNorm (CogVideoX's are LayerNorms)
+    if name in ("wan", "hunyuan"):  # q/k RMSNorm (CogVideoX's are LayerNorms)
         assert counted["rms_norm"] > 0
     if name == "wan":
-        # Self-attention's q/k RMSNorm and rotary embedding run fused (2 per layer), the
+        # Self-attention's q/k RMSNorm and rotary embedding run fused (q and k per layer), the
         # cross-attention's norms alone.
         assert counted["rms_norm_rotary_position_embedding"] == 2 * len(model.blocks)
         assert counted["rotary_position_embedding"] == 0
+    elif name == "flux":
+        # Every q/k RMSNorm runs fused with the rotary embedding: q and k of the joint blocks
+        # per segment (text, image), of the single blocks whole.
+        assert counted["rms_norm_rotary_position_embedding"] == (
+            4 * len(model.transformer_blocks) + 2 * len(model.single_transformer_blocks))
+        assert counted["rotary_position_embedding"] == counted["rms_norm"] == 0
     else:
         assert counted["rotary_position_embedding"] > 0
     assert rel_l2(got, want) <= tolerance, rel_l2(got, want)
