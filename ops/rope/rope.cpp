@@ -64,22 +64,23 @@ void rotary_position_embedding(const TensorView& x, const TensorView& cos, const
   const auto kernel = kernels.get();
   const std::int64_t bytes = problem.rows.rows * problem.dim * dtype_size(x.dtype) * 2;
   // Streaming saves reading each line of out for ownership, decided by the traffic (x read and
-  // out written): 16-bit RoPE at FLUX's [1, 4608, 24, 128] writes 28 MiB and ran 1.1x faster
-  // streamed. Rows that fill whole cache lines stream from the threshold of the traffic; so do
-  // f32 rows whose vectors the kernel joins into aligned ones (simd::ShiftedStreamWriter: f32
-  // BSND 16 bytes past a line, 1 thread, 8.5 ms joined vs 12.5 ms not streamed). 16-bit rows
-  // are not joined: their conversions make them compute-bound on AVX2 (AMD Zen 3: f16
-  // [1, 4096, 24, 128] as allocated, 1 thread, about 9 ms joined vs 6.5-7.5 ms not streamed).
-  // Rows that share lines and are staged (simd::LineStager), whose staging costs about what
-  // streaming saves (0.93x streamed), stream from the threshold of the bytes written.
-  bool whole_lines = reinterpret_cast<std::uintptr_t>(out.data) % kCacheLineBytes == 0 &&
+  // out written) for f32: rows that fill whole cache lines stream from the threshold of the
+  // traffic, and so do rows whose vectors the kernel joins into aligned ones
+  // (simd::ShiftedStreamWriter: f32 BSND 16 bytes past a line, 1 thread, 8.5 ms joined vs
+  // 12.5 ms not streamed). 16-bit rows, whose conversions make them compute-bound on AVX2, are
+  // not joined, and stream from the threshold of the bytes written: at [1, 4096, 24, 128]
+  // (24 MiB written) on AMD Zen 3, f16 rows streamed in place (16-byte streaming stores) took
+  // 1.1-1.5x as long as rows not streamed, joined ones about 1.3x. Rows that share lines and
+  // are staged (simd::LineStager), whose staging costs about what streaming saves (0.93x
+  // streamed), also stream from the threshold of the bytes written.
+  bool whole_lines = x.dtype == DType::f32 &&
+                     reinterpret_cast<std::uintptr_t>(out.data) % kCacheLineBytes == 0 &&
                      problem.dim * dtype_size(x.dtype) % kCacheLineBytes == 0;
   for (int d = 0; d < problem.rows.dims; ++d) {
     whole_lines &= problem.rows.strides[rope::kOut][d] * dtype_size(x.dtype) % kCacheLineBytes == 0;
   }
-  const bool stream_traffic = core::use_streaming_stores(bytes);
-  problem.stream_joined = stream_traffic && x.dtype == DType::f32;
-  problem.stream = whole_lines ? stream_traffic : core::use_streaming_stores(bytes / 2);
+  problem.stream_joined = core::use_streaming_stores(bytes) && x.dtype == DType::f32;
+  problem.stream = whole_lines ? problem.stream_joined : core::use_streaming_stores(bytes / 2);
   core::parallel_ranges(
       problem.rows.rows, core::threads_for_bytes(bytes),
       [&](std::int64_t begin, std::int64_t end, int) { kernel(problem, begin, end); });

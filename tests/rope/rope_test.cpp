@@ -289,8 +289,8 @@ namespace {
 // row start further, so the rows meet every misalignment, odd ones included (which the
 // interleaved mode must handle pair-safely), and no row continues where the previous one ended.
 // D = 136 rows are staged; D = 128 f32 rows (whole vectors) are joined into aligned vectors, a
-// run per row (simd::ShiftedStreamWriter) where their starts fall on 4 bytes; 16-bit ones are
-// not streamed (they are not joined) unless they fill whole lines.
+// run per row (simd::ShiftedStreamWriter) where their starts fall on 4 bytes; 16-bit rows are
+// not joined, and stream (staged or in place) only from 32 MiB written.
 TYPED_TEST(RopeTest, LargeOutputsUseStreamingStoresCorrectly) {
   using T = typename TypeParam::X;
   using C = typename TypeParam::Table;
