@@ -3,10 +3,10 @@
 // Memory-bound, as each half alone: a group (one head of D, or a token's N heads) is read from
 // memory once for its sum of squares and once more from L1 (a group of 3072 bf16 is 6 KiB) to
 // normalize and rotate it, and written once; the unfused pair reads and writes every element
-// twice. Rows are rotated as ops/rope/rope_kernel.cpp rotates them (the arithmetic of
-// ops/rope/rotation.hpp, pieces along out's cache lines, rows that share lines staged through
-// simd::LineStager when streaming) with x * inv_rms * weight in place of x. Each piece reads
-// every input it needs before writing its output, so out may be x.
+// twice. Rows are rotated by the RoPE kernel's own row code (rotate_half, rotate_interleaved
+// in ops/rope/rotation.hpp: pieces along out's cache lines; rows that share lines are staged
+// through simd::LineStager when streaming) with x * inv_rms * weight as their input. Each piece
+// reads every input it needs before writing its output, so out may be x.
 
 #include "ops/rope/norm_rope_kernel.hpp"
 
@@ -72,71 +72,6 @@ struct Normalized {
   }
 };
 
-/// Rotate-half of one normalized row, stored piece by piece (both halves of a piece together).
-template <class Arch, class T, class C, class N>
-void rotate_half(const N& x, const C* cos, const C* sin, T* out, std::size_t dim, bool stream) {
-  constexpr std::size_t kLanes = B<Arch>::size;
-  const std::size_t half = dim / 2;
-  // Pieces follow the cache lines of the first half; the second half streams along only when
-  // it starts at the same offset within a line.
-  const bool same_line_phase = half * sizeof(T) % simd::kCacheLineBytes == 0;
-  simd::for_each_piece<Arch>(
-      out, half, stream,
-      [&](std::size_t i, auto whole) {
-        const B<Arch> x1a = x(i), x1b = x(i + kLanes);
-        const B<Arch> x2a = x(half + i), x2b = x(half + i + kLanes);
-        simd::store_pair<Arch>(
-            out + i,
-            first_half<Arch>(x1a, x2a, simd::load<Arch>(cos + i), simd::load<Arch>(sin + i)),
-            first_half<Arch>(x1b, x2b, simd::load<Arch>(cos + i + kLanes),
-                             simd::load<Arch>(sin + i + kLanes)),
-            whole);
-        simd::store_pair<Arch>(
-            out + half + i,
-            second_half<Arch>(x1a, x2a, simd::load<Arch>(cos + half + i),
-                              simd::load<Arch>(sin + half + i)),
-            second_half<Arch>(x1b, x2b, simd::load<Arch>(cos + half + i + kLanes),
-                              simd::load<Arch>(sin + half + i + kLanes)),
-            whole && same_line_phase);
-      },
-      [&](std::size_t i, std::size_t n, auto whole) {
-        const B<Arch> x1 = x.chunk(i, n), x2 = x.chunk(half + i, n);
-        simd::store_chunk<Arch>(out, i, n,
-                                first_half<Arch>(x1, x2, simd::load_chunk<Arch>(cos, i, n),
-                                                 simd::load_chunk<Arch>(sin, i, n)),
-                                whole);
-        simd::store_chunk<Arch>(out + half, i, n,
-                                second_half<Arch>(x1, x2, simd::load_chunk<Arch>(cos + half, i, n),
-                                                  simd::load_chunk<Arch>(sin + half, i, n)),
-                                whole && same_line_phase);
-      });
-}
-
-/// Interleaved rotation of one normalized row, stored piece by piece.
-template <class Arch, class T, class C, class N>
-void rotate_interleaved(const N& x, const C* cos, const C* sin, T* out, std::size_t dim,
-                        bool stream, const InterleavedRotation<Arch>& rotated) {
-  constexpr std::size_t kLanes = B<Arch>::size;
-  // Pairs must not straddle pieces, so the first (line-alignment) piece must be even-sized; when
-  // out sits an odd number of elements off a line boundary, do not stream.
-  const bool align = stream && simd::elements_to_line(out) % 2 == 0;
-  simd::for_each_piece<Arch>(
-      out, dim, align,
-      [&](std::size_t i, auto whole) {
-        simd::store_pair<Arch>(out + i,
-                               rotated(x(i), simd::load<Arch>(cos + i), simd::load<Arch>(sin + i)),
-                               rotated(x(i + kLanes), simd::load<Arch>(cos + i + kLanes),
-                                       simd::load<Arch>(sin + i + kLanes)),
-                               whole);
-      },
-      [&](std::size_t i, std::size_t n, auto whole) {
-        simd::store_chunk<Arch>(out, i, n,
-                                rotated(x.chunk(i, n), simd::load_chunk<Arch>(cos, i, n),
-                                        simd::load_chunk<Arch>(sin, i, n)),
-                                whole);
-      });
-}
-
 /// A group whose fp32 sum of squares is out of range, in double, where every float's square
 /// fits and 1 / rms may exceed FLT_MAX. Rare, so scalar code; each rotation pair is read before
 /// it is written (in place). NaN and infinity propagate as in the vector path.
@@ -194,7 +129,6 @@ void norm_rope_typed(const NormRopeProblem& p, std::int64_t begin, std::int64_t 
   const auto dim = static_cast<std::size_t>(p.dim);
   const auto count = static_cast<std::size_t>(p.heads * p.dim);
   const int per_pass = groups_per_pass<T>(count);
-  const InterleavedRotation<Arch> interleaved;
   core::RowWalker<4> walker(p.groups, begin);
   // Rows (heads) that share cache lines are computed into the stager's buffer and streamed from
   // there; a token's heads follow one another in out, so each completes its predecessor's line.
@@ -233,8 +167,7 @@ void norm_rope_typed(const NormRopeProblem& p, std::int64_t begin, std::int64_t 
         if (p.mode == RotatedMode::rotated_half) {
           rotate_half<Arch>(row, cos_row, sin_row, dst, dim, stager.streams_in_place());
         } else {
-          rotate_interleaved<Arch>(row, cos_row, sin_row, dst, dim, stager.streams_in_place(),
-                                   interleaved);
+          rotate_interleaved<Arch>(row, cos_row, sin_row, dst, dim, stager.streams_in_place());
         }
         stager.end_row();
       }

@@ -37,57 +37,6 @@ namespace {
 template <class Arch>
 using B = simd::F32<Arch>;
 
-/// Rotate-half of one row, stored piece by piece (both halves of a piece together). With
-/// kNegatedSin, sin[0, D/2) holds -sin (WidenedTables): the first half is then x1*cos + x2*(-sin),
-/// second_half's arithmetic with the halves swapped, the same bits as first_half without its
-/// negation.
-template <class Arch, bool kNegatedSin = false, class T, class C>
-void rotate_half(const T* x, const C* cos, const C* sin, T* out, std::size_t dim, bool stream) {
-  constexpr std::size_t kLanes = B<Arch>::size;
-  const std::size_t half = dim / 2;
-  const auto first_half = [](B<Arch> x1, B<Arch> x2, B<Arch> c1, B<Arch> s1) {
-    if constexpr (kNegatedSin) {
-      return rope::second_half<Arch>(x2, x1, c1, s1);
-    } else {
-      return rope::first_half<Arch>(x1, x2, c1, s1);
-    }
-  };
-  // Pieces follow the cache lines of the first half; the second half streams along only when
-  // it starts at the same offset within a line.
-  const bool same_line_phase = half * sizeof(T) % simd::kCacheLineBytes == 0;
-  simd::for_each_piece<Arch>(
-      out, half, stream,
-      [&](std::size_t i, auto whole) {
-        const B<Arch> x1a = simd::load<Arch>(x + i), x1b = simd::load<Arch>(x + i + kLanes);
-        const B<Arch> x2a = simd::load<Arch>(x + half + i);
-        const B<Arch> x2b = simd::load<Arch>(x + half + i + kLanes);
-        simd::store_pair<Arch>(
-            out + i, first_half(x1a, x2a, simd::load<Arch>(cos + i), simd::load<Arch>(sin + i)),
-            first_half(x1b, x2b, simd::load<Arch>(cos + i + kLanes),
-                       simd::load<Arch>(sin + i + kLanes)),
-            whole);
-        simd::store_pair<Arch>(
-            out + half + i,
-            second_half<Arch>(x1a, x2a, simd::load<Arch>(cos + half + i),
-                              simd::load<Arch>(sin + half + i)),
-            second_half<Arch>(x1b, x2b, simd::load<Arch>(cos + half + i + kLanes),
-                              simd::load<Arch>(sin + half + i + kLanes)),
-            whole && same_line_phase);
-      },
-      [&](std::size_t i, std::size_t n, auto whole) {
-        const B<Arch> x1 = simd::load_chunk<Arch>(x, i, n);
-        const B<Arch> x2 = simd::load_chunk<Arch>(x + half, i, n);
-        simd::store_chunk<Arch>(out, i, n,
-                                first_half(x1, x2, simd::load_chunk<Arch>(cos, i, n),
-                                           simd::load_chunk<Arch>(sin, i, n)),
-                                whole);
-        simd::store_chunk<Arch>(out + half, i, n,
-                                second_half<Arch>(x1, x2, simd::load_chunk<Arch>(cos + half, i, n),
-                                                  simd::load_chunk<Arch>(sin + half, i, n)),
-                                whole && same_line_phase);
-      });
-}
-
 /// Rotate-half of one row in memory order, two vectors at a time, to a ShiftedStreamWriter:
 /// the first half, then the second, each reading x's other half again (from L1). Not for rows
 /// rotated in place: the second half reads the first half of x after it was written.
@@ -110,46 +59,6 @@ void rotate_half_in_order(const T* x, const C* cos, const C* sin, std::size_t di
   for (std::size_t i = 0; i < half; i += 2 * kLanes) {
     writer.template push_pair<T>(second(i), second(i + kLanes));
   }
-}
-
-/// InterleavedRotation with sin already signed (-sin on even lanes, as WidenedTables stores it):
-/// the same arithmetic, less the sign flip.
-template <class Arch>
-struct SignedSinRotation {
-  B<Arch> operator()(B<Arch> v, B<Arch> c, B<Arch> signed_sin) const noexcept {
-    constexpr auto kSwap =
-        xsimd::make_batch_constant<xsimd::batch<std::uint32_t, Arch>, PairSwap>();
-    return simd::fmadd<Arch>(v, c, xsimd::swizzle(v, kSwap) * signed_sin);
-  }
-};
-
-/// Interleaved rotation of one row, stored piece by piece (kNegatedSin: sin signed, as
-/// SignedSinRotation takes it).
-template <class Arch, bool kNegatedSin = false, class T, class C>
-void rotate_interleaved(const T* x, const C* cos, const C* sin, T* out, std::size_t dim,
-                        bool stream) {
-  constexpr std::size_t kLanes = B<Arch>::size;
-  const std::conditional_t<kNegatedSin, SignedSinRotation<Arch>, InterleavedRotation<Arch>> rotated;
-  // Pairs must not straddle pieces, so the first (line-alignment) piece must be even-sized; when
-  // out sits an odd number of elements off a line boundary, do not stream.
-  const bool align = stream && simd::elements_to_line(out) % 2 == 0;
-  simd::for_each_piece<Arch>(
-      out, dim, align,
-      [&](std::size_t i, auto whole) {
-        simd::store_pair<Arch>(
-            out + i,
-            rotated(simd::load<Arch>(x + i), simd::load<Arch>(cos + i), simd::load<Arch>(sin + i)),
-            rotated(simd::load<Arch>(x + i + kLanes), simd::load<Arch>(cos + i + kLanes),
-                    simd::load<Arch>(sin + i + kLanes)),
-            whole);
-      },
-      [&](std::size_t i, std::size_t n, auto whole) {
-        simd::store_chunk<Arch>(
-            out, i, n,
-            rotated(simd::load_chunk<Arch>(x, i, n), simd::load_chunk<Arch>(cos, i, n),
-                    simd::load_chunk<Arch>(sin, i, n)),
-            whole);
-      });
 }
 
 /// Interleaved rotation of one row, two vectors at a time, to a ShiftedStreamWriter (each
@@ -304,11 +213,11 @@ void rope_rows_with(const RopeProblem& p, std::int64_t begin, std::int64_t end, 
     tables.fetch(static_cast<const C*>(p.cos) + walker.offset(kCos),
                  static_cast<const C*>(p.sin) + walker.offset(kSin), dim);
     if (p.mode == RotatedMode::rotated_half) {
-      rotate_half<Arch, Tables::kNegatedSin>(x, tables.cos(), tables.sin(), out, dim,
-                                             stager.streams_in_place());
+      rotate_half<Arch, Tables::kNegatedSin>(RowLoads<Arch, T>{x}, tables.cos(), tables.sin(), out,
+                                             dim, stager.streams_in_place());
     } else {
-      rotate_interleaved<Arch, Tables::kNegatedSin>(x, tables.cos(), tables.sin(), out, dim,
-                                                    stager.streams_in_place());
+      rotate_interleaved<Arch, Tables::kNegatedSin>(
+          RowLoads<Arch, T>{x}, tables.cos(), tables.sin(), out, dim, stager.streams_in_place());
     }
     stager.end_row();
   }
