@@ -495,6 +495,77 @@ TEST(NormLineOffsets, LargeOutputsAtEveryOffsetEqualTheAlignedRun) {
   }
 }
 
+// Short f32 rows (D a multiple of 16 up to 256) whose x and out share their offset within a
+// vector are walked in aligned vectors, rows meeting inside a vector (norm_kernel.cpp); their
+// bits must be those of the line-aligned run on one thread: from every offset, on 1 and 2
+// threads (ranges of odd row counts, split inside a line), with and without weight, streamed or
+// not, in place, with x and out at different offsets (the other path), and with rows whose sum
+// of squares overflows or is NaN (redone in double) at the ends of passes and of each thread's
+// range.
+void expect_short_rows_offsets_equal(std::int64_t rows, std::int64_t dim,
+                                     const std::vector<std::size_t>& offsets) {
+  const auto count = static_cast<std::size_t>(rows * dim);
+  std::vector<float> x0(count), weight(static_cast<std::size_t>(dim));
+  std::mt19937 rng(static_cast<unsigned>(rows * dim));
+  std::normal_distribution<float> normal;
+  for (float& value : x0) value = normal(rng);
+  for (float& value : weight) value = 1.f + 0.1f * normal(rng);
+  if (rows > 8) {
+    const std::int64_t half = rows / 2;
+    for (const std::int64_t row :
+         {std::int64_t{0}, std::int64_t{3}, std::int64_t{4}, half - 1, half, rows - 1}) {
+      for (std::int64_t i = 0; i < dim; ++i) x0[static_cast<std::size_t>(row * dim + i)] *= 1e25f;
+    }
+    x0[static_cast<std::size_t>(5 * dim + 7)] = std::numeric_limits<float>::quiet_NaN();
+    x0[static_cast<std::size_t>((half + 1) * dim)] = std::numeric_limits<float>::infinity();
+  }
+  OffsetBuffer<float> x(count), out(count);
+  const auto run = [&](std::size_t x_offset, std::size_t out_offset, bool in_place, bool weighted,
+                       int threads) {
+    set_num_threads(threads);
+    float* xs = x.place_copy(x_offset, x0);
+    float* o = in_place ? xs : out.place(out_offset);
+    rms_norm(view(xs, {rows, dim}), weighted ? view(weight.data(), {dim}) : TensorView{}, kEps,
+             view(o, {rows, dim}));
+    EXPECT_TRUE(x.guards_intact() && (in_place || out.guards_intact()))
+        << "x at " << x_offset << ", out at " << out_offset;
+    return std::vector<float>(o, o + count);
+  };
+  for (const bool weighted : {true, false}) {
+    const std::vector<float> aligned = run(0, 0, false, weighted, 1);
+    for (const int threads : {1, 2}) {
+      for (const std::size_t offset : offsets) {
+        const std::string context = "D " + std::to_string(dim) + ", " + std::to_string(rows) +
+                                    " rows, " + (weighted ? "weight" : "no weight") + ", " +
+                                    std::to_string(threads) + " threads, isa " + active_isa_name() +
+                                    ", x at " + std::to_string(offset);
+        const auto same_bits = [&](const std::vector<float>& got) {
+          return std::memcmp(got.data(), aligned.data(), count * sizeof(float)) == 0;
+        };
+        EXPECT_TRUE(same_bits(run(offset, offset, false, weighted, threads))) << context;
+        EXPECT_TRUE(same_bits(run(offset, offset, true, weighted, threads)))
+            << context << " in place";
+        const std::size_t other = (offset + 20) % kLineBytes;
+        EXPECT_TRUE(same_bits(run(offset, other, false, weighted, threads)))
+            << context << ", out at " << other;
+      }
+    }
+  }
+  set_num_threads(0);
+}
+
+TEST(NormLineOffsets, ShortRowsAtEveryOffsetEqualTheAlignedRun) {
+  std::vector<std::size_t> every;
+  for (std::size_t offset = 4; offset < kLineBytes; offset += 4) every.push_back(offset);
+  for (const std::int64_t dim : {16, 64, 128, 256}) {
+    expect_short_rows_offsets_equal(3, dim, every);                          // less than a pass
+    expect_short_rows_offsets_equal((1 << 20) / (dim * 4) + 3, dim, every);  // 2 threads
+  }
+  // Streamed (out above 32 MiB).
+  expect_short_rows_offsets_equal((std::int64_t{33} << 20) / (128 * 4) + 3, 128, {4, 16, 60});
+  expect_short_rows_offsets_equal((std::int64_t{33} << 20) / (64 * 4) + 1, 64, {16});
+}
+
 }  // namespace
 }  // namespace ditops::test
 
