@@ -123,8 +123,9 @@ int groups_per_pass(std::size_t count) noexcept {
   return sizeof(T) == 2 && count * sizeof(T) <= kShortGroupBytes ? 4 : 1;
 }
 
-template <class Arch, bool kWeighted, class T, class C>
-void norm_rope_typed(const NormRopeProblem& p, std::int64_t begin, std::int64_t end) {
+template <class Arch, bool kWeighted, class T, class C, class Tables>
+void norm_rope_typed(const NormRopeProblem& p, std::int64_t begin, std::int64_t end,
+                     Tables& tables) {
   constexpr int kMaxPass = 4;
   const auto dim = static_cast<std::size_t>(p.dim);
   const auto count = static_cast<std::size_t>(p.heads * p.dim);
@@ -162,12 +163,14 @@ void norm_rope_typed(const NormRopeProblem& p, std::int64_t begin, std::int64_t 
         const Normalized<Arch, kWeighted, T> row{xs[g] + h * p.head_strides[kNormX],
                                                  kWeighted ? p.weight + h * p.dim : nullptr, scale};
         T* dst = stager.begin_row(outs[g] + h * p.head_strides[kNormOut]);
-        const C* cos_row = coss[g] + h * p.head_strides[kNormCos];
-        const C* sin_row = sins[g] + h * p.head_strides[kNormSin];
+        tables.fetch(coss[g] + h * p.head_strides[kNormCos], sins[g] + h * p.head_strides[kNormSin],
+                     dim);
         if (p.mode == RotatedMode::rotated_half) {
-          rotate_half<Arch>(row, cos_row, sin_row, dst, dim, stager.streams_in_place());
+          rotate_half<Arch, Tables::kNegatedSin>(row, tables.cos(), tables.sin(), dst, dim,
+                                                 stager.streams_in_place());
         } else {
-          rotate_interleaved<Arch>(row, cos_row, sin_row, dst, dim, stager.streams_in_place());
+          rotate_interleaved<Arch, Tables::kNegatedSin>(row, tables.cos(), tables.sin(), dst, dim,
+                                                        stager.streams_in_place());
         }
         stager.end_row();
       }
@@ -178,21 +181,45 @@ void norm_rope_typed(const NormRopeProblem& p, std::int64_t begin, std::int64_t 
   if (p.stream) simd::stream_fence<Arch>();
 }
 
-template <class Arch, class T, class C>
-void norm_rope_weighted(const NormRopeProblem& p, std::int64_t begin, std::int64_t end) {
+template <class Arch, class T, class C, class Tables>
+void norm_rope_weighted(const NormRopeProblem& p, std::int64_t begin, std::int64_t end,
+                        Tables& tables) {
   if (p.weight) {
-    norm_rope_typed<Arch, true, T, C>(p, begin, end);
+    norm_rope_typed<Arch, true, T, C>(p, begin, end, tables);
   } else {
-    norm_rope_typed<Arch, false, T, C>(p, begin, end);
+    norm_rope_typed<Arch, false, T, C>(p, begin, end, tables);
   }
+}
+
+/// Whether consecutive rows read one cos/sin row: a group's heads (tables broadcast over them),
+/// or, one head per group, consecutive groups (tables broadcast along the innermost group dim).
+inline bool rows_share_tables(const NormRopeProblem& p) {
+  if (p.heads > 1) return p.head_strides[kNormCos] == 0 && p.head_strides[kNormSin] == 0;
+  const int inner = p.groups.dims - 1;
+  return inner >= 0 && p.groups.shape[inner] > 1 && p.groups.strides[kNormCos][inner] == 0 &&
+         p.groups.strides[kNormSin][inner] == 0;
+}
+
+/// 16-bit tables that runs of rows share are widened once per run (WidenedTables, as the RoPE
+/// kernel does); others are read as they are.
+template <class Arch, class T, class C>
+void norm_rope_tables(const NormRopeProblem& p, std::int64_t begin, std::int64_t end) {
+  if constexpr (!std::is_same_v<C, float>) {
+    if (static_cast<std::size_t>(p.dim) <= kMaxWidenedDim && rows_share_tables(p)) {
+      WidenedTables<Arch, C> tables(p.mode);
+      return norm_rope_weighted<Arch, T, C>(p, begin, end, tables);
+    }
+  }
+  DirectTables<C> tables;
+  norm_rope_weighted<Arch, T, C>(p, begin, end, tables);
 }
 
 template <class Arch, class T>
 void norm_rope_for(const NormRopeProblem& p, std::int64_t begin, std::int64_t end) {
   if (p.table_dtype == DType::f32) {
-    norm_rope_weighted<Arch, T, float>(p, begin, end);
+    norm_rope_tables<Arch, T, float>(p, begin, end);
   } else {
-    norm_rope_weighted<Arch, T, T>(p, begin, end);
+    norm_rope_tables<Arch, T, T>(p, begin, end);
   }
 }
 
@@ -207,7 +234,7 @@ void norm_rope_groups(const NormRopeProblem& problem, std::int64_t begin,
     case DType::f16:
       return norm_rope_for<Arch, f16>(problem, begin, end);
     default:
-      return norm_rope_weighted<Arch, float, float>(problem, begin, end);
+      return norm_rope_tables<Arch, float, float>(problem, begin, end);
   }
 }
 

@@ -156,4 +156,82 @@ void rotate_interleaved(const X& x, const C* cos, const C* sin, T* out, std::siz
       });
 }
 
+/// The cos/sin rows of the current row as the kernel reads them: the tables themselves.
+template <class C>
+class DirectTables {
+ public:
+  using Element = C;
+  static constexpr bool kNegatedSin = false;
+  void fetch(const C* cos, const C* sin, std::size_t) noexcept {
+    cos_ = cos;
+    sin_ = sin;
+  }
+  const C* cos() const noexcept { return cos_; }
+  const C* sin() const noexcept { return sin_; }
+
+ private:
+  const C* cos_ = nullptr;
+  const C* sin_ = nullptr;
+};
+
+/// Rows of at most this many elements have their 16-bit cos/sin rows widened (WidenedTables).
+constexpr std::size_t kMaxWidenedDim = 1024;
+
+/// 16-bit cos/sin rows widened to fp32 in an L1 buffer, once for each run of rows that reads
+/// the same table row (BSND's N heads of a position): the rotation then loads floats, not
+/// converting the table for every head (8 of the 12 conversions per 32 f16 elements of
+/// rotate-half). fetch() widens again whenever the table row differs from the one held. The
+/// sin row is stored with the sign the rotation would give it (kNegatedSin): negated in its
+/// first half for rotate-half, on even lanes for the interleaved mode; that saves a negation per
+/// vector of every row that reads it.
+template <class Arch, class C>
+class WidenedTables {
+ public:
+  using Element = float;
+  static constexpr bool kNegatedSin = true;
+  explicit WidenedTables(RotatedMode mode) noexcept : mode_(mode) {}
+  void fetch(const C* cos, const C* sin, std::size_t dim) noexcept {
+    if (cos == cos_src_ && sin == sin_src_) return;
+    cos_src_ = cos;
+    sin_src_ = sin;
+    const RopeVector<Arch> none(0.f), all(-0.f);
+    widen(cos, cos_, 0, dim, none);
+    if (mode_ == RotatedMode::rotated_half) {
+      widen(sin, sin_, 0, dim / 2, all);
+      widen(sin, sin_, dim / 2, dim, none);
+    } else {
+      widen(sin, sin_, 0, dim, even_signs());
+    }
+  }
+  const float* cos() const noexcept { return cos_; }
+  const float* sin() const noexcept { return sin_; }
+
+ private:
+  /// dst[i] = src[i] ^ sign for i in [from, to), whole vectors from `from` (the buffers have
+  /// room for a partial one at the end, which a later call may overwrite).
+  static void widen(const C* src, float* dst, std::size_t from, std::size_t to,
+                    RopeVector<Arch> sign) noexcept {
+    constexpr std::size_t kLanes = RopeVector<Arch>::size;
+    std::size_t i = from;
+    for (; i + kLanes <= to; i += kLanes)
+      (simd::load<Arch>(src + i) ^ sign).store_unaligned(dst + i);
+    if (i < to) (simd::load_chunk<Arch>(src, i, to - i) ^ sign).store_unaligned(dst + i);
+  }
+
+  /// -0.0 on even lanes: the sign InterleavedRotation gives sin there.
+  static RopeVector<Arch> even_signs() noexcept {
+    alignas(64) float lanes[RopeVector<Arch>::size];
+    for (std::size_t lane = 0; lane < RopeVector<Arch>::size; ++lane)
+      lanes[lane] = lane % 2 ? 0.f : -0.f;
+    return RopeVector<Arch>::load_aligned(lanes);
+  }
+
+  RotatedMode mode_;
+  const C* cos_src_ = nullptr;
+  const C* sin_src_ = nullptr;
+  // A partial vector at the end of a half may spill kLanes - 1 floats past it.
+  alignas(simd::kCacheLineBytes) float cos_[kMaxWidenedDim + 16];
+  alignas(simd::kCacheLineBytes) float sin_[kMaxWidenedDim + 16];
+};
+
 }  // namespace ditops::rope
