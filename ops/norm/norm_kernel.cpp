@@ -310,7 +310,8 @@ template <class Arch>
 inline constexpr bool kHasVectorFrame = simd::kIsAvx2<Arch> && !simd::kIsAvx512<Arch>;
 
 /// Whether the rows of `operand` follow one another in memory (row r at r * dim elements).
-inline bool rows_contiguous(const core::RowLayout& rows, int operand, std::int64_t dim) {
+template <class Arch>  // a template: only AVX2 uses it (clang flags unused internal functions)
+bool rows_contiguous(const core::RowLayout& rows, int operand, std::int64_t dim) {
   std::int64_t expected = dim;
   for (int d = rows.dims - 1; d >= 0; --d) {
     if (rows.shape[d] != 1 && rows.strides[operand][d] != expected) return false;
@@ -322,14 +323,15 @@ inline bool rows_contiguous(const core::RowLayout& rows, int operand, std::int64
 /// Whether FramedRows runs the problem: plain RMSNorm of f32 rows of whole vector pairs that a
 /// 4-row pass takes, x and out contiguous and at the same offset within a vector (0 included:
 /// aligned rows take the frame's tighter loop and its prefetching too).
-inline bool runs_framed(const NormProblem& p) {
+template <class Arch>  // a template for the reason rows_contiguous is
+bool runs_framed(const NormProblem& p) {
   constexpr std::uintptr_t kVectorBytes = 32;
   const auto x = reinterpret_cast<std::uintptr_t>(p.x);
   const auto out = reinterpret_cast<std::uintptr_t>(p.out);
   return p.dtype == DType::f32 && !p.residual && p.dim % 16 == 0 &&
          rows_per_pass(p.dim, p.dtype) == 4 && x % kVectorBytes == out % kVectorBytes &&
-         out % sizeof(float) == 0 && rows_contiguous(p.rows, kX, p.dim) &&
-         rows_contiguous(p.rows, kOut, p.dim);
+         out % sizeof(float) == 0 && rows_contiguous<Arch>(p.rows, kX, p.dim) &&
+         rows_contiguous<Arch>(p.rows, kOut, p.dim);
 }
 
 /// Rows [begin, end) of a runs_framed problem, in aligned vectors of 8 floats.
@@ -508,7 +510,7 @@ template <class Arch, class T>
 void norm_rows_by_length(const NormProblem& p, std::int64_t begin, std::int64_t end,
                          float* scratch) {
   if constexpr (std::is_same_v<T, float> && kHasVectorFrame<Arch>) {
-    if (runs_framed(p)) return rms_norm_framed<Arch>(p, begin, end);
+    if (runs_framed<Arch>(p)) return rms_norm_framed<Arch>(p, begin, end);
   }
   if (rows_per_pass(p.dim, p.dtype) == 4) {
     norm_rows<Arch, T, 4>(p, begin, end, scratch);
