@@ -74,10 +74,10 @@ void run(norm::NormProblem& problem, const TensorView& weight) {
   // memory, where skipping the read for ownership pays (AMD Zen 3, AVX2, [4096, 3072] f16, 2
   // threads: 3.6 vs 4.1-4.3 ms; 1 thread, short rows and bf16, which convert at more cost:
   // no gain or a loss).
-  problem.stream = core::use_streaming_stores(bytes / 2) ||
-                   (problem.dtype == DType::f16 && threads > 1 &&
-                    norm::rows_per_pass(problem.dim, problem.dtype) == 1 &&
-                    core::use_streaming_stores(bytes));
+  problem.stream =
+      core::use_streaming_stores(bytes / 2) ||
+      (problem.dtype == DType::f16 && threads > 1 &&
+       norm::rows_per_pass(problem.dim, problem.dtype) == 1 && core::use_streaming_stores(bytes));
   // Scratch for h in fp32 (fused path): the rows of one pass per thread, each thread's on its
   // own cache lines.
   const std::size_t stride = core::per_thread_stride<float>(
