@@ -24,18 +24,8 @@ void rms_norm_rotary_position_embedding(const TensorView& x, const TensorView& w
   using core::Arg;
   const Arg x_arg{kCall, "x", x}, weight_arg{kCall, "weight", weight}, cos_arg{kCall, "cos", cos},
       sin_arg{kCall, "sin", sin}, out_arg{kCall, "out", out};
-  core::check_view(x_arg, 4, 4);
-  core::check_dtype(x_arg, {DType::f32, DType::bf16, DType::f16});
+  rope::check_rotated(x_arg, out_arg, mode);
   const std::int64_t dim = x.shape[3];
-  if (dim % 2 != 0) {
-    core::fail(kCall, "x.shape[3] (" + std::to_string(dim) + ") must be even");
-  }
-  if (mode != RotatedMode::rotated_half && mode != RotatedMode::rotated_interleaved) {
-    core::fail(kCall, "mode (" + std::to_string(static_cast<int>(mode)) + ") is not a RotatedMode");
-  }
-  core::check_view(out_arg, 4, 4);
-  core::check_same_dtype(out_arg, x_arg);
-  core::check_same_shape(out_arg, x_arg);
   if (!std::isfinite(eps) || eps < 0.f) {
     core::fail(kCall, "eps (" + std::to_string(eps) + ") must be finite and >= 0");
   }
@@ -69,14 +59,7 @@ void rms_norm_rotary_position_embedding(const TensorView& x, const TensorView& w
       heads = x.shape[2];
     }
   }
-  const auto cos_strides = rope::table_strides(cos_arg, x_arg, seq_dim);
-  const auto sin_strides = rope::table_strides(sin_arg, x_arg, seq_dim);
-  core::check_dtype(cos_arg, {DType::f32, x.dtype});
-  core::check_same_dtype(sin_arg, cos_arg);
-  core::check_writable(out_arg);
-  core::check_no_overlap(out_arg, x_arg, /*identical_ok=*/true);
-  core::check_no_overlap(out_arg, cos_arg, false);
-  core::check_no_overlap(out_arg, sin_arg, false);
+  const auto tables = rope::check_tables(cos_arg, sin_arg, x_arg, out_arg, seq_dim);
   if (!weight.empty()) core::check_no_overlap(out_arg, weight_arg, false);
 
   rope::NormRopeProblem problem;
@@ -89,15 +72,15 @@ void rms_norm_rotary_position_embedding(const TensorView& x, const TensorView& w
   // One group per row of x, or per token ([B, S]) with its heads inside.
   problem.groups = core::row_layout_of(x);
   problem.groups.strides[rope::kNormOut] = core::row_layout_of(out).strides[0];
-  problem.groups.strides[rope::kNormCos] = cos_strides;
-  problem.groups.strides[rope::kNormSin] = sin_strides;
+  problem.groups.strides[rope::kNormCos] = tables.cos;
+  problem.groups.strides[rope::kNormSin] = tables.sin;
   if (heads > 1) {
     problem.groups.dims = 2;
     problem.groups.rows = x.shape[0] * x.shape[1];
     problem.head_strides[rope::kNormX] = dim;
     problem.head_strides[rope::kNormOut] = dim;
-    problem.head_strides[rope::kNormCos] = cos_strides[2];
-    problem.head_strides[rope::kNormSin] = sin_strides[2];
+    problem.head_strides[rope::kNormCos] = tables.cos[2];
+    problem.head_strides[rope::kNormSin] = tables.sin[2];
   }
   problem.x = x.data;
   problem.out = out.data;

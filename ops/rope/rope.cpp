@@ -23,26 +23,8 @@ void rotary_position_embedding(const TensorView& x, const TensorView& cos, const
   constexpr const char* kCall = "rotary_position_embedding";
   const Arg x_arg{kCall, "x", x}, cos_arg{kCall, "cos", cos}, sin_arg{kCall, "sin", sin},
       out_arg{kCall, "out", out};
-  core::check_view(x_arg, 4, 4);
-  core::check_dtype(x_arg, {DType::f32, DType::bf16, DType::f16});
-  if (x.shape[3] % 2 != 0) {
-    core::fail(kCall, "x.shape[3] (" + std::to_string(x.shape[3]) + ") must be even");
-  }
-  if (mode != RotatedMode::rotated_half && mode != RotatedMode::rotated_interleaved) {
-    core::fail(kCall, "mode (" + std::to_string(static_cast<int>(mode)) + ") is not a RotatedMode");
-  }
-  core::check_view(out_arg, 4, 4);
-  core::check_same_dtype(out_arg, x_arg);
-  core::check_same_shape(out_arg, x_arg);
-  const int seq_dim = head_first ? 2 : 1;
-  const auto cos_strides = rope::table_strides(cos_arg, x_arg, seq_dim);
-  const auto sin_strides = rope::table_strides(sin_arg, x_arg, seq_dim);
-  core::check_dtype(cos_arg, {DType::f32, x.dtype});
-  core::check_same_dtype(sin_arg, cos_arg);
-  core::check_writable(out_arg);
-  core::check_no_overlap(out_arg, x_arg, /*identical_ok=*/true);
-  core::check_no_overlap(out_arg, cos_arg, false);
-  core::check_no_overlap(out_arg, sin_arg, false);
+  rope::check_rotated(x_arg, out_arg, mode);
+  const auto tables = rope::check_tables(cos_arg, sin_arg, x_arg, out_arg, head_first ? 2 : 1);
 
   rope::RopeProblem problem;
   problem.dtype = x.dtype;
@@ -51,8 +33,8 @@ void rotary_position_embedding(const TensorView& x, const TensorView& cos, const
   problem.mode = mode;
   problem.rows = core::row_layout_of(x);
   problem.rows.strides[rope::kOut] = core::row_layout_of(out).strides[0];
-  problem.rows.strides[rope::kCos] = cos_strides;
-  problem.rows.strides[rope::kSin] = sin_strides;
+  problem.rows.strides[rope::kCos] = tables.cos;
+  problem.rows.strides[rope::kSin] = tables.sin;
   problem.x = x.data;
   problem.out = out.data;
   problem.cos = cos.data;
