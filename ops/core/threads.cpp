@@ -85,6 +85,30 @@ bool binding_enabled() {
 
 }  // namespace
 
+std::optional<std::int64_t> streaming_store_bytes_from_env(const char* value) {
+  constexpr long long kMaxBytes = 1LL << 40;
+  char* end = nullptr;
+  errno = 0;
+  const long long bytes = std::strtoll(value, &end, 10);
+  if (end != value && *end == '\0' && errno == 0 && bytes >= 0 && bytes <= kMaxBytes) {
+    return static_cast<std::int64_t>(bytes);
+  }
+  std::fprintf(stderr,
+               "ditops: ignoring DITOPS_STREAMING_STORE_BYTES=%s (expected a byte count from 0 to "
+               "%lld); streaming from 32 MiB\n",
+               value, kMaxBytes);
+  return std::nullopt;
+}
+
+std::int64_t streaming_store_bytes() noexcept {
+  static const std::int64_t bytes = [] {
+    const char* env = std::getenv("DITOPS_STREAMING_STORE_BYTES");
+    const auto parsed = env != nullptr ? streaming_store_bytes_from_env(env) : std::nullopt;
+    return parsed.value_or(std::int64_t{32} << 20);
+  }();
+  return bytes;
+}
+
 std::optional<int> threads_from_env(const char* value) {
   char* end = nullptr;
   errno = 0;

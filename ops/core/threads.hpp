@@ -97,13 +97,20 @@ inline int threads_for_bytes(std::int64_t bytes) noexcept {
       std::clamp<std::int64_t>(bytes / kBytesPerThread, 1, std::max(1, thread_count())));
 }
 
-/// Whether a pass that writes `bytes` should bypass the caches with streaming stores. Above
-/// 32 MiB an output cannot stay in one core's share of any current server L3 (Zen 4: 4 MiB per
-/// core, Sapphire/Granite Rapids: 2-5 MiB per core), so caching it only costs the
-/// read-for-ownership of every line; below, the next operator may still find it in cache.
+/// Bytes written from which a pass bypasses the caches with streaming stores:
+/// DITOPS_STREAMING_STORE_BYTES, else 32 MiB. Above 32 MiB an output cannot stay in one core's
+/// share of any current server L3 (Zen 4: 4 MiB per core, Sapphire/Granite Rapids: 2-5 MiB per
+/// core), so caching it only costs the read-for-ownership of every line; below, the next
+/// operator may still find it in cache. The tests lower it so that the streaming paths run on
+/// outputs of a few MiB. Read once, at first use.
+std::int64_t streaming_store_bytes() noexcept;
+/// Parses a DITOPS_STREAMING_STORE_BYTES value (a byte count, 0 to 2^40); nullopt (after one
+/// line on stderr) for anything else.
+std::optional<std::int64_t> streaming_store_bytes_from_env(const char* value);
+
+/// Whether a pass that writes `bytes` should bypass the caches with streaming stores.
 inline bool use_streaming_stores(std::int64_t bytes) noexcept {
-  constexpr std::int64_t kStreamingStoreBytes = std::int64_t{32} << 20;
-  return bytes >= kStreamingStoreBytes;
+  return bytes >= streaming_store_bytes();
 }
 
 }  // namespace ditops::core

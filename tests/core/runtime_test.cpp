@@ -1,5 +1,6 @@
 // Runtime calls (threads, cpu_info) and the shared argument checks.
 
+#include <cstdlib>
 #include <ditops/runtime.hpp>
 #include <ditops/tensor.hpp>
 #include <optional>
@@ -45,6 +46,28 @@ TEST(Runtime, ThreadCountsAboveTheCapAreRejectedNamingIt) {
   set_num_threads(4096);
   EXPECT_EQ(num_threads(), 4096);
   set_num_threads(1);
+}
+
+TEST(Runtime, StreamingThresholdFromTheEnvironment) {
+  // The test main sets 2 MiB unless the environment already named a threshold.
+  const char* env = std::getenv("DITOPS_STREAMING_STORE_BYTES");
+  ASSERT_NE(env, nullptr);
+  EXPECT_EQ(core::streaming_store_bytes(),
+            core::streaming_store_bytes_from_env(env).value_or(std::int64_t{32} << 20));
+  EXPECT_FALSE(core::use_streaming_stores(core::streaming_store_bytes() - 1));
+  EXPECT_TRUE(core::use_streaming_stores(core::streaming_store_bytes()));
+  EXPECT_EQ(core::streaming_store_bytes_from_env("0"), 0);
+  EXPECT_EQ(core::streaming_store_bytes_from_env("33554432"), std::int64_t{32} << 20);
+  EXPECT_EQ(core::streaming_store_bytes_from_env("1099511627776"), std::int64_t{1} << 40);
+  for (const char* value : {"", "-1", "1099511627777", "32M", "1e6", "99999999999999999999"}) {
+    testing::internal::CaptureStderr();
+    EXPECT_EQ(core::streaming_store_bytes_from_env(value), std::nullopt) << value;
+    const std::string warning = testing::internal::GetCapturedStderr();
+    EXPECT_NE(warning.find(std::string("ignoring DITOPS_STREAMING_STORE_BYTES=") + value +
+                           " (expected a byte count"),
+              std::string::npos)
+        << warning;
+  }
 }
 
 TEST(Runtime, ThreadEnvironmentAboveTheCapIsIgnoredNamingIt) {

@@ -421,13 +421,13 @@ TEST(NormBadInput, FusedAliasingRules) {
 namespace ditops::test {
 namespace {
 
-// Outputs above 32 MiB are written with streaming stores after an unaligned head; rows start
+// Outputs above the streaming threshold are written with streaming stores after an unaligned head; rows start
 // at every misalignment here (row lengths 4101 and 101, odd: long rows one per pass, short rows
 // four per pass with a tail row), and the fused form streams sum_out too.
 TYPED_TEST(NormTest, LargeOutputsUseStreamingStoresCorrectly) {
   std::mt19937 rng(77);
   for (const std::int64_t dim : {4101, 101}) {
-    const std::int64_t rows = (std::int64_t{33} << 20) / (dim * sizeof(TypeParam)) / 4 * 4 + 5;
+    const std::int64_t rows = streamed_output_bytes() / (dim * sizeof(TypeParam)) / 4 * 4 + 5;
     for (bool fused : {false, true}) {
       NormCase<TypeParam>{{rows, dim}, 0, WeightKind::f32, 2, fused, false}.run_and_check(rng);
     }
@@ -435,14 +435,15 @@ TYPED_TEST(NormTest, LargeOutputsUseStreamingStoresCorrectly) {
 }
 
 // Buffers as users allocate them: every tensor starting at every offset within a cache line
-// (16 bytes past one is where malloc and numpy put large arrays). Outputs above 32 MiB are
+// (16 bytes past one is where malloc and numpy put large arrays). Outputs above the
+// streaming threshold are
 // streamed; rows of 136 elements share lines with their neighbours whatever the offset, rows of
 // 3072 do from any offset but 0. The bits of out (and sum_out) must be those of the
 // line-aligned run, 2 threads splitting the rows, with nothing written outside them.
 template <class T>
 void expect_every_line_offset_equal(std::int64_t dim, bool fused) {
   set_num_threads(2);
-  const std::int64_t rows = (std::int64_t{33} << 20) / (dim * sizeof(T)) + 3;
+  const std::int64_t rows = streamed_output_bytes() / (dim * sizeof(T)) + 3;
   const auto count = static_cast<std::size_t>(rows * dim);
   std::vector<T> x0(count), residual0(count);
   std::vector<float> weight(static_cast<std::size_t>(dim));
@@ -561,9 +562,9 @@ TEST(NormLineOffsets, ShortRowsAtEveryOffsetEqualTheAlignedRun) {
     expect_short_rows_offsets_equal(3, dim, every);                          // less than a pass
     expect_short_rows_offsets_equal((1 << 20) / (dim * 4) + 3, dim, every);  // 2 threads
   }
-  // Streamed (out above 32 MiB).
-  expect_short_rows_offsets_equal((std::int64_t{33} << 20) / (128 * 4) + 3, 128, {4, 16, 60});
-  expect_short_rows_offsets_equal((std::int64_t{33} << 20) / (64 * 4) + 1, 64, {16});
+  // Streamed (out above the threshold).
+  expect_short_rows_offsets_equal(streamed_output_bytes() / (128 * 4) + 3, 128, {4, 16, 60});
+  expect_short_rows_offsets_equal(streamed_output_bytes() / (64 * 4) + 1, 64, {16});
 }
 
 }  // namespace
@@ -1006,7 +1007,7 @@ TEST(LayerNormBadInput, EveryInvalidArgumentThrowsBeforeWriting) {
 
 // Buffers as users allocate them: x, scale, shift and out starting at every offset within a
 // cache line must give the bits of the line-aligned run, writing nothing outside out. Outputs
-// above 32 MiB are streamed: rows of 136 share lines with their neighbours (staged), rows of
+// above the streaming threshold are streamed: rows of 136 share lines with their neighbours (staged), rows of
 // 3072 do from any offset but 0; per-token scale and shift are streamed in beside x.
 template <class T>
 void expect_layer_norm_offsets_equal(std::int64_t batch, std::int64_t seq, std::int64_t dim,
@@ -1048,7 +1049,7 @@ TEST(LayerNormLineOffsets, EveryOffsetEqualsTheAlignedRun) {
 }
 
 TEST(LayerNormLineOffsets, LargeOutputsAtEveryOffsetEqualTheAlignedRun) {
-  constexpr std::int64_t kStreamedBytes = std::int64_t{33} << 20;
+  const std::int64_t kStreamedBytes = streamed_output_bytes();
   expect_layer_norm_offsets_equal<float>(2, kStreamedBytes / (2 * 136 * 4) + 3, 136, true);
   expect_layer_norm_offsets_equal<float>(2, kStreamedBytes / (2 * 3072 * 4) + 3, 3072, false);
   expect_layer_norm_offsets_equal<bf16>(2, kStreamedBytes / (2 * 136 * 2) + 3, 136, false);

@@ -325,16 +325,16 @@ TEST(NormRopeLineOffsets, EveryOffsetEqualsTheAlignedRun) {
   }
 }
 
-// Outputs of 32 MiB and more are written with streaming stores: rows that share cache lines
+// Outputs from the streaming threshold on are written with streaming stores: rows that share cache lines
 // (16 bytes past a line) are staged, and a token's heads complete each other's lines.
 TEST(NormRopeLineOffsets, StreamedOutputsEqualTheAlignedRun) {
   for (bool per_token : {false, true}) {
     for (RotatedMode mode : {RotatedMode::rotated_half, RotatedMode::rotated_interleaved}) {
-      const std::int64_t seq = (std::int64_t{33} << 20) / (12 * 128 * sizeof(float)) + 1;
+      const std::int64_t seq = streamed_output_bytes() / (12 * 128 * sizeof(float)) + 1;
       expect_every_offset<float>(seq, 12, 128, per_token, mode, 2, false);
     }
     // 16-bit rows pack pairs of vectors into one store (the interleaved rows as f32's).
-    const std::int64_t bf16_seq = (std::int64_t{33} << 20) / (12 * 128 * sizeof(bf16)) + 1;
+    const std::int64_t bf16_seq = streamed_output_bytes() / (12 * 128 * sizeof(bf16)) + 1;
     expect_every_offset<bf16>(bf16_seq, 12, 128, per_token, RotatedMode::rotated_half, 2, false);
   }
 }

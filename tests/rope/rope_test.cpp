@@ -285,33 +285,34 @@ TEST(RopeBadInput, EveryInvalidArgumentThrowsBeforeWriting) {
 namespace ditops::test {
 namespace {
 
-// Outputs above 32 MiB are written with streaming stores; padding elements per row move each
+// Outputs above the streaming threshold are written with streaming stores; padding elements per row move each
 // row start further, so the rows meet every misalignment, odd ones included (which the
 // interleaved mode must handle pair-safely), and no row continues where the previous one ended.
 // D = 136 rows are staged; D = 128 f32 rows (whole vectors) are joined into aligned vectors, a
 // run per row (simd::ShiftedStreamWriter) where their starts fall on 4 bytes; 16-bit rows are
-// not joined, and stream (staged or in place) only from 32 MiB written.
+// not joined, and stream (staged or in place) only from the threshold written.
 TYPED_TEST(RopeTest, LargeOutputsUseStreamingStoresCorrectly) {
   using T = typename TypeParam::X;
   using C = typename TypeParam::Table;
   std::mt19937 rng(8);
   for (RotatedMode mode : {RotatedMode::rotated_half, RotatedMode::rotated_interleaved}) {
-    // Staged rows stream from 32 MiB written.
-    const std::int64_t seq = (std::int64_t{33} << 20) / (8 * 136 * sizeof(T)) + 1;
+    // Staged rows stream from the threshold written.
+    const std::int64_t seq = streamed_output_bytes() / (8 * 136 * sizeof(T)) + 1;
     for (std::int64_t pad : {1, 2}) {
       RopeCase<T, C>{1, seq, 8, 136, false, mode, TableKind::seq_dim, pad, 2, false}.run_and_check(
           rng);
     }
-    // Joined rows stream from 32 MiB of traffic (x and out); out's pad of 4 keeps its rows on
+    // Joined rows stream from the threshold of traffic (x and out); out's pad of 4 keeps its rows on
     // 4 bytes in every dtype.
-    const std::int64_t joined_seq = (std::int64_t{17} << 20) / (8 * 128 * sizeof(T)) + 1;
+    const std::int64_t joined_seq = (streamed_output_bytes() / 2) / (8 * 128 * sizeof(T)) + 1;
     RopeCase<T, C>{1, joined_seq, 8, 128, false, mode, TableKind::seq_dim, 2, 2, false}
         .run_and_check(rng);
   }
 }
 
 // Buffers as users allocate them: x and out starting at every offset within a cache line
-// (16 bytes past one is where malloc and numpy put large arrays). Outputs above 32 MiB are
+// (16 bytes past one is where malloc and numpy put large arrays). Outputs above the
+// streaming threshold are
 // streamed, and rows of D = 128 then share lines with their neighbours; whatever the offset,
 // the bits must be those of the line-aligned run, 2 threads splitting the rows, nothing written
 // outside out, also in place.
@@ -319,7 +320,7 @@ template <class T>
 void expect_every_line_offset_equal() {
   set_num_threads(2);
   constexpr std::int64_t kHeads = 8, kDim = 128;
-  const std::int64_t seq = (std::int64_t{33} << 20) / (kHeads * kDim * sizeof(T)) + 1;
+  const std::int64_t seq = streamed_output_bytes() / (kHeads * kDim * sizeof(T)) + 1;
   const auto count = static_cast<std::size_t>(seq * kHeads * kDim);
   std::vector<T> cos_t(static_cast<std::size_t>(seq * kDim)), sin_t(cos_t.size()), x0(count);
   std::mt19937 rng(12);

@@ -12,9 +12,18 @@
 #include <random>
 #include <vector>
 
+#include "ops/core/threads.hpp"
+
 namespace ditops::test {
 
 inline constexpr std::int64_t kGuard = 64;  ///< canary elements before and after the data
+
+/// Bytes of output that take the streaming-store path, with a MiB to spare. The test main lowers
+/// the threshold (DITOPS_STREAMING_STORE_BYTES) to 2 MiB, so the streaming paths run on outputs
+/// of 3 MiB at every ISA level instead of 33.
+inline std::int64_t streamed_output_bytes() {
+  return core::streaming_store_bytes() + (std::int64_t{1} << 20);
+}
 
 template <class T>
 T canary() {
@@ -46,7 +55,7 @@ class TestTensor {
     elements_ = 1;
     for (auto extent : shape_) elements_ *= extent;
     // Every row (last dim) is followed by the same pad, so element i sits at i plus the pads of
-    // the rows before it: one division per access (the suite walks outputs of 33 MiB at every
+    // the rows before it: one division per access (the suite walks streamed outputs at every
     // ISA level, and the fuzz harnesses caches of 10^5 elements several times per input).
     row_ = rank > 0 ? shape_.back() : 1;
     row_pad_ = row_pad;
