@@ -287,83 +287,6 @@ void check_cu_seqlens(const char* name, const char* arg, std::span<const std::in
   }
 }
 
-Call validate_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
-                     std::span<const std::int32_t> cu_q, std::span<const std::int32_t> cu_k,
-                     const TensorView& out, const VarlenOptions& options) {
-  constexpr const char* name = "attention_forward_varlen";
-  const Arg q_arg{name, "q", q}, k_arg{name, "k", k}, v_arg{name, "v", v},
-      out_arg{name, "out", out};
-  core::check_view(q_arg, 3, 3);
-  core::check_dtype(q_arg, {DType::f32, DType::bf16, DType::f16});
-  for (const Arg* arg : {&k_arg, &v_arg, &out_arg}) {
-    core::check_view(*arg, 3, 3);
-    core::check_same_dtype(*arg, q_arg);
-  }
-  core::check_dim(k_arg, 2, q_arg, 2);
-  core::check_dim(v_arg, 0, k_arg, 0);
-  core::check_dim(v_arg, 1, k_arg, 1);
-  core::check_dim(out_arg, 0, q_arg, 0);
-  core::check_dim(out_arg, 1, q_arg, 1);
-  core::check_dim(out_arg, 2, v_arg, 2);
-  check_head_dim(q_arg, 2);
-  check_head_dim(v_arg, 2);
-  check_heads(q_arg, 1, k_arg, 1);
-  if (cu_q.size() != cu_k.size()) {
-    core::fail(name, "cu_seqlens_q has " + std::to_string(cu_q.size()) +
-                         " entries but cu_seqlens_k has " + std::to_string(cu_k.size()));
-  }
-  check_cu_seqlens(name, "cu_seqlens_q", cu_q, q.shape[0], "q");
-  check_cu_seqlens(name, "cu_seqlens_k", cu_k, k.shape[0], "k");
-  Call call;
-  FlashProblem& p = call.problem;
-  call.scale = checked_scale(name, options.scale, q.shape[2]);
-  p.dtype = q.dtype;
-  p.dk = q.shape[2];
-  p.dv = v.shape[2];
-  p.dv_padded = round_up(p.dv, 16);
-  p.heads = q.shape[1];
-  p.kv_heads = k.shape[1];
-  p.batch = static_cast<std::int64_t>(cu_q.size()) - 1;
-  p.cu_q = cu_q.data();
-  p.cu_k = cu_k.data();
-  p.q = q.data;
-  p.k = k.data;
-  p.v = v.data;
-  p.out = out.data;
-  auto strides_of = [](const TensorView& t) { return Strides{0, t.strides[0], t.strides[1]}; };
-  p.q_strides = strides_of(q);
-  p.k_strides = strides_of(k);
-  p.v_strides = strides_of(v);
-  p.out_strides = strides_of(out);
-  p.scale_log2 = call.scale * kLog2e;
-  p.causal = options.causal;
-  for (const Arg* in : {&q_arg, &k_arg, &v_arg}) {
-    if (numel(in->view) > 0) core::check_no_overlap(out_arg, *in, false);
-  }
-  core::check_writable(out_arg);
-  const TensorView& lse = options.lse;
-  if (!lse.empty() || lse.rank != 0) {
-    const Arg lse_arg{name, "lse", lse};
-    core::check_view(lse_arg, 2, 2);
-    core::check_dtype(lse_arg, {DType::f32});
-    if (lse.shape[0] != p.heads || lse.shape[1] != q.shape[0]) {
-      core::fail(name, "lse " + core::shape_string(lse) + " must be [N, Tq] = [" +
-                           std::to_string(p.heads) + ", " + std::to_string(q.shape[0]) + "]");
-    }
-    core::check_writable(lse_arg);
-    for (const Arg* in : {&q_arg, &k_arg, &v_arg, &out_arg}) {
-      if (numel(in->view) > 0) core::check_no_overlap(lse_arg, *in, false);
-    }
-    p.lse = static_cast<float*>(lse.data);
-    p.lse_strides = Strides{0, lse.strides[1], lse.strides[0]};
-    if (numel(lse) == 0) p.lse = nullptr;
-  }
-  call.requested = checked_backend(name, options.backend);
-  check_workspace(name, p, k.shape[0], q.shape[0]);
-  call.layout = "varlen";
-  call.key = describe(call);
-  return call;
-}
 
 // ---- execution --------------------------------------------------------------------------------
 
@@ -615,6 +538,84 @@ RowOffsets row_offsets(const FlashProblem& p, std::int64_t seq, std::int64_t hea
 }
 
 }  // namespace
+
+Call validate_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                     std::span<const std::int32_t> cu_q, std::span<const std::int32_t> cu_k,
+                     const TensorView& out, const VarlenOptions& options) {
+  constexpr const char* name = "attention_forward_varlen";
+  const Arg q_arg{name, "q", q}, k_arg{name, "k", k}, v_arg{name, "v", v},
+      out_arg{name, "out", out};
+  core::check_view(q_arg, 3, 3);
+  core::check_dtype(q_arg, {DType::f32, DType::bf16, DType::f16});
+  for (const Arg* arg : {&k_arg, &v_arg, &out_arg}) {
+    core::check_view(*arg, 3, 3);
+    core::check_same_dtype(*arg, q_arg);
+  }
+  core::check_dim(k_arg, 2, q_arg, 2);
+  core::check_dim(v_arg, 0, k_arg, 0);
+  core::check_dim(v_arg, 1, k_arg, 1);
+  core::check_dim(out_arg, 0, q_arg, 0);
+  core::check_dim(out_arg, 1, q_arg, 1);
+  core::check_dim(out_arg, 2, v_arg, 2);
+  check_head_dim(q_arg, 2);
+  check_head_dim(v_arg, 2);
+  check_heads(q_arg, 1, k_arg, 1);
+  if (cu_q.size() != cu_k.size()) {
+    core::fail(name, "cu_seqlens_q has " + std::to_string(cu_q.size()) +
+                         " entries but cu_seqlens_k has " + std::to_string(cu_k.size()));
+  }
+  check_cu_seqlens(name, "cu_seqlens_q", cu_q, q.shape[0], "q");
+  check_cu_seqlens(name, "cu_seqlens_k", cu_k, k.shape[0], "k");
+  Call call;
+  FlashProblem& p = call.problem;
+  call.scale = checked_scale(name, options.scale, q.shape[2]);
+  p.dtype = q.dtype;
+  p.dk = q.shape[2];
+  p.dv = v.shape[2];
+  p.dv_padded = round_up(p.dv, 16);
+  p.heads = q.shape[1];
+  p.kv_heads = k.shape[1];
+  p.batch = static_cast<std::int64_t>(cu_q.size()) - 1;
+  p.cu_q = cu_q.data();
+  p.cu_k = cu_k.data();
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  p.out = out.data;
+  auto strides_of = [](const TensorView& t) { return Strides{0, t.strides[0], t.strides[1]}; };
+  p.q_strides = strides_of(q);
+  p.k_strides = strides_of(k);
+  p.v_strides = strides_of(v);
+  p.out_strides = strides_of(out);
+  p.scale_log2 = call.scale * kLog2e;
+  p.causal = options.causal;
+  for (const Arg* in : {&q_arg, &k_arg, &v_arg}) {
+    if (numel(in->view) > 0) core::check_no_overlap(out_arg, *in, false);
+  }
+  core::check_writable(out_arg);
+  const TensorView& lse = options.lse;
+  if (!lse.empty() || lse.rank != 0) {
+    const Arg lse_arg{name, "lse", lse};
+    core::check_view(lse_arg, 2, 2);
+    core::check_dtype(lse_arg, {DType::f32});
+    if (lse.shape[0] != p.heads || lse.shape[1] != q.shape[0]) {
+      core::fail(name, "lse " + core::shape_string(lse) + " must be [N, Tq] = [" +
+                           std::to_string(p.heads) + ", " + std::to_string(q.shape[0]) + "]");
+    }
+    core::check_writable(lse_arg);
+    for (const Arg* in : {&q_arg, &k_arg, &v_arg, &out_arg}) {
+      if (numel(in->view) > 0) core::check_no_overlap(lse_arg, *in, false);
+    }
+    p.lse = static_cast<float*>(lse.data);
+    p.lse_strides = Strides{0, lse.strides[1], lse.strides[0]};
+    if (numel(lse) == 0) p.lse = nullptr;
+  }
+  call.requested = checked_backend(name, options.backend);
+  check_workspace(name, p, k.shape[0], q.shape[0]);
+  call.layout = "varlen";
+  call.key = describe(call);
+  return call;
+}
 
 std::string describe(const Call& call) {
   const FlashProblem& p = call.problem;

@@ -7,6 +7,7 @@
 
 #include "ops/attention/attention_kernel.hpp"
 #include "ops/attention/int8.hpp"
+#include "ops/attention/tuning_slice.hpp"
 #include "ops/sparse/block_sparse.hpp"
 
 namespace ditops::attention {
@@ -130,6 +131,36 @@ const Backend kSparse{
 
 const std::array<Backend, 5> kBackends = {kFlash, kFlashBf16, kSparse, kInt8, kReference};
 
+/// Share of a call's work the tuner aims to spend timing candidates, on top of the call; a
+/// call that cannot be cut finely enough to stay within kMaxTuningShare is not timed.
+constexpr double kTuningShare = 0.25;
+constexpr double kMaxTuningShare = 0.3;
+/// Runs of each candidate on the slice, candidates interleaved: a warm-up, then the faster of
+/// two timed runs.
+constexpr int kSliceRuns = 3;
+
+/// The fastest of `list` on a slice of `call` (TuningSlice); the first backend's default
+/// configuration where the call is too small to slice.
+Config fastest_on_slice(const Call& call, const std::vector<Config>& list, int threads) {
+  const double runs = static_cast<double>(kSliceRuns * list.size());
+  const TuningSlice slice(call, kTuningShare / runs);
+  if (slice.fraction() * runs > kMaxTuningShare) {
+    return find_backend(list.front().backend)->forced_config(call);
+  }
+  std::vector<double> fastest(list.size(), std::numeric_limits<double>::infinity());
+  for (int round = 0; round < kSliceRuns; ++round) {
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      find_backend(list[i].backend)->run(slice.call(), list[i], threads);
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (round > 0) fastest[i] = std::min(fastest[i], seconds);
+    }
+  }
+  // The earliest of equals wins: the table's order.
+  return list[std::min_element(fastest.begin(), fastest.end()) - fastest.begin()];
+}
+
 /// The forced backend (options.backend, then DITOPS_ATTN_BACKEND), if any, and where it came from.
 struct Forced {
   const Backend* backend = nullptr;
@@ -168,6 +199,15 @@ const Backend* find_backend(std::string_view name) noexcept {
   return nullptr;
 }
 
+std::vector<Config> tuning_candidates(const Call& call) {
+  std::vector<Config> list;
+  for (const Backend& backend : kBackends) {
+    if (!backend.tunable(call.problem.dtype) || !backend.refusal(call).empty()) continue;
+    for (const Config& config : backend.tuning_configs(call)) list.push_back(config);
+  }
+  return list;
+}
+
 Choice choose(const Call& call, int threads, bool run_winner) {
   Choice choice;
   // No query row, nothing to write: a batch or head count of any size (q, out and lse have no
@@ -196,31 +236,9 @@ Choice choose(const Call& call, int threads, bool run_winner) {
     if (run_winner) run(*cached);
     return choice;
   }
-  std::vector<Config> list;
-  for (const Backend& backend : kBackends) {
-    if (!backend.tunable(call.problem.dtype) || !backend.refusal(call).empty()) continue;
-    for (const Config& config : backend.tuning_configs(call)) list.push_back(config);
-  }
-  // MindIE-SD's runtime mode: 2 warm-ups and 5 timed runs per candidate, fastest wins.
-  Config best = list.front();
-  if (list.size() > 1) {
-    double best_seconds = std::numeric_limits<double>::infinity();
-    for (const Config& config : list) {
-      for (int i = 0; i < 2; ++i) run(config);
-      double fastest = std::numeric_limits<double>::infinity();
-      for (int i = 0; i < 5; ++i) {
-        const auto start = std::chrono::steady_clock::now();
-        run(config);
-        fastest = std::min(
-            fastest,
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-      }
-      if (fastest < best_seconds) {
-        best_seconds = fastest;
-        best = config;
-      }
-    }
-  }
+  const std::vector<Config> list = tuning_candidates(call);
+  const Config best = list.size() > 1 && !no_rows ? fastest_on_slice(call, list, threads)
+                                                  : list.front();
   store_config(key, best);
   choice.config = best;
   if (run_winner) run(best);

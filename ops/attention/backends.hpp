@@ -47,9 +47,15 @@ struct Choice {
   std::string refused;  ///< "<source>=<backend>: <reason>" when a forced backend refused the call
 };
 
+/// The configurations the tuner times for `call`, in table order: every tunable backend that
+/// accepts the call.
+std::vector<Config> tuning_candidates(const Call& call);
+
 /// Forced (options.backend, then DITOPS_ATTN_BACKEND) when that backend accepts the call, else
-/// cached, else tuned (2 warm-ups and the fastest of 5 runs per candidate; the runs write the
-/// call's out, and run_winner leaves the winner's result there).
+/// cached, else tuned: the candidates are timed on a slice of the call of about a quarter of
+/// its work in all (TuningSlice: a warm-up and the faster of two runs each, interleaved), or,
+/// for a call too small to slice, the first backend's default configuration is taken. The
+/// timing runs write part of the call's out; run_winner then runs the winner on all of it.
 Choice choose(const Call& call, int threads, bool run_winner);
 
 }  // namespace ditops::attention

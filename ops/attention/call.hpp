@@ -4,6 +4,7 @@
 // so a new family states its tasks instead of copying the plan.
 
 #include <ditops/attention.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,12 @@ std::string describe(const Call& call);
 /// and describes it; every check throws ditops::Error naming `name` and the argument.
 Call validate_dense(const char* name, const TensorView& q, const TensorView& k, const TensorView& v,
                     const TensorView* out, const AttentionOptions& options);
+
+/// Validates the tensors of a varlen call (q, k, v, out, cu_seqlens_q / _k and options.lse) and
+/// describes it; every check throws ditops::Error naming attention_forward_varlen.
+Call validate_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                     std::span<const std::int32_t> cu_q, std::span<const std::int32_t> cu_k,
+                     const TensorView& out, const VarlenOptions& options);
 
 /// Runs `tasks` (with `cost`, one estimate per task, for the order) on the thread team with the
 /// flash kernel of the active ISA: packs K and V once (in p.k_order when set), hands the tasks
