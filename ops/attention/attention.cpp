@@ -287,7 +287,6 @@ void check_cu_seqlens(const char* name, const char* arg, std::span<const std::in
   }
 }
 
-
 // ---- execution --------------------------------------------------------------------------------
 
 template <class T>

@@ -132,9 +132,12 @@ const Backend kSparse{
 const std::array<Backend, 5> kBackends = {kFlash, kFlashBf16, kSparse, kInt8, kReference};
 
 /// Share of a call's work the tuner aims to spend timing candidates, on top of the call; a
-/// call that cannot be cut finely enough to stay within kMaxTuningShare is not timed.
-constexpr double kTuningShare = 0.25;
-constexpr double kMaxTuningShare = 0.3;
+/// call that cannot be cut finely enough to stay within kMaxTuningShare is not timed. A slice
+/// runs at a lower rate than the whole call (fewer tasks to balance, packing less amortized):
+/// with 0.18 of the work, first calls measured 1.04-1.30x a steady call (bench/tuning_bench.cpp,
+/// AVX2, 2 threads).
+constexpr double kTuningShare = 0.18;
+constexpr double kMaxTuningShare = 0.25;
 /// Runs of each candidate on the slice, candidates interleaved: a warm-up, then the faster of
 /// two timed runs.
 constexpr int kSliceRuns = 3;
@@ -237,8 +240,8 @@ Choice choose(const Call& call, int threads, bool run_winner) {
     return choice;
   }
   const std::vector<Config> list = tuning_candidates(call);
-  const Config best = list.size() > 1 && !no_rows ? fastest_on_slice(call, list, threads)
-                                                  : list.front();
+  const Config best =
+      list.size() > 1 && !no_rows ? fastest_on_slice(call, list, threads) : list.front();
   store_config(key, best);
   choice.config = best;
   if (run_winner) run(best);

@@ -52,7 +52,7 @@ struct Choice {
 std::vector<Config> tuning_candidates(const Call& call);
 
 /// Forced (options.backend, then DITOPS_ATTN_BACKEND) when that backend accepts the call, else
-/// cached, else tuned: the candidates are timed on a slice of the call of about a quarter of
+/// cached, else tuned: the candidates are timed on a slice of the call of about a fifth of
 /// its work in all (TuningSlice: a warm-up and the faster of two runs each, interleaved), or,
 /// for a call too small to slice, the first backend's default configuration is taken. The
 /// timing runs write part of the call's out; run_winner then runs the winner on all of it.

@@ -9,8 +9,7 @@ namespace {
 
 /// Keys query row `row` of a sequence sees (causal: bottom-right aligned).
 std::int64_t keys_seen(const FlashProblem& p, const Sequence& s, std::int64_t row) {
-  return p.causal ? std::clamp<std::int64_t>(row + s.kv_len - s.q_len + 1, 0, s.kv_len)
-                  : s.kv_len;
+  return p.causal ? std::clamp<std::int64_t>(row + s.kv_len - s.q_len + 1, 0, s.kv_len) : s.kv_len;
 }
 
 /// Query-key pairs one query head visits in sequence `seq`.
@@ -18,16 +17,17 @@ double sequence_pairs(const FlashProblem& p, std::int64_t seq) {
   const Sequence s = sequence_of(p, seq);
   if (!p.causal) return static_cast<double>(s.q_len) * static_cast<double>(s.kv_len);
   double pairs = 0;
-  for (std::int64_t row = 0; row < s.q_len; ++row) pairs += static_cast<double>(keys_seen(p, s, row));
+  for (std::int64_t row = 0; row < s.q_len; ++row)
+    pairs += static_cast<double>(keys_seen(p, s, row));
   return pairs;
 }
 
 template <class T>
 T* advance(T* base, std::int64_t elements, std::int64_t element_bytes) {
   using Byte = std::conditional_t<std::is_const_v<T>, const char, char>;
-  return base == nullptr ? nullptr
-                         : reinterpret_cast<T*>(reinterpret_cast<Byte*>(base) +
-                                                elements * element_bytes);
+  return base == nullptr
+             ? nullptr
+             : reinterpret_cast<T*>(reinterpret_cast<Byte*>(base) + elements * element_bytes);
 }
 
 }  // namespace

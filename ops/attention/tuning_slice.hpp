@@ -15,8 +15,8 @@ double visited_pairs(const FlashProblem& p);
 /// A sub-call of at most about `share` of `call`'s work: the first KV heads (each with its
 /// query heads) of the first sequences, or, where one (sequence, KV head) is more than
 /// `share`, the last query rows (at least 96) of the first sequence with any, for that KV head
-/// alone (the last rows keep the bottom-right causal diagonal and are the costliest). Its query rows, out,
-/// LSE and mask are the call's own, so its runs write only what the call writes.
+/// alone (the last rows keep the bottom-right causal diagonal and are the costliest). Its query
+/// rows, out, LSE and mask are the call's own, so its runs write only what the call writes.
 class TuningSlice {
  public:
   TuningSlice(const Call& call, double share);

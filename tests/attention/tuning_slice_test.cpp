@@ -3,6 +3,8 @@
 // LSE) it covers and they are the call's own rows, and large calls are cut finely enough that
 // tuning stays within a quarter of one call.
 
+#include "ops/attention/tuning_slice.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <ditops/attention.hpp>
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "ops/attention/backends.hpp"
-#include "ops/attention/tuning_slice.hpp"
 #include "tests/support/test_tensor.hpp"
 
 namespace ditops::test {
@@ -82,9 +83,10 @@ TEST(AttentionTuningSlice, DenseSlicesRunTheirShareAndWriteOnlyTheirRows) {
     std::int64_t batch, sq, sk, heads, kv_heads;
     bool causal, mask;
   };
-  for (const Shape& s : {Shape{1, 700, 700, 8, 8, false, false}, Shape{2, 300, 500, 6, 2, true, false},
-                         Shape{3, 130, 90, 4, 1, false, true}, Shape{1, 2000, 2000, 2, 2, true, true},
-                         Shape{2, 1, 600, 8, 8, false, false}}) {
+  for (const Shape& s :
+       {Shape{1, 700, 700, 8, 8, false, false}, Shape{2, 300, 500, 6, 2, true, false},
+        Shape{3, 130, 90, 4, 1, false, true}, Shape{1, 2000, 2000, 2, 2, true, true},
+        Shape{2, 1, 600, 8, 8, false, false}}) {
     const std::int64_t d = 40;
     TestTensor<float> q({s.batch, s.sq, s.heads, d}), k({s.batch, s.sk, s.kv_heads, d}),
         v({s.batch, s.sk, s.kv_heads, d}), out({s.batch, s.sq, s.heads, d}),
@@ -143,15 +145,15 @@ TEST(AttentionTuningSlice, VarlenSlicesRunTheirShareAndWriteOnlyTheirRows) {
 }
 
 // The tuner's budget on the shapes DiTs run: the candidates' runs on the slice (3 each) stay
-// within 0.3 of the call, so a first call costs at most about 1.3 steady calls.
+// within a quarter of the call's work, so a first call costs at most about 1.3 steady calls.
 TEST(AttentionTuningSlice, LargeCallsAreCutWithinTheTuningBudget) {
   struct Shape {
     std::int64_t batch, seq, heads;
     bool causal;
   };
-  for (const Shape& s : {Shape{1, 8192, 24, false}, Shape{1, 4608, 24, false},
-                         Shape{2, 4096, 12, true}, Shape{1, 32760, 12, false},
-                         Shape{1, 16384, 1, true}}) {
+  for (const Shape& s :
+       {Shape{1, 8192, 24, false}, Shape{1, 4608, 24, false}, Shape{2, 4096, 12, true},
+        Shape{1, 32760, 12, false}, Shape{1, 16384, 1, true}}) {
     // The slice reads only the problem's geometry: no tensors needed.
     attention::Call call;
     call.problem.dtype = DType::f32;
@@ -162,9 +164,11 @@ TEST(AttentionTuningSlice, LargeCallsAreCutWithinTheTuningBudget) {
     call.problem.causal = s.causal;
     for (const std::size_t candidates : {2, 3}) {
       const double runs = 3.0 * static_cast<double>(candidates);
-      const TuningSlice slice(call, 0.25 / runs);
-      EXPECT_LE(slice.fraction() * runs, 0.3) << "b" << s.batch << " s" << s.seq << " n" << s.heads;
-      EXPECT_GE(slice.fraction() * runs, 0.1) << "b" << s.batch << " s" << s.seq << " n" << s.heads;
+      const TuningSlice slice(call, 0.18 / runs);
+      EXPECT_LE(slice.fraction() * runs, 0.25)
+          << "b" << s.batch << " s" << s.seq << " n" << s.heads;
+      EXPECT_GE(slice.fraction() * runs, 0.05)
+          << "b" << s.batch << " s" << s.seq << " n" << s.heads;
     }
   }
 }

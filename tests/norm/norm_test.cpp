@@ -421,9 +421,9 @@ TEST(NormBadInput, FusedAliasingRules) {
 namespace ditops::test {
 namespace {
 
-// Outputs above the streaming threshold are written with streaming stores after an unaligned head; rows start
-// at every misalignment here (row lengths 4101 and 101, odd: long rows one per pass, short rows
-// four per pass with a tail row), and the fused form streams sum_out too.
+// Outputs above the streaming threshold are written with streaming stores after an unaligned head;
+// rows start at every misalignment here (row lengths 4101 and 101, odd: long rows one per pass,
+// short rows four per pass with a tail row), and the fused form streams sum_out too.
 TYPED_TEST(NormTest, LargeOutputsUseStreamingStoresCorrectly) {
   std::mt19937 rng(77);
   for (const std::int64_t dim : {4101, 101}) {
@@ -1007,8 +1007,9 @@ TEST(LayerNormBadInput, EveryInvalidArgumentThrowsBeforeWriting) {
 
 // Buffers as users allocate them: x, scale, shift and out starting at every offset within a
 // cache line must give the bits of the line-aligned run, writing nothing outside out. Outputs
-// above the streaming threshold are streamed: rows of 136 share lines with their neighbours (staged), rows of
-// 3072 do from any offset but 0; per-token scale and shift are streamed in beside x.
+// above the streaming threshold are streamed: rows of 136 share lines with their neighbours
+// (staged), rows of 3072 do from any offset but 0; per-token scale and shift are streamed in beside
+// x.
 template <class T>
 void expect_layer_norm_offsets_equal(std::int64_t batch, std::int64_t seq, std::int64_t dim,
                                      bool per_token) {

@@ -325,8 +325,8 @@ TEST(NormRopeLineOffsets, EveryOffsetEqualsTheAlignedRun) {
   }
 }
 
-// Outputs from the streaming threshold on are written with streaming stores: rows that share cache lines
-// (16 bytes past a line) are staged, and a token's heads complete each other's lines.
+// Outputs from the streaming threshold on are written with streaming stores: rows that share cache
+// lines (16 bytes past a line) are staged, and a token's heads complete each other's lines.
 TEST(NormRopeLineOffsets, StreamedOutputsEqualTheAlignedRun) {
   for (bool per_token : {false, true}) {
     for (RotatedMode mode : {RotatedMode::rotated_half, RotatedMode::rotated_interleaved}) {

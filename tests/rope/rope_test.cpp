@@ -285,8 +285,8 @@ TEST(RopeBadInput, EveryInvalidArgumentThrowsBeforeWriting) {
 namespace ditops::test {
 namespace {
 
-// Outputs above the streaming threshold are written with streaming stores; padding elements per row move each
-// row start further, so the rows meet every misalignment, odd ones included (which the
+// Outputs above the streaming threshold are written with streaming stores; padding elements per row
+// move each row start further, so the rows meet every misalignment, odd ones included (which the
 // interleaved mode must handle pair-safely), and no row continues where the previous one ended.
 // D = 136 rows are staged; D = 128 f32 rows (whole vectors) are joined into aligned vectors, a
 // run per row (simd::ShiftedStreamWriter) where their starts fall on 4 bytes; 16-bit rows are
@@ -302,8 +302,8 @@ TYPED_TEST(RopeTest, LargeOutputsUseStreamingStoresCorrectly) {
       RopeCase<T, C>{1, seq, 8, 136, false, mode, TableKind::seq_dim, pad, 2, false}.run_and_check(
           rng);
     }
-    // Joined rows stream from the threshold of traffic (x and out); out's pad of 4 keeps its rows on
-    // 4 bytes in every dtype.
+    // Joined rows stream from the threshold of traffic (x and out); out's pad of 4 keeps its rows
+    // on 4 bytes in every dtype.
     const std::int64_t joined_seq = (streamed_output_bytes() / 2) / (8 * 128 * sizeof(T)) + 1;
     RopeCase<T, C>{1, joined_seq, 8, 128, false, mode, TableKind::seq_dim, 2, 2, false}
         .run_and_check(rng);

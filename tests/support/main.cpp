@@ -28,10 +28,11 @@ class IsaEnvironment : public ::testing::Environment {
   void SetUp() override {
     const char* env = std::getenv("DITOPS_ISA");
     const std::string active = cpu_info().isa;
-    std::printf("[ ditops ] dispatch isa: %s, kernel variant: %s, threads: %d, streaming from %lld "
-                "bytes\n",
-                active.c_str(), core::kernel_variant_name(), num_threads(),
-                static_cast<long long>(core::streaming_store_bytes()));
+    std::printf(
+        "[ ditops ] dispatch isa: %s, kernel variant: %s, threads: %d, streaming from %lld "
+        "bytes\n",
+        active.c_str(), core::kernel_variant_name(), num_threads(),
+        static_cast<long long>(core::streaming_store_bytes()));
     if (env == nullptr) return;
     // avx512bw is the avx512 level without its BF16/VNNI kernel variant.
     const bool plain_avx512 = std::string(env) == "avx512bw";
