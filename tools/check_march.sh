@@ -5,12 +5,17 @@
 # (warnings, -Werror, optimization level: the warnings that differ between CPUs come from the
 # optimizer), once for each target CPU below, with no output and no linking. A machine without
 # AVX-512 thereby sees what -march=native breaks on one with it, and the reverse.
-# Usage: tools/check_march.sh BUILD_DIR [MARCH...]   (BUILD_DIR configured with CMake, which
-#        writes compile_commands.json; default targets below)
+# Usage: tools/check_march.sh BUILD_DIR [MARCH... | --other-side]   (BUILD_DIR configured with
+#        CMake, which writes compile_commands.json; default targets below. --other-side: the one
+#        target across the AVX-512 line from this machine, sapphirerapids on a CPU without
+#        AVX-512 and x86-64-v3 on one with it: what the test suite runs)
 set -euo pipefail
-build=${1:?usage: tools/check_march.sh BUILD_DIR [MARCH...]}
+build=${1:?usage: tools/check_march.sh BUILD_DIR [MARCH... | --other-side]}
 shift
 targets=("$@")
+if [ "${targets[*]}" = "--other-side" ]; then
+  if grep -qw avx512f /proc/cpuinfo; then targets=(x86-64-v3); else targets=(sapphirerapids); fi
+fi
 # The default targets are the x86 servers users run: AVX2 (x86-64-v3, as on Zen 3), Zen 4, Ice
 # Lake and Sapphire / Emerald Rapids. x86-64-v2 and x86-64-v4 enable nothing that these and the
 # build's own compiles (the scalar and SSE4.2 kernels) do not: name them to check them too.

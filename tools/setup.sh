@@ -40,8 +40,10 @@ ditops_ensure_packages() {
 # (~/.cache/pip), so a second run, or a fresh clone on the same machine, downloads nothing.
 # cache-dit: the tests run its MindIE-SD attention backend on ditops.mindiesd (the version
 # they were written against).
-ditops_python_requirements=(numpy safetensors torch diffusers nanobind scikit-build-core pytest
-                            "cache-dit==1.5.3")
+# diffusers: the newest release in the range ditops.diffusers supports (pyproject.toml's).
+ditops_diffusers_range=$(sed -n 's/.*"diffusers\(>=[0-9.]*,<[0-9.]*\)".*/\1/p' pyproject.toml)
+ditops_python_requirements=(numpy safetensors torch "diffusers$ditops_diffusers_range" nanobind
+                            scikit-build-core pytest "cache-dit==1.5.3")
 ditops_venv=${DITOPS_VENV:-build/venv}
 ditops_ensure_venv() {
   [ -x "$ditops_venv/bin/python" ] || python3 -m venv "$ditops_venv"
@@ -51,4 +53,16 @@ ditops_ensure_venv() {
     "$ditops_venv/bin/pip" install -q "${ditops_python_requirements[@]}"
   fi
   ditops_python="$(cd "$ditops_venv" && pwd)/bin/python"
+}
+
+# The lowest diffusers release ditops.diffusers supports, in a directory of its own beside the
+# venv (diffusers is pure Python; its dependencies are the venv's): the test suite runs the
+# diffusers integration's tests again with it first on PYTHONPATH.
+ditops_diffusers_lowest_version=$(sed -n 's/^>=\([0-9.]*\),.*/\1.0/p' <<<"$ditops_diffusers_range")
+ditops_ensure_lowest_diffusers() {
+  ditops_diffusers_lowest="$(cd "$ditops_venv/.." && pwd)/diffusers-$ditops_diffusers_lowest_version"
+  if [ ! -f "$ditops_diffusers_lowest/diffusers/__init__.py" ]; then
+    "$ditops_venv/bin/pip" install -q --no-deps --target "$ditops_diffusers_lowest" \
+      "diffusers==$ditops_diffusers_lowest_version"
+  fi
 }

@@ -16,8 +16,11 @@ tools/check_isolation.sh
 source tools/setup.sh
 ditops_ensure_packages fuzz python
 ditops_ensure_venv
+ditops_ensure_lowest_diffusers
 
-cmake --preset release -DDITOPS_PYTHON=ON -DPython_EXECUTABLE="$ditops_python"
+cmake --preset release -DDITOPS_PYTHON=ON -DPython_EXECUTABLE="$ditops_python" \
+  -DDITOPS_DIFFUSERS_LOWEST="$ditops_diffusers_lowest" \
+  -DDITOPS_DIFFUSERS_LOWEST_VERSION="$ditops_diffusers_lowest_version"
 cmake --build --preset release
 ctest --preset release -j2
 

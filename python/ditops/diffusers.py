@@ -15,6 +15,8 @@ self-attention and FLUX's attention, whose q/k RMSNorms come right before the ro
 both run as one fused ditops pass (rms_norm_rotary_position_embedding)."""
 
 import contextlib
+import os
+import re
 
 import torch
 
@@ -26,6 +28,38 @@ _BACKENDS = {"dense": "ditops", "int8": "ditops_int8", "rainfusion": "ditops_rai
 # The RainFusion options and the video layout of the model running now, set by its forward
 # pre-hook from its own options and input: the backend function sees only q, k and v.
 _rainfusion = {"sparsity": 0.75, "block_size": 128, "keep_sink": True, "layout": None}
+
+
+# The diffusers releases this integration supports, [lowest, first unsupported): it adds
+# backends to diffusers' attention dispatcher, a private registry, so a release outside the range
+# may differ where it matters. The tests run at both ends (the lowest, and the newest release
+# below the bound).
+SUPPORTED_DIFFUSERS = ((0, 37), (0, 43))
+
+
+def _range_text():
+    (low_major, low_minor), (high_major, high_minor) = SUPPORTED_DIFFUSERS
+    return f">={low_major}.{low_minor},<{high_major}.{high_minor}"
+
+
+def check_diffusers_version(version=None):
+    """Raises RuntimeError naming the supported range unless `version` (default: the installed
+    diffusers') is inside it. DITOPS_ANY_DIFFUSERS=1 in the environment skips the check, for
+    trying a release the integration has not been tested with."""
+    if version is None:
+        import diffusers
+
+        version = diffusers.__version__
+    if os.environ.get("DITOPS_ANY_DIFFUSERS") == "1":
+        return
+    match = re.match(r"(\d+)\.(\d+)", str(version))
+    release = (int(match.group(1)), int(match.group(2))) if match else None
+    low, high = SUPPORTED_DIFFUSERS
+    if release is None or not low <= release < high:
+        raise RuntimeError(
+            f"ditops.diffusers: diffusers {version} is outside the supported range "
+            f"{_range_text()} (pip install 'diffusers{_range_text()}'); "
+            "DITOPS_ANY_DIFFUSERS=1 tries it anyway")
 
 
 def _diffusers():
@@ -446,10 +480,12 @@ def enable(model, backend="dense", sparsity=0.75, block_size=128, keep_sink=True
     `sparsity` on the self-attention of video models, the first latent frame's blocks kept
     whole unless keep_sink=False; dense elsewhere). With
     fuse_rope_and_norms the q/k RMSNorms and rotary embeddings run on ditops too. Returns the
-    model; disable(model) restores diffusers' own."""
+    model; disable(model) restores diffusers' own. Raises RuntimeError for a diffusers release
+    outside SUPPORTED_DIFFUSERS (check_diffusers_version)."""
     if backend not in _BACKENDS:
         raise ValueError(f"ditops.diffusers.enable: backend \"{backend}\" is not one of "
                          f"{sorted(_BACKENDS)}")
+    check_diffusers_version()
     if getattr(model, "_ditops_state", None) is not None:
         disable(model)
     dispatch, _ = _diffusers()
@@ -545,4 +581,5 @@ def enabled(model, **options):
         disable(model)
 
 
-__all__ = ["enable", "disable", "enabled", "enable_parallelism"]
+__all__ = ["enable", "disable", "enabled", "enable_parallelism", "check_diffusers_version",
+           "SUPPORTED_DIFFUSERS"]

@@ -140,3 +140,49 @@ def test_quantize_runs_a_w8a8_export_of_the_model(tmp_path):
     assert rel_l2(got, want) < 5e-2, rel_l2(got, want)
     with ditops.diffusers.enabled(model):
         assert rel_l2(model(**inputs)[0], want) < 5e-2
+
+
+def test_the_supported_range_is_pyprojects():
+    pyproject = (pathlib.Path(__file__).parents[2] / "pyproject.toml").read_text()
+    (low_major, low_minor), (high_major, high_minor) = ditops.diffusers.SUPPORTED_DIFFUSERS
+    assert f'"diffusers>={low_major}.{low_minor},<{high_major}.{high_minor}"' in pyproject
+
+
+def test_diffusers_versions_outside_the_range_are_refused_by_name(monkeypatch):
+    monkeypatch.delenv("DITOPS_ANY_DIFFUSERS", raising=False)
+    (low_major, low_minor), (high_major, high_minor) = ditops.diffusers.SUPPORTED_DIFFUSERS
+    for version in (f"{low_major}.{low_minor}.0", f"{high_major}.{high_minor - 1}.9",
+                    f"{low_major}.{low_minor}.2.dev0"):
+        ditops.diffusers.check_diffusers_version(version)
+    for version in (f"{low_major}.{low_minor - 1}.9", f"{high_major}.{high_minor}.0",
+                    f"{high_major}.{high_minor}.0.dev0", "1.0.0", "unknown"):
+        with pytest.raises(RuntimeError, match=rf"diffusers {version} is outside the supported "
+                                               rf"range >={low_major}\.{low_minor},<"):
+            ditops.diffusers.check_diffusers_version(version)
+    monkeypatch.setenv("DITOPS_ANY_DIFFUSERS", "1")
+    ditops.diffusers.check_diffusers_version("1.0.0")
+
+
+def test_enable_refuses_an_unsupported_diffusers_before_touching_the_model(monkeypatch):
+    import diffusers
+
+    monkeypatch.delenv("DITOPS_ANY_DIFFUSERS", raising=False)
+    model, inputs = models.MODELS["flux"](torch.float32)
+    want = model(**inputs)[0]
+    processors = dict(model.attn_processors)
+    monkeypatch.setattr(diffusers, "__version__", "9.0.0")
+    with pytest.raises(RuntimeError, match="diffusers 9.0.0 is outside the supported range"):
+        ditops.diffusers.enable(model)
+    assert getattr(model, "_ditops_state", None) is None
+    assert dict(model.attn_processors) == processors
+    assert torch.equal(model(**inputs)[0], want)
+
+
+def test_runs_on_the_diffusers_release_it_was_given():
+    """ctest's python.diffusers_lowest puts the lowest supported release first on the path."""
+    import diffusers
+
+    expected = os.environ.get("DITOPS_EXPECT_DIFFUSERS")
+    if not expected:
+        pytest.skip("DITOPS_EXPECT_DIFFUSERS not set: the venv's diffusers")
+    assert diffusers.__version__ == expected
