@@ -6,18 +6,21 @@ ditops_packages=(g++ cmake make pkg-config libomp-dev libxsimd-dev libhwloc-dev 
 # The asan-ubsan preset: clang, its libFuzzer runtime (libclang_rt.fuzzer, in libclang-rt-14-dev on
 # bookworm, which libclang-rt-dev pulls in) and clang's OpenMP runtime (libomp-dev, above).
 ditops_fuzz_packages=(clang libclang-rt-dev)
+# tools/check_style.sh: the C++ formatter (.clang-format).
+ditops_style_packages=(clang-format)
 # The demo's benchmark peer for the int8 linear layers (oneDNN's int8 matmul).
 ditops_demo_packages=(libdnnl-dev)
 # The Python package (python/): the interpreter, its headers for the module, venv for PyPI.
 ditops_python_packages=(python3 python3-dev python3-venv)
 
-# Usage: ditops_ensure_packages [fuzz | demo | python]...
+# Usage: ditops_ensure_packages [fuzz | demo | python | style]...
 ditops_ensure_packages() {
   local missing=() wanted=("${ditops_packages[@]}") group
   for group in "$@"; do
     [ "$group" = fuzz ] && wanted+=("${ditops_fuzz_packages[@]}")
     [ "$group" = demo ] && wanted+=("${ditops_demo_packages[@]}")
     [ "$group" = python ] && wanted+=("${ditops_python_packages[@]}")
+    [ "$group" = style ] && wanted+=("${ditops_style_packages[@]}")
   done
   for package in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
@@ -42,12 +45,13 @@ ditops_ensure_packages() {
 # they were written against).
 # diffusers: the newest release in the range ditops.diffusers supports (pyproject.toml's).
 ditops_diffusers_range=$(sed -n 's/.*"diffusers\(>=[0-9.]*,<[0-9.]*\)".*/\1/p' pyproject.toml)
+# ruff: tools/check_style.sh's Python linter.
 ditops_python_requirements=(numpy safetensors torch "diffusers$ditops_diffusers_range" nanobind
-                            scikit-build-core pytest "cache-dit==1.5.3")
+                            scikit-build-core pytest "cache-dit==1.5.3" ruff)
 ditops_venv=${DITOPS_VENV:-build/venv}
 ditops_ensure_venv() {
   [ -x "$ditops_venv/bin/python" ] || python3 -m venv "$ditops_venv"
-  local modules="numpy, safetensors, torch, diffusers, nanobind, scikit_build_core, pytest, cache_dit"
+  local modules="numpy, safetensors, torch, diffusers, nanobind, scikit_build_core, pytest, cache_dit, ruff"
   if ! "$ditops_venv/bin/python" -c "import $modules" 2>/dev/null; then
     echo "ditops: installing ${ditops_python_requirements[*]} into $ditops_venv"
     "$ditops_venv/bin/pip" install -q "${ditops_python_requirements[@]}"

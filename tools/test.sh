@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Checks that the repository stands alone (tools/check_isolation.sh), then builds and runs the
+# Checks that the repository stands alone (tools/check_isolation.sh) and its style
+# (tools/check_style.sh: clang-format, ruff), then builds and runs the
 # whole test suite: the Release build (every ISA level, the ODR guard, the installed-package
 # consumer, the simulator), then one clang AddressSanitizer + UBSan build that runs the suite
 # again and the fuzz harnesses (a fixed number of inputs each from their seed corpora;
@@ -14,9 +15,11 @@ cd "$(dirname "$0")/.."
 # First, before any package or build: nothing tracked may refer outside the repository.
 tools/check_isolation.sh
 source tools/setup.sh
-ditops_ensure_packages fuzz python
+ditops_ensure_packages fuzz python style
 ditops_ensure_venv
 ditops_ensure_lowest_diffusers
+# Formatting and lint before anything is built (tools/check_style.sh).
+tools/check_style.sh "$ditops_python"
 
 cmake --preset release -DDITOPS_PYTHON=ON -DPython_EXECUTABLE="$ditops_python" \
   -DDITOPS_DIFFUSERS_LOWEST="$ditops_diffusers_lowest" \

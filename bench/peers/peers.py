@@ -104,7 +104,6 @@ def worker(args):
 
         version = ov.__version__.split("-")[0]
     else:
-        import onnx
         import onnxruntime as ort
         from onnx import TensorProto, helper
 

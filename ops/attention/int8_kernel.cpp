@@ -21,11 +21,12 @@
 // Why int8 P·V and not bf16: vpdpbusd does 4 MACs per lane where vdpbf16ps does 2, and on the
 // Intel Xeon this was chosen on vdpbf16ps runs at half the fp32 FMA rate (bench: peak_bf16;
 // on AMD Zen 4 it runs at twice the FMA rate, still half of vpdpbusd's), so bf16 P·V would be
-// slower than int8 everywhere, and fp32 P·V alone costs about as much as the whole int8 target. u8 P with a per-(row, block) scale keeps every weight within
-// 1 / (2n) of its block's largest one: n = 255 with vpdpbusd and the pmaddwd emulation, 63 on
-// pmaddubsw levels, where two words' int16 sums then add before one pmaddwd (13 % faster at
-// S = 2048 than 127 levels, 1.5-2x the relative L2 error). The accuracy tests
-// (tests/attention/int8_test.cpp) measure the result against the fp64 reference.
+// slower than int8 everywhere, and fp32 P·V alone costs about as much as the whole int8 target. u8
+// P with a per-(row, block) scale keeps every weight within 1 / (2n) of its block's largest one: n
+// = 255 with vpdpbusd and the pmaddwd emulation, 63 on pmaddubsw levels, where two words' int16
+// sums then add before one pmaddwd (13 % faster at S = 2048 than 127 levels, 1.5-2x the relative L2
+// error). The accuracy tests (tests/attention/int8_test.cpp) measure the result against the fp64
+// reference.
 
 #include "ops/attention/int8_kernel.hpp"
 

@@ -27,6 +27,12 @@ from .ops import (
 )
 from . import _arrays
 
+__all__ = ["Error", "backend_names", "cpu_info", "forget_attention_tuning", "num_threads",
+           "set_num_threads", "add_rms_norm", "attention_forward", "attention_forward_varlen",
+           "block_sparse_attention", "cfg_combine", "merge_attention_states", "mla_decode_paged",
+           "rainfusion_attention", "rms_norm", "rms_norm_rotary_position_embedding",
+           "rotary_position_embedding", "scaled_dot_product_attention", "select_attention"]
+
 if _arrays.torch is not None:
     from .quant import QuantLinear, set_timestep
     from ._op import register_torch_ops
@@ -48,5 +54,9 @@ if _arrays.torch is not None:
     )
 
     _torch_library = register_torch_ops()
+    __all__ += ["QuantLinear", "set_timestep", "CacheAgent", "CacheConfig", "OnlineQuantConfig",
+                "QuantConfig", "RMSNorm", "TimestepManager", "TimestepPolicyConfig",
+                "fast_layernorm", "get_activation_layer", "layernorm_scale_shift", "quantize",
+                "sparse_attention"]
 
 __version__ = "0.1.0"

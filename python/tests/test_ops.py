@@ -253,7 +253,10 @@ def test_merge_attention_states_matches_fp64_with_empty_sides():
     top = torch.maximum(a, b).nan_to_num(neginf=0.0)
     wa, wb = (a - top).exp(), (b - top).exp()
     total = wa + wb
-    weight = lambda w: (w / total).nan_to_num(0.0).transpose(1, 2).unsqueeze(-1)
+
+    def weight(w):
+        return (w / total).nan_to_num(0.0).transpose(1, 2).unsqueeze(-1)
+
     want = weight(wa) * out_a.double() + weight(wb) * out_b.double().nan_to_num(0.0)
     want_lse = top + total.log()
     out, lse = ditops.merge_attention_states(out_a, lse_a, out_b, lse_b)
