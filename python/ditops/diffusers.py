@@ -496,7 +496,7 @@ def enable(model, backend="dense", sparsity=0.75, block_size=128, keep_sink=True
              "active": dispatch._AttentionBackendRegistry._active_backend,
              "backends": {id(p): getattr(p, "_attention_backend", None)
                           for p in processors.values()},
-             "norms": [], "hooks": [], "rope": False}
+             "norms": [], "linears": [], "hooks": [], "rope": False}
     if type(model).__name__ == "CogVideoXTransformer3DModel":
         model.set_attn_processor(_cogvideox_processor_class()())
     if fuse_rope_and_norms and type(model).__name__ == "WanTransformer3DModel":
@@ -528,7 +528,8 @@ def enable(model, backend="dense", sparsity=0.75, block_size=128, keep_sink=True
 
 
 def disable(model):
-    """Restores diffusers' processors, attention backend, norms and rotary embedding."""
+    """Restores diffusers' processors, attention backend, norms and rotary embedding, and the
+    nn.Linear modules optimize() replaced (the same objects: bit for bit)."""
     state = getattr(model, "_ditops_state", None)
     if state is None:
         return model
@@ -537,6 +538,8 @@ def disable(model):
         hook.remove()
     for module, attribute, norm in state["norms"]:
         setattr(module, attribute, norm)
+    for module, attribute, linear in state["linears"]:
+        setattr(module, attribute, linear)
     if state["rope"]:
         _patch_rope(False)
     model.set_attn_processor(state["processors"])
@@ -571,6 +574,131 @@ def enable_parallelism(model, ring_degree=1, ulysses_degree=1):
     return model
 
 
+# ---- one call for a model or a pipeline ------------------------------------------------------
+
+# Linear layers quantize="w8a8_dynamic" keeps in floating point (they still run on ditops):
+# the embedders (patch, text, timestep), the modulation (the AdaLN linears that produce scale,
+# shift and gate), the timestep projections and the final projection. Their inputs or outputs
+# set every token's scale, and they cost little of the forward.
+KEEP_FLOAT = ("*embed*", "*norm*.linear", "norm_out*", "*time_proj*", "proj_out")
+
+_QUANTIZE = (None, "w8a8_dynamic")
+
+
+class OptimizeReport:
+    """What optimize() did: `attention` (the backend), `on_ditops` (what now runs on ditops:
+    "attention processors", "q/k norms", "rotary embedding", "float linears", "w8a8_dynamic
+    linears", each a list of module names or a note) and `on_torch` (module name -> why it stays
+    on torch). str() gives a summary."""
+
+    def __init__(self, attention):
+        self.attention = attention
+        self.on_ditops = {}
+        self.on_torch = {}
+        self.weight_bytes = 0
+
+    def __str__(self):
+        lines = [f"ditops.diffusers.optimize: attention backend {self.attention}"]
+        for what, names in self.on_ditops.items():
+            lines.append(f"  on ditops: {len(names)} {what}")
+        reasons = {}
+        for name, why in self.on_torch.items():
+            reasons.setdefault(why, []).append(name)
+        for why, names in reasons.items():
+            lines.append(f"  on torch: {len(names)} ({why}), e.g. {names[0]}")
+        lines.append(f"  ditops linear weights: {self.weight_bytes / 2**20:.1f} MiB")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def _transformers(pipe_or_transformer):
+    """The diffusers transformers of a pipeline (transformer, and transformer_2 where a
+    pipeline has two, as Wan 2.2's), or the model itself."""
+    if isinstance(pipe_or_transformer, torch.nn.Module):
+        return [pipe_or_transformer]
+    models = [getattr(pipe_or_transformer, name, None) for name in ("transformer",
+                                                                    "transformer_2")]
+    models = [model for model in models if isinstance(model, torch.nn.Module)]
+    if not models:
+        raise ValueError("ditops.diffusers.optimize: expected a diffusers transformer or a "
+                         f"pipeline with a transformer, got {type(pipe_or_transformer).__name__}")
+    return models
+
+
+def _linear_layer(name, linear, quantize, keep_float):
+    """The ditops layer for nn.Linear `linear` and its kind, or (None, why it stays)."""
+    from . import _ditops, quant
+    from .mindiesd.quantization.utils import match_layer_pattern
+
+    weight = linear.weight
+    if weight.device.type != "cpu":
+        return None, f"weights on {weight.device.type}"
+    if quantize == "w8a8_dynamic" and not any(match_layer_pattern(name, pattern)
+                                              for pattern in keep_float):
+        return quant.w8a8_dynamic_layer(linear), "w8a8_dynamic linears"
+    # FLOAT: float32 or bfloat16 weights as they are (bf16 widened to fp32 in the packed
+    # panels); float16 weights in float32.
+    weight = weight.detach()
+    if weight.dtype not in (torch.float32, torch.bfloat16):
+        weight = weight.float()
+    bias = linear.bias
+    bias = None if bias is None else bias.detach().float().contiguous()
+    return _ditops.QuantLinear.float_linear(weight.contiguous(), bias), "float linears"
+
+
+def optimize(pipe_or_transformer, quantize=None, attention="dense", keep_float=KEEP_FLOAT,
+             **options):
+    """Runs a diffusers pipeline's transformer(s) (or a transformer) on ditops in one call:
+    enable(model, backend=attention, **options) (attention, q/k RMSNorms, rotary embeddings),
+    then every nn.Linear on ditops' GEMM: with quantize=None as a FLOAT layer of its own
+    weights (bf16 models stay bf16 at their interfaces), with quantize="w8a8_dynamic" as a W8A8
+    dynamic layer, except the layers `keep_float` names (fnmatch patterns; default KEEP_FLOAT),
+    which run as FLOAT layers. Returns an OptimizeReport; disable(model) undoes all of it (the
+    original modules come back, bit for bit). The packed weights are held beside the model's
+    own (fp32 panels: twice a bf16 model's weight memory, a quarter for w8a8)."""
+    if quantize not in _QUANTIZE:
+        raise ValueError(f"ditops.diffusers.optimize: quantize {quantize!r} is not one of "
+                         f"{list(_QUANTIZE)}")
+    if isinstance(keep_float, str):
+        keep_float = (keep_float,)
+    from . import quant
+
+    models = _transformers(pipe_or_transformer)
+    check_diffusers_version()
+    report = OptimizeReport(attention)
+    for model in models:
+        enable(model, backend=attention, **options)
+        state = model._ditops_state
+        prefix = type(model).__name__ + "." if len(models) > 1 else ""
+        report.on_ditops.setdefault("attention processors", []).extend(
+            prefix + name for name in state["processors"])
+        if state["norms"]:
+            report.on_ditops.setdefault("q/k norms", []).extend(
+                f"{prefix}{type(module).__name__}.{attribute}"
+                for module, attribute, _ in state["norms"])
+        if state["rope"]:
+            report.on_ditops["rotary embedding"] = ["diffusers.models.embeddings."
+                                                    "apply_rotary_emb (while enabled)"]
+        linears = [(name, module) for name, module in model.named_modules()
+                   if type(module) is torch.nn.Linear]
+        for name, linear in linears:
+            layer, kind = _linear_layer(name, linear, quantize, keep_float)
+            if layer is None:
+                report.on_torch[prefix + name] = kind
+                continue
+            parent_name, _, attribute = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            state["linears"].append((parent, attribute, linear))
+            setattr(parent, attribute, quant.QuantLinear(layer, name, linear.weight.dtype))
+            report.on_ditops.setdefault(kind, []).append(prefix + name)
+            report.weight_bytes += layer.weight_bytes
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and type(module) is not torch.nn.Linear:
+                report.on_torch[prefix + name] = f"a {type(module).__name__}, not an nn.Linear"
+    return report
+
+
 @contextlib.contextmanager
 def enabled(model, **options):
     """`with ditops.diffusers.enabled(model): ...` enables ditops for the block."""
@@ -581,5 +709,5 @@ def enabled(model, **options):
         disable(model)
 
 
-__all__ = ["enable", "disable", "enabled", "enable_parallelism", "check_diffusers_version",
-           "SUPPORTED_DIFFUSERS"]
+__all__ = ["enable", "disable", "enabled", "enable_parallelism", "optimize", "OptimizeReport",
+           "KEEP_FLOAT", "check_diffusers_version", "SUPPORTED_DIFFUSERS"]

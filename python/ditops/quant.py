@@ -40,8 +40,14 @@ class QuantLinear(torch.nn.Module):
     y = x · Wᵀ + b on ditops' int8 GEMM, x [..., in_features] of any float dtype, y of x's
     dtype (float16 is computed in float32: the kernels take float32 and bfloat16)."""
 
-    def __init__(self, layer, name=""):
+    def __init__(self, layer, name="", dtype=None):
         super().__init__()
+        if dtype is not None:
+            # A parameter without elements, of the replaced layer's dtype: code that reads a
+            # module's dtype from its parameters (diffusers' Wan reads its time embedder's)
+            # finds the model's.
+            self.dtype_probe = torch.nn.Parameter(torch.empty(0, dtype=dtype),
+                                                  requires_grad=False)
         self.layer_id = id(layer)
         _LAYERS[self.layer_id] = layer
         self.layer = layer

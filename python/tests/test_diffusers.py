@@ -186,3 +186,64 @@ def test_runs_on_the_diffusers_release_it_was_given():
     if not expected:
         pytest.skip("DITOPS_EXPECT_DIFFUSERS not set: the venv's diffusers")
     assert diffusers.__version__ == expected
+
+
+# optimize(): attention, norms, RoPE and every nn.Linear on ditops. Tolerances as for enable
+# above, the linears adding one fp32 GEMM's rounding per layer (fp32) or the bf16 rounding of
+# each layer's output, as torch's own bf16 linears do (bf16); W8A8 dynamic quantization (int8
+# weights per channel, activations per token) measured 0.7-1.4e-3 on these models in fp32 and
+# 3-4e-3 in bf16: 1e-2 and 3e-2.
+@pytest.mark.parametrize("name", ["flux", "wan"])
+@pytest.mark.parametrize("dtype,quantize,tolerance",
+                         [(torch.float32, None, 1e-4), (torch.bfloat16, None, 3e-2),
+                          (torch.float32, "w8a8_dynamic", 1e-2),
+                          (torch.bfloat16, "w8a8_dynamic", 3e-2)],
+                         ids=["f32", "bf16", "f32-w8a8", "bf16-w8a8"])
+def test_optimize_runs_every_linear_on_ditops_and_disable_restores_the_model(
+        name, dtype, quantize, tolerance, counted):
+    from ditops.quant import QuantLinear
+
+    model, inputs = models.MODELS[name](dtype)
+    linears = {n: m for n, m in model.named_modules() if type(m) is torch.nn.Linear}
+    want = model(**inputs)[0]
+    report = ditops.diffusers.optimize(model, quantize=quantize)
+    got = model(**inputs)[0]
+    assert got.dtype == dtype and counted["attention_forward"] > 0
+    assert rel_l2(got, want) < tolerance
+    # Every nn.Linear is a ditops layer now, and the report names each one once.
+    assert not [n for n, m in model.named_modules() if type(m) is torch.nn.Linear]
+    on_ditops = report.on_ditops.get("float linears", []) + report.on_ditops.get(
+        "w8a8_dynamic linears", [])
+    assert sorted(on_ditops) == sorted(linears) and not report.on_torch
+    replaced = dict(model.named_modules())
+    assert all(isinstance(replaced[n], QuantLinear) for n in linears)
+    if quantize is None:
+        assert "w8a8_dynamic linears" not in report.on_ditops
+    else:
+        # The embedders, modulation and final projection stay in floating point.
+        kept = report.on_ditops["float linears"]
+        assert "proj_out" in kept and any("embed" in n for n in kept)
+        assert all(replaced[n].layer.algo == "FLOAT" for n in kept)
+        quantized = report.on_ditops["w8a8_dynamic linears"]
+        assert any(".ff." in n or ".ffn." in n for n in quantized)
+        assert all(replaced[n].layer.algo == "W8A8_DYNAMIC" for n in quantized)
+    assert report.weight_bytes > 0 and "on ditops" in str(report)
+    ditops.diffusers.disable(model)
+    assert all(dict(model.named_modules())[n] is m for n, m in linears.items())
+    assert torch.equal(model(**inputs)[0], want)
+
+
+def test_optimize_takes_a_pipeline_and_refuses_bad_arguments():
+    model, inputs = models.MODELS["flux"](torch.float32)
+
+    class Pipeline:  # what optimize reads of a diffusers pipeline
+        transformer = model
+
+    report = ditops.diffusers.optimize(Pipeline(), keep_float=("*",), quantize="w8a8_dynamic")
+    assert "w8a8_dynamic linears" not in report.on_ditops  # "*" keeps every layer in float
+    ditops.diffusers.disable(model)
+    with pytest.raises(ValueError, match="quantize 'int4' is not one of"):
+        ditops.diffusers.optimize(model, quantize="int4")
+    with pytest.raises(ValueError, match="expected a diffusers transformer or a pipeline"):
+        ditops.diffusers.optimize(object())
+    assert getattr(model, "_ditops_state", None) is None
