@@ -242,6 +242,10 @@ def test_optimize_takes_a_pipeline_and_refuses_bad_arguments():
     report = ditops.diffusers.optimize(Pipeline(), keep_float=("*",), quantize="w8a8_dynamic")
     assert "w8a8_dynamic linears" not in report.on_ditops  # "*" keeps every layer in float
     ditops.diffusers.disable(model)
+    ditops.diffusers.optimize(model)
+    with pytest.raises(ValueError, match="optimize already put this model's linear layers"):
+        ditops.quantize(model, online_config=ditops.OnlineQuantConfig())
+    ditops.diffusers.disable(model)
     with pytest.raises(ValueError, match="quantize 'int4' is not one of"):
         ditops.diffusers.optimize(model, quantize="int4")
     with pytest.raises(ValueError, match="expected a diffusers transformer or a pipeline"):

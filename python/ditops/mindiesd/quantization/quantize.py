@@ -45,6 +45,11 @@ def quantize(model, quant_des_path=None, online_config=None, **kwargs):
     if not isinstance(model, torch.nn.Module):
         raise ParametersInvalid(f"The model must be the type of nn.Module, but currently got "
                                 f"{type(model)}.")
+    state = getattr(model, "_ditops_state", None)
+    if state is not None and state.get("linears"):
+        raise ParametersInvalid("quantize: ditops.diffusers.optimize already put this model's "
+                                "linear layers on ditops; call ditops.diffusers.disable(model) "
+                                "first, or optimize(model, quantize=\"w8a8_dynamic\")")
     if online_config is not None:
         if quant_des_path is not None or kwargs.get("quant_config") is not None:
             raise ParametersInvalid("online_config is mutually exclusive with quant_des_path "
