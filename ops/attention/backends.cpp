@@ -131,17 +131,6 @@ const Backend kSparse{
 
 const std::array<Backend, 5> kBackends = {kFlash, kFlashBf16, kSparse, kInt8, kReference};
 
-/// Share of a call's work the tuner aims to spend timing candidates, on top of the call; a
-/// call that cannot be cut finely enough to stay within kMaxTuningShare is not timed. A slice
-/// runs at a lower rate than the whole call (fewer tasks to balance, packing less amortized):
-/// with 0.18 of the work, first calls measured 1.04-1.30x a steady call (bench/tuning_bench.cpp,
-/// AVX2, 2 threads).
-constexpr double kTuningShare = 0.18;
-constexpr double kMaxTuningShare = 0.25;
-/// Runs of each candidate on the slice, candidates interleaved: a warm-up, then the faster of
-/// two timed runs.
-constexpr int kSliceRuns = 3;
-
 /// The fastest of `list` on a slice of `call` (TuningSlice); the first backend's default
 /// configuration where the call is too small to slice.
 Config fastest_on_slice(const Call& call, const std::vector<Config>& list, int threads) {

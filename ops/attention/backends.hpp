@@ -47,6 +47,17 @@ struct Choice {
   std::string refused;  ///< "<source>=<backend>: <reason>" when a forced backend refused the call
 };
 
+/// Share of a call's work the tuner aims to spend timing candidates, on top of the call; a
+/// call that cannot be cut finely enough to stay within kMaxTuningShare is not timed. A slice
+/// runs at a lower rate than the whole call (fewer tasks to balance, packing less amortized):
+/// with 0.18 of the work, first calls measured 1.04-1.30x a steady call (bench/tuning_bench.cpp,
+/// AVX2, 2 threads).
+inline constexpr double kTuningShare = 0.18;
+inline constexpr double kMaxTuningShare = 0.25;
+/// Runs of each candidate on the slice, candidates interleaved: a warm-up, then the faster of
+/// two timed runs.
+inline constexpr int kSliceRuns = 3;
+
 /// The configurations the tuner times for `call`, in table order: every tunable backend that
 /// accepts the call.
 std::vector<Config> tuning_candidates(const Call& call);

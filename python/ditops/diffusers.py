@@ -20,8 +20,9 @@ import re
 
 import torch
 
-from . import ops
+from . import _ditops, ops, quant
 from .mindiesd.layers.flash_attn.sparse_flash_attn_rf_v2 import rainfusion_v2_attention
+from .mindiesd.quantization.utils import match_layer_pattern
 
 _BACKENDS = {"dense": "ditops", "int8": "ditops_int8", "rainfusion": "ditops_rainfusion"}
 
@@ -628,9 +629,6 @@ def _transformers(pipe_or_transformer):
 
 def _linear_layer(name, linear, quantize, keep_float):
     """The ditops layer for nn.Linear `linear` and its kind, or (None, why it stays)."""
-    from . import _ditops, quant
-    from .mindiesd.quantization.utils import match_layer_pattern
-
     weight = linear.weight
     if weight.device.type != "cpu":
         return None, f"weights on {weight.device.type}"
@@ -662,8 +660,6 @@ def optimize(pipe_or_transformer, quantize=None, attention="dense", keep_float=K
                          f"{list(_QUANTIZE)}")
     if isinstance(keep_float, str):
         keep_float = (keep_float,)
-    from . import quant
-
     models = _transformers(pipe_or_transformer)
     check_diffusers_version()
     report = OptimizeReport(attention)

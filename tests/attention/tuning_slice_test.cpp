@@ -163,9 +163,9 @@ TEST(AttentionTuningSlice, LargeCallsAreCutWithinTheTuningBudget) {
     call.problem.q_len = call.problem.kv_len = s.seq;
     call.problem.causal = s.causal;
     for (const std::size_t candidates : {2, 3}) {
-      const double runs = 3.0 * static_cast<double>(candidates);
-      const TuningSlice slice(call, 0.18 / runs);
-      EXPECT_LE(slice.fraction() * runs, 0.25)
+      const double runs = attention::kSliceRuns * static_cast<double>(candidates);
+      const TuningSlice slice(call, attention::kTuningShare / runs);
+      EXPECT_LE(slice.fraction() * runs, attention::kMaxTuningShare)
           << "b" << s.batch << " s" << s.seq << " n" << s.heads;
       EXPECT_GE(slice.fraction() * runs, 0.05)
           << "b" << s.batch << " s" << s.seq << " n" << s.heads;
