@@ -12,20 +12,30 @@
 # Usage: tools/test.sh [--quick]   (--quick skips the sanitizer build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each phase's wall time, so a slow CI run shows where its time went.
+phase_start=$SECONDS
+phase_done() {
+  echo "tools/test.sh: $1 took $((SECONDS - phase_start)) s (total $SECONDS s)"
+  phase_start=$SECONDS
+}
 # First, before any package or build: nothing tracked may refer outside the repository.
 tools/check_isolation.sh
 source tools/setup.sh
 ditops_ensure_packages fuzz python style
 ditops_ensure_venv
 ditops_ensure_lowest_diffusers
+phase_done "packages and venv"
 # Formatting and lint before anything is built (tools/check_style.sh).
 tools/check_style.sh "$ditops_python"
+phase_done "style"
 
 cmake --preset release -DDITOPS_PYTHON=ON -DPython_EXECUTABLE="$ditops_python" \
   -DDITOPS_DIFFUSERS_LOWEST="$ditops_diffusers_lowest" \
   -DDITOPS_DIFFUSERS_LOWEST_VERSION="$ditops_diffusers_lowest_version"
 cmake --build --preset release
+phase_done "Release build"
 ctest --preset release -j2
+phase_done "Release tests"
 
 # pip install . as a user runs it (no build isolation: the venv has the build requirements;
 # the build directory under build/ is reused by the next run), then the installed package,
@@ -38,10 +48,13 @@ out = ditops.attention_forward(q, q, q)
 ref = torch.nn.functional.scaled_dot_product_attention(*(q.transpose(1, 2),) * 3).transpose(1, 2)
 assert ditops.__file__.find("site-packages") > 0 and (out - ref).abs().max() < 1e-5
 print("pip install .: ditops", ditops.__version__, "imports and runs from", ditops.__file__)')
+phase_done "pip install ."
 
 if [ "${1:-}" != "--quick" ]; then
   cmake --preset asan-ubsan
   cmake --build --preset asan-ubsan
+  phase_done "sanitizer build"
   ctest --preset asan-ubsan -j2
+  phase_done "sanitizer tests"
 fi
 echo "tools/test.sh: all tests passed"
