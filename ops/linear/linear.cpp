@@ -465,43 +465,40 @@ void forward_f32(const Kernels& kernels, const GemmProblem& problem, std::int64_
   });
 }
 
-}  // namespace
+constexpr const char* kForwardCall = "QuantLinear::forward";
 
-void QuantLinear::forward(const TensorView& x, const TensorView& y) const {
-  forward(x, y, Activation::none);
-}
-
-void QuantLinear::forward(const TensorView& x, const TensorView& y, Activation activation) const {
-  constexpr const char* kCall = "QuantLinear::forward";
-  const core::CallScope scope(kCall);
-  if (!impl_) core::fail(kCall, "the layer is empty (default-constructed or moved from)");
-  const Impl& layer = *impl_;
-  const LayerDefinition& definition = layer.definition;
-  const Arg x_arg{kCall, "x", x}, y_arg{kCall, "y", y};
+/// x and y against the layer and each other, then the activation, then aliasing.
+void check_forward(const LayerDefinition& definition, const Arg& x_arg, const Arg& y_arg,
+                   Activation activation) {
+  const TensorView &x = x_arg.view, &y = y_arg.view;
   core::check_view(x_arg, 1, kMaxRank);
   core::check_dtype(x_arg, {DType::f32, DType::bf16});
   core::check_view(y_arg, 1, kMaxRank);
   core::check_dtype(y_arg, {DType::f32, DType::bf16});
   if (x.shape[x.rank - 1] != definition.k) {
-    core::fail(kCall, "x has shape " + core::shape_string(x) + ", its last dimension must be in " +
-                          "features (" + std::to_string(definition.k) + ")");
+    core::fail(kForwardCall, "x has shape " + core::shape_string(x) +
+                                 ", its last dimension must be in features (" +
+                                 std::to_string(definition.k) + ")");
   }
   if (y.rank != x.rank || y.shape[y.rank - 1] != definition.n ||
       !std::equal(x.shape.begin(), x.shape.begin() + x.rank - 1, y.shape.begin())) {
-    core::fail(kCall, "y has shape " + core::shape_string(y) + ", expected x's leading shape " +
-                          "and out features (" + std::to_string(definition.n) + ")");
+    core::fail(kForwardCall, "y has shape " + core::shape_string(y) +
+                                 ", expected x's leading shape and out features (" +
+                                 std::to_string(definition.n) + ")");
   }
   if (activation != Activation::none && activation != Activation::gelu_tanh &&
       activation != Activation::silu) {
-    core::fail(kCall, "activation (" + std::to_string(static_cast<int>(activation)) +
-                          ") is not none, gelu_tanh or silu");
+    core::fail(kForwardCall, "activation (" + std::to_string(static_cast<int>(activation)) +
+                                 ") is not none, gelu_tanh or silu");
   }
   core::check_writable(y_arg);
   core::check_no_overlap(y_arg, x_arg, false);
-  const std::int64_t m = core::numel(x) / definition.k;
-  if (m == 0) return;
+}
 
-  const bool is_int8 = definition.algo != QuantAlgo::float_linear;
+/// The problem without the int8 epilogue's column offset and scale (activation_quant's).
+GemmProblem make_problem(const QuantLinear::Impl& layer, const TensorView& x, const TensorView& y,
+                         std::int64_t m, Activation activation) {
+  const LayerDefinition& definition = layer.definition;
   GemmProblem problem;
   problem.m = m;
   problem.n = definition.n;
@@ -518,12 +515,27 @@ void QuantLinear::forward(const TensorView& x, const TensorView& y, Activation a
   problem.k_padded = layer.k_padded;
   problem.bias = definition.bias.empty() ? nullptr : layer.bias.get();
   problem.activation = activation;
+  return problem;
+}
 
+/// A timestep layer's column offsets at a static step. They live in a buffer of the calling
+/// thread that keeps its capacity: no allocation per call after the first.
+const std::int32_t* static_step_offset(const QuantLinear::Impl& layer, std::int32_t offset) {
+  thread_local std::vector<std::int32_t> step_offset;
+  const std::int64_t padded_n = layer.panels * layer.tile.cols;
+  step_offset.resize(static_cast<std::size_t>(padded_n));
+  for (std::int64_t j = 0; j < padded_n; ++j) {
+    step_offset[static_cast<std::size_t>(j)] = layer.compensation[j] - offset * layer.column_sum[j];
+  }
+  return step_offset.data();
+}
+
+/// How this call quantizes x, and the int8 epilogue's column offset and scale that go with it
+/// (set in `problem`).
+linear::ActivationQuant activation_quant(const QuantLinear::Impl& layer, GemmProblem& problem) {
+  const LayerDefinition& definition = layer.definition;
   linear::ActivationQuant quant;
   quant.smooth = definition.smooth.empty() ? nullptr : definition.smooth.data();
-  // A timestep layer's static step: its column offsets, in a buffer of the calling thread that
-  // keeps its capacity (no allocation per call after the first).
-  thread_local std::vector<std::int32_t> step_offset;
   switch (definition.algo) {
     case QuantAlgo::float_linear:
       break;
@@ -548,81 +560,119 @@ void QuantLinear::forward(const TensorView& x, const TensorView& y, Activation a
       quant.dynamic = false;
       quant.scale = quant.row_scale = definition.input_scale[static_cast<std::size_t>(step)];
       quant.offset = definition.input_offset[static_cast<std::size_t>(step)];
-      const auto offset = static_cast<std::int32_t>(quant.offset);
-      const std::int64_t padded_n = layer.panels * layer.tile.cols;
-      step_offset.resize(static_cast<std::size_t>(padded_n));
-      for (std::int64_t j = 0; j < padded_n; ++j) {
-        step_offset[static_cast<std::size_t>(j)] =
-            layer.compensation[j] - offset * layer.column_sum[j];
-      }
-      problem.column_offset = step_offset.data();
+      problem.column_offset = static_step_offset(layer, static_cast<std::int32_t>(quant.offset));
       break;
     }
   }
+  return quant;
+}
 
-  const Kernels kernels = kernels_of(layer.variant);
-  const int threads = core::thread_count();
-  const int tile_rows = layer.tile.rows;
-  const std::int64_t padded_m = round_up(m, tile_rows);
-  if (!is_int8) {
-    forward_f32(kernels, problem, layer.panels, padded_m, tile_rows, threads);
-    return;
-  }
+/// The int8 GEMM's tasks: blocks of rows x chunks of panels, enough of them for every thread
+/// to take several (a few rows -- decoding, small batches -- split the panels instead).
+struct Int8Tasks {
+  std::int64_t padded_m, row_bytes, block_rows, row_blocks, panels, panel_chunks, panels_per_chunk;
+};
+
+Int8Tasks int8_tasks(const QuantLinear::Impl& layer, std::int64_t padded_m, int threads) {
   const std::int64_t row_bytes = layer.k_padded;
-  // Tasks: blocks of rows x chunks of panels, enough of them for every thread to take
-  // several (a few rows -- decoding, small batches -- split the panels instead).
-  const std::int64_t block_rows = rows_per_block(row_bytes, tile_rows);
+  const std::int64_t block_rows = rows_per_block(row_bytes, layer.tile.rows);
   const std::int64_t row_blocks = (padded_m + block_rows - 1) / block_rows;
   const std::int64_t panel_chunks =
       std::clamp<std::int64_t>((4 * threads + row_blocks - 1) / row_blocks, 1, layer.panels);
   const std::int64_t panels_per_chunk = (layer.panels + panel_chunks - 1) / panel_chunks;
-  // Zeros for the rows past m a block's last tile computes but never stores (keeps them finite).
-  const auto zero_padding_rows = [&](std::uint8_t* a, float* row_scale, std::int64_t rows) {
-    std::memset(a, 0, static_cast<std::size_t>(rows * row_bytes));
-    std::fill(row_scale, row_scale + rows, 0.f);
-  };
-  if (panel_chunks == 1 && weights_fit_l2(layer.panels, layer.panel_bytes)) {
-    // A thin layer: each block of rows is one task, which quantizes its rows into its thread's
-    // buffer and runs every panel over them while they are in L2, so x is read once and the
-    // int8 rows never go to memory (the GEMM is short beside that traffic). Wider layers
-    // quantize first: at 3072 outputs, 1 thread, the fused tasks measured 5 % slower (x
-    // streamed through L2 between the panels).
-    const std::int64_t thread_bytes = block_rows * (row_bytes + 4);
-    std::uint8_t* scratch = core::thread_scratch<std::uint8_t>(
-        core::ScratchUse::linear_rows, core::CheckedSize(threads) * thread_bytes);
-    core::parallel_tasks(row_blocks, threads, [&](std::int64_t block, int thread) {
-      const std::int64_t row_begin = block * block_rows;
-      const std::int64_t row_end = std::min(padded_m, row_begin + block_rows);
-      const std::int64_t stored_end = std::min(m, row_end);
-      std::uint8_t* a = scratch + thread * thread_bytes;
-      float* row_scale = reinterpret_cast<float*>(a + block_rows * row_bytes);
-      kernels.quantize_rows(problem, quant, row_begin, stored_end, a, row_scale);
-      zero_padding_rows(a + (stored_end - row_begin) * row_bytes,
-                        row_scale + (stored_end - row_begin), row_end - stored_end);
-      kernels.gemm_int8(problem, a, row_scale, row_begin, row_end, 0, layer.panels);
-    });
-    return;
-  }
-  // Otherwise the rows are quantized first, all of them, for the tasks to share.
+  return {padded_m,     row_bytes,    block_rows,      row_blocks,
+          layer.panels, panel_chunks, panels_per_chunk};
+}
+
+/// Zeros for the rows past m a block's last tile computes but never stores (keeps them finite).
+void zero_padding_rows(std::uint8_t* a, float* row_scale, std::int64_t rows,
+                       std::int64_t row_bytes) {
+  std::memset(a, 0, static_cast<std::size_t>(rows * row_bytes));
+  std::fill(row_scale, row_scale + rows, 0.f);
+}
+
+/// A thin layer: each block of rows is one task, which quantizes its rows into its thread's
+/// buffer and runs every panel over them while they are in L2, so x is read once and the int8
+/// rows never go to memory (the GEMM is short beside that traffic). Wider layers quantize
+/// first: at 3072 outputs, 1 thread, the fused tasks measured 5 % slower (x streamed through
+/// L2 between the panels).
+void forward_int8_fused(const Kernels& kernels, const GemmProblem& problem,
+                        const linear::ActivationQuant& quant, const Int8Tasks& tasks, int threads) {
+  const std::int64_t m = problem.m, row_bytes = tasks.row_bytes, block_rows = tasks.block_rows;
+  const std::int64_t thread_bytes = block_rows * (row_bytes + 4);
+  std::uint8_t* scratch = core::thread_scratch<std::uint8_t>(
+      core::ScratchUse::linear_rows, core::CheckedSize(threads) * thread_bytes);
+  core::parallel_tasks(tasks.row_blocks, threads, [&](std::int64_t block, int thread) {
+    const std::int64_t row_begin = block * block_rows;
+    const std::int64_t row_end = std::min(tasks.padded_m, row_begin + block_rows);
+    const std::int64_t stored_end = std::min(m, row_end);
+    std::uint8_t* a = scratch + thread * thread_bytes;
+    float* row_scale = reinterpret_cast<float*>(a + block_rows * row_bytes);
+    kernels.quantize_rows(problem, quant, row_begin, stored_end, a, row_scale);
+    zero_padding_rows(a + (stored_end - row_begin) * row_bytes,
+                      row_scale + (stored_end - row_begin), row_end - stored_end, row_bytes);
+    kernels.gemm_int8(problem, a, row_scale, row_begin, row_end, 0, tasks.panels);
+  });
+}
+
+/// Every row quantized first, for the tasks to share.
+void forward_int8_shared(const Kernels& kernels, const GemmProblem& problem,
+                         const linear::ActivationQuant& quant, const Int8Tasks& tasks,
+                         int threads) {
+  const std::int64_t m = problem.m, padded_m = tasks.padded_m, row_bytes = tasks.row_bytes;
   const core::CheckedSize a_bytes = core::CheckedSize(padded_m) * row_bytes;
   std::uint8_t* scratch = core::thread_scratch<std::uint8_t>(
       core::ScratchUse::linear_rows, a_bytes + core::CheckedSize(padded_m) * 4);
   float* row_scale = reinterpret_cast<float*>(scratch + a_bytes.value);
-  zero_padding_rows(scratch + m * row_bytes, row_scale + m, padded_m - m);
-  const std::int64_t x_bytes = m * definition.k * dtype_size(x.dtype);
+  zero_padding_rows(scratch + m * row_bytes, row_scale + m, padded_m - m, row_bytes);
+  const std::int64_t x_bytes = m * problem.k * dtype_size(problem.x_dtype);
   core::parallel_ranges(m, core::threads_for_bytes(x_bytes),
                         [&](std::int64_t begin, std::int64_t end, int) {
                           kernels.quantize_rows(problem, quant, begin, end,
                                                 scratch + begin * row_bytes, row_scale + begin);
                         });
-  core::parallel_tasks(row_blocks * panel_chunks, threads, [&](std::int64_t task, int) {
-    const std::int64_t row_begin = (task / panel_chunks) * block_rows;
-    const std::int64_t row_end = std::min(padded_m, row_begin + block_rows);
-    const std::int64_t panel_begin = (task % panel_chunks) * panels_per_chunk;
-    const std::int64_t panel_end = std::min(layer.panels, panel_begin + panels_per_chunk);
+  core::parallel_tasks(tasks.row_blocks * tasks.panel_chunks, threads, [&](std::int64_t task, int) {
+    const std::int64_t row_begin = (task / tasks.panel_chunks) * tasks.block_rows;
+    const std::int64_t row_end = std::min(padded_m, row_begin + tasks.block_rows);
+    const std::int64_t panel_begin = (task % tasks.panel_chunks) * tasks.panels_per_chunk;
+    const std::int64_t panel_end = std::min(tasks.panels, panel_begin + tasks.panels_per_chunk);
     kernels.gemm_int8(problem, scratch + row_begin * row_bytes, row_scale + row_begin, row_begin,
                       row_end, panel_begin, panel_end);
   });
+}
+
+}  // namespace
+
+void QuantLinear::forward(const TensorView& x, const TensorView& y) const {
+  forward(x, y, Activation::none);
+}
+
+void QuantLinear::forward(const TensorView& x, const TensorView& y, Activation activation) const {
+  constexpr const char* kCall = kForwardCall;
+  const core::CallScope scope(kCall);
+  if (!impl_) core::fail(kCall, "the layer is empty (default-constructed or moved from)");
+  const Impl& layer = *impl_;
+  const Arg x_arg{kCall, "x", x}, y_arg{kCall, "y", y};
+  check_forward(layer.definition, x_arg, y_arg, activation);
+  const std::int64_t m = core::numel(x) / layer.definition.k;
+  if (m == 0) return;
+
+  GemmProblem problem = make_problem(layer, x, y, m, activation);
+  const linear::ActivationQuant quant = activation_quant(layer, problem);
+  const Kernels kernels = kernels_of(layer.variant);
+  const int threads = core::thread_count();
+  const int tile_rows = layer.tile.rows;
+  const std::int64_t padded_m = round_up(m, tile_rows);
+  if (layer.definition.algo == QuantAlgo::float_linear) {
+    forward_f32(kernels, problem, layer.panels, padded_m, tile_rows, threads);
+    return;
+  }
+  const Int8Tasks tasks = int8_tasks(layer, padded_m, threads);
+  if (tasks.panel_chunks == 1 && weights_fit_l2(layer.panels, layer.panel_bytes)) {
+    forward_int8_fused(kernels, problem, quant, tasks, threads);
+  } else {
+    forward_int8_shared(kernels, problem, quant, tasks, threads);
+  }
 }
 
 }  // namespace ditops

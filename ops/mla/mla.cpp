@@ -146,99 +146,108 @@ struct WorkspaceLayout {
   }
 };
 
-}  // namespace
+constexpr const char* kDecodeCall = "mla_decode_paged";
 
-void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
-                      const MlaPagedCache& cache, const TensorView& block_table,
-                      std::span<const std::int32_t> seq_lens, const TensorView& out,
-                      const MlaDecodeOptions& options) {
-  constexpr const char* kCall = "mla_decode_paged";
-  const core::CallScope scope(kCall);
-  const Arg q_nope_arg{kCall, "q_nope", q_nope}, q_rope_arg{kCall, "q_rope", q_rope},
-      table_arg{kCall, "block_table", block_table}, out_arg{kCall, "out", out};
-  // ---- shapes and dtypes ------------------------------------------------------------------
-  core::check_view(q_nope_arg, 3, 3);
-  core::check_dtype(q_nope_arg, {DType::f32, DType::bf16});
-  check_extent(q_nope_arg, 2, kNopeDim);
-  const std::int64_t batch = q_nope.shape[0], heads = q_nope.shape[1];
-  core::check_view(q_rope_arg, 3, 3);
-  core::check_dtype(q_rope_arg, {DType::f32, DType::bf16});
-  core::check_dim(q_rope_arg, 0, q_nope_arg, 0);
-  core::check_dim(q_rope_arg, 1, q_nope_arg, 1);
-  check_extent(q_rope_arg, 2, kRopeDim);
-  const CacheGeometry geometry = check_cache(kCall, cache);
-  core::check_view(table_arg, 2, 2);
-  core::check_dtype(table_arg, {DType::i32});
-  core::check_dim(table_arg, 0, q_nope_arg, 0);
+/// What the shape checks of one decode call establish.
+struct DecodeShape {
+  std::int64_t batch, heads;
+  CacheGeometry geometry;
+};
+
+DecodeShape check_decode_shapes(const Arg& q_nope, const Arg& q_rope, const MlaPagedCache& cache,
+                                const Arg& table, std::span<const std::int32_t> seq_lens,
+                                const Arg& out) {
+  core::check_view(q_nope, 3, 3);
+  core::check_dtype(q_nope, {DType::f32, DType::bf16});
+  check_extent(q_nope, 2, kNopeDim);
+  const std::int64_t batch = q_nope.view.shape[0], heads = q_nope.view.shape[1];
+  core::check_view(q_rope, 3, 3);
+  core::check_dtype(q_rope, {DType::f32, DType::bf16});
+  core::check_dim(q_rope, 0, q_nope, 0);
+  core::check_dim(q_rope, 1, q_nope, 1);
+  check_extent(q_rope, 2, kRopeDim);
+  const CacheGeometry geometry = check_cache(kDecodeCall, cache);
+  core::check_view(table, 2, 2);
+  core::check_dtype(table, {DType::i32});
+  core::check_dim(table, 0, q_nope, 0);
   if (static_cast<std::int64_t>(seq_lens.size()) != batch) {
-    core::fail(kCall, "seq_lens has " + std::to_string(seq_lens.size()) +
-                          " entries, expected batch " + std::to_string(batch));
+    core::fail(kDecodeCall, "seq_lens has " + std::to_string(seq_lens.size()) +
+                                " entries, expected batch " + std::to_string(batch));
   }
-  if (!seq_lens.empty() && seq_lens.data() == nullptr) core::fail(kCall, "seq_lens.data is null");
-  core::check_view(out_arg, 3, 3);
-  core::check_dtype(out_arg, {DType::f32, DType::bf16});
-  core::check_same_shape(out_arg, q_nope_arg);
-  // ---- options ----------------------------------------------------------------------------
-  const float scale = core::check_softmax_scale(kCall, "options.scale", options.scale,
+  if (!seq_lens.empty() && seq_lens.data() == nullptr) {
+    core::fail(kDecodeCall, "seq_lens.data is null");
+  }
+  core::check_view(out, 3, 3);
+  core::check_dtype(out, {DType::f32, DType::bf16});
+  core::check_same_shape(out, q_nope);
+  return {batch, heads, geometry};
+}
+
+/// Returns the softmax scale the call runs with (options.scale, else 1 / sqrt(576)).
+float check_decode_options(const MlaDecodeOptions& options) {
+  const float scale = core::check_softmax_scale(kDecodeCall, "options.scale", options.scale,
                                                 1.f / std::sqrt(static_cast<float>(kLatentDim)));
   if (!schedule::valid_chunk(options.chunk)) {
-    core::fail(kCall, "options.chunk (" + std::to_string(options.chunk) + ") must be 1, 2 or 4");
+    core::fail(kDecodeCall,
+               "options.chunk (" + std::to_string(options.chunk) + ") must be 1, 2 or 4");
   }
   if (options.num_splits < 0) {
-    core::fail(kCall, "options.num_splits (" + std::to_string(options.num_splits) +
-                          ") must be >= 0 (0 = automatic)");
+    core::fail(kDecodeCall, "options.num_splits (" + std::to_string(options.num_splits) +
+                                ") must be >= 0 (0 = automatic)");
   }
-  // ---- lengths and every block id a sequence will read ------------------------------------
+  return scale;
+}
+
+/// Only the block ids a sequence reads are checked: the rest of its row may hold anything.
+void check_block_ids(const TensorView& block_table, std::span<const std::int32_t> seq_lens,
+                     const CacheGeometry& geometry) {
   const std::int64_t block_size = geometry.block_size;
   const std::int64_t max_blocks = block_table.shape[1];
   const auto* table = static_cast<const std::int32_t*>(block_table.data);
-  for (std::int64_t b = 0; b < batch; ++b) {
+  for (std::int64_t b = 0; b < static_cast<std::int64_t>(seq_lens.size()); ++b) {
     const std::int64_t length = seq_lens[b];
     if (length < 0) {
-      core::fail(kCall, "seq_lens[" + std::to_string(b) + "] (" + std::to_string(length) +
-                            ") is negative");
+      core::fail(kDecodeCall, "seq_lens[" + std::to_string(b) + "] (" + std::to_string(length) +
+                                  ") is negative");
     }
     if (length > max_blocks * block_size) {
-      core::fail(kCall, "seq_lens[" + std::to_string(b) + "] (" + std::to_string(length) +
-                            ") exceeds its block_table row (" + std::to_string(max_blocks) +
-                            " blocks of " + std::to_string(block_size) + ")");
+      core::fail(kDecodeCall, "seq_lens[" + std::to_string(b) + "] (" + std::to_string(length) +
+                                  ") exceeds its block_table row (" + std::to_string(max_blocks) +
+                                  " blocks of " + std::to_string(block_size) + ")");
     }
     const std::int64_t used = (length + block_size - 1) / block_size;
     for (std::int64_t i = 0; i < used; ++i) {
       const std::int64_t id = table[b * block_table.strides[0] + i];
       if (id < 0 || id >= geometry.num_blocks) {
-        core::fail(kCall, "block_table[" + std::to_string(b) + "][" + std::to_string(i) + "] (" +
-                              std::to_string(id) + ") is out of range [0, " +
-                              std::to_string(geometry.num_blocks) + ")");
+        core::fail(kDecodeCall, "block_table[" + std::to_string(b) + "][" + std::to_string(i) +
+                                    "] (" + std::to_string(id) + ") is out of range [0, " +
+                                    std::to_string(geometry.num_blocks) + ")");
       }
     }
   }
-  // ---- aliasing -----------------------------------------------------------------------------
-  core::check_writable(out_arg);
-  const TensorView lengths_view = view(seq_lens.data(), {batch});
-  const Arg inputs[] = {q_nope_arg,
-                        q_rope_arg,
-                        {kCall, "cache.nope", cache.nope},
-                        {kCall, "cache.nope_scale", cache.nope_scale},
-                        {kCall, "cache.rope", cache.rope},
-                        table_arg,
-                        {kCall, "seq_lens", lengths_view}};
-  for (const Arg& input : inputs) core::check_no_overlap(out_arg, input, false);
+}
 
-  if (batch == 0 || heads == 0) return;
-  const bool out_bf16 = out.dtype == DType::bf16;
-  auto zero_output = [&](std::int64_t b) {
-    for (std::int64_t h = 0; h < heads; ++h) {
-      char* row = static_cast<char*>(out.data) +
-                  (b * out.strides[0] + h * out.strides[1]) * dtype_size(out.dtype);
-      std::memset(row, 0, kNopeDim * dtype_size(out.dtype));  // 0.0f and bf16 0 are all-zero bits
-    }
-  };
+void check_decode_aliasing(const Arg& out, const Arg& q_nope, const Arg& q_rope,
+                           const MlaPagedCache& cache, const Arg& table,
+                           std::span<const std::int32_t> seq_lens) {
+  core::check_writable(out);
+  const TensorView lengths_view =
+      view(seq_lens.data(), {static_cast<std::int64_t>(seq_lens.size())});
+  const Arg inputs[] = {q_nope,
+                        q_rope,
+                        {kDecodeCall, "cache.nope", cache.nope},
+                        {kDecodeCall, "cache.nope_scale", cache.nope_scale},
+                        {kDecodeCall, "cache.rope", cache.rope},
+                        table,
+                        {kDecodeCall, "seq_lens", lengths_view}};
+  for (const Arg& input : inputs) core::check_no_overlap(out, input, false);
+}
 
-  // ---- queries: int8 per (sequence, head), heads in lanes (padded with zeros to Hp), scales
-  // with scale * log2(e) folded in ---------------------------------------------------------
-  const std::int64_t padded_heads =
-      (heads + mla::kHeadPadding - 1) / mla::kHeadPadding * mla::kHeadPadding;
+/// q_nope as int8 per (sequence, head) and q_rope, heads in lanes (padded with zeros to
+/// padded_heads), scales with scale * log2(e) folded in; in the calling thread's scratch.
+mla::PreparedQueries prepare_queries(const TensorView& q_nope, const TensorView& q_rope,
+                                     float scale, std::int64_t padded_heads, int threads) {
+  const std::int64_t batch = q_nope.shape[0], heads = q_nope.shape[1];
   const auto padded_rows = static_cast<std::size_t>(batch * padded_heads);
   const std::size_t query_floats =
       padded_rows * (kNopeDim / 4 + kNopeDim / 2 + kScaleGroups + 1 + kRopeDim);
@@ -250,7 +259,6 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
   auto* offset_sums = reinterpret_cast<std::int32_t*>(q_pairs + padded_rows * (kNopeDim / 2));
   float* nope_factor = reinterpret_cast<float*>(offset_sums + padded_rows * kScaleGroups);
   float* rope_scaled = nope_factor + padded_rows;
-  const int threads = core::thread_count();
   mla::QueryInputs query_inputs;
   query_inputs.nope = q_nope.data;
   query_inputs.nope_bf16 = q_nope.dtype == DType::bf16;
@@ -277,13 +285,18 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
       prepare(query_inputs, prepared, first, end);
     });
   }
+  return prepared;
+}
 
+mla::MlaProblem make_problem(const MlaPagedCache& cache, const TensorView& out, std::int64_t heads,
+                             std::int64_t padded_heads, const CacheGeometry& geometry, int chunk,
+                             const mla::PreparedQueries& queries) {
   mla::MlaProblem problem;
   problem.heads = static_cast<int>(heads);
   problem.padded_heads = static_cast<int>(padded_heads);
-  problem.block_size = static_cast<int>(block_size);
+  problem.block_size = static_cast<int>(geometry.block_size);
   problem.scale_groups = static_cast<int>(geometry.groups);
-  problem.chunk = options.chunk;
+  problem.chunk = chunk;
   problem.nope = static_cast<const std::int8_t*>(cache.nope.data);
   problem.nope_strides[0] = cache.nope.strides[0];
   problem.nope_strides[1] = cache.nope.strides[1];
@@ -294,66 +307,107 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
   problem.rope_bf16 = cache.rope.dtype == DType::bf16;
   problem.rope_strides[0] = cache.rope.strides[0];
   problem.rope_strides[1] = cache.rope.strides[1];
-  problem.queries = prepared;
+  problem.queries = queries;
   problem.out = out.data;
-  problem.out_bf16 = out_bf16;
+  problem.out_bf16 = out.dtype == DType::bf16;
   problem.out_strides[0] = out.strides[0];
   problem.out_strides[1] = out.strides[1];
+  return problem;
+}
 
-  // ---- tasks: whole blocks per split; automatic splits sized by cost ----------------------
+/// Whether whole sequences would leave threads idle: the longest-first assignment of unsplit
+/// sequences (LPT) misses a perfect share by more than kImbalanceTolerance.
+bool split_needed(std::span<const std::int32_t> seq_lens, std::int64_t total_tokens, int threads) {
+  std::vector<std::int64_t> lengths(seq_lens.begin(), seq_lens.end());
+  std::sort(lengths.begin(), lengths.end(), std::greater<>());
+  std::vector<std::int64_t> loads(static_cast<std::size_t>(threads), 0);
+  for (std::int64_t length : lengths) *std::min_element(loads.begin(), loads.end()) += length;
+  const double perfect = static_cast<double>(total_tokens) / threads;
+  return static_cast<double>(*std::max_element(loads.begin(), loads.end())) >
+         perfect * kImbalanceTolerance;
+}
+
+/// KV splits of each sequence, whole blocks each (0 for an empty sequence). Automatic splits
+/// are sized by cost, and only where split_needed; one sequence splits into equal pieces that
+/// balance exactly: one per thread.
+std::vector<int> splits_per_sequence(std::span<const std::int32_t> seq_lens,
+                                     const MlaDecodeOptions& options, std::int64_t block_size,
+                                     int threads) {
+  const auto batch = static_cast<std::int64_t>(seq_lens.size());
   std::int64_t total_tokens = 0;
   for (std::int64_t b = 0; b < batch; ++b) total_tokens += seq_lens[b];
-  // Split only when whole sequences would leave threads idle: the longest-first assignment of
-  // unsplit sequences (LPT) must come within kImbalanceTolerance of a perfect share, else
-  // split by cost. One sequence splits into equal pieces that balance exactly: one per thread.
-  bool split_needed = false;
-  if (options.num_splits == 0 && threads > 1) {
-    std::vector<std::int64_t> lengths(seq_lens.begin(), seq_lens.end());
-    std::sort(lengths.begin(), lengths.end(), std::greater<>());
-    std::vector<std::int64_t> loads(static_cast<std::size_t>(threads), 0);
-    for (std::int64_t length : lengths) *std::min_element(loads.begin(), loads.end()) += length;
-    const double perfect = static_cast<double>(total_tokens) / threads;
-    split_needed = static_cast<double>(*std::max_element(loads.begin(), loads.end())) >
-                   perfect * kImbalanceTolerance;
-  }
+  const bool split =
+      options.num_splits == 0 && threads > 1 && split_needed(seq_lens, total_tokens, threads);
   const std::int64_t target_tasks = threads * (batch == 1 ? 1 : kTasksPerThread);
   const std::int64_t split_tokens =
       std::max<std::int64_t>(block_size, (total_tokens + target_tasks - 1) / target_tasks);
   std::vector<int> splits_of(batch, 0);
-  std::int64_t partial_splits = 0;
   for (std::int64_t b = 0; b < batch; ++b) {
     const std::int64_t blocks = (seq_lens[b] + block_size - 1) / block_size;
     if (blocks == 0) continue;
     std::int64_t splits = 1;
     if (options.num_splits > 0) {
       splits = std::min<std::int64_t>(options.num_splits, blocks);
-    } else if (split_needed) {
+    } else if (split) {
       splits = std::clamp<std::int64_t>((seq_lens[b] + split_tokens - 1) / split_tokens, 1, blocks);
     }
     splits_of[b] = static_cast<int>(splits);
+  }
+  return splits_of;
+}
+
+/// The tasks of one call and the partial results of its split sequences, which the merge
+/// reads. Tasks point into `schedules` and the partial buffers.
+struct DecodeTasks {
+  std::vector<int> splits_of;                   ///< per sequence; 1 writes out directly
+  float* partial_out = nullptr;                 ///< [partial splits][H][512]
+  float* partial_lse = nullptr;                 ///< [partial splits][H]
+  std::vector<mla::MlaTask> tasks;              ///< longest first, for the dynamic hand-out
+  std::vector<std::int64_t> partial_base;       ///< first partial split of each sequence
+  std::map<int, schedule::Schedule> schedules;  ///< by block count
+};
+
+void allocate_partials(DecodeTasks& plan, std::int64_t heads) {
+  std::int64_t partial_splits = 0;
+  for (const int splits : plan.splits_of) {
     if (splits > 1) partial_splits += splits;
   }
-  float* partial_out = core::thread_scratch<float>(core::ScratchUse::mla_partials,
-                                                   partial_splits * heads * (kNopeDim + 1));
-  float* partial_lse = partial_out + partial_splits * heads * kNopeDim;
-  std::vector<mla::MlaTask> tasks;
-  std::vector<std::int64_t> partial_base(batch, 0);  // first partial split of each sequence
-  std::map<int, schedule::Schedule> schedules;       // by block count
+  plan.partial_out = core::thread_scratch<float>(core::ScratchUse::mla_partials,
+                                                 partial_splits * heads * (kNopeDim + 1));
+  plan.partial_lse = plan.partial_out + partial_splits * heads * kNopeDim;
+}
+
+/// An empty sequence gets no task, so its zeros are written here.
+void zero_output(const TensorView& out, std::int64_t b, std::int64_t heads) {
+  for (std::int64_t h = 0; h < heads; ++h) {
+    char* row = static_cast<char*>(out.data) +
+                (b * out.strides[0] + h * out.strides[1]) * dtype_size(out.dtype);
+    std::memset(row, 0, kNopeDim * dtype_size(out.dtype));  // 0.0f and bf16 0 are all-zero bits
+  }
+}
+
+/// One task per split of each sequence, whole blocks each.
+void add_tasks(DecodeTasks& plan, std::span<const std::int32_t> seq_lens,
+               const TensorView& block_table, std::int64_t block_size, std::int64_t heads,
+               int chunk, const TensorView& out) {
+  const auto* table = static_cast<const std::int32_t*>(block_table.data);
+  const auto batch = static_cast<std::int64_t>(seq_lens.size());
+  plan.partial_base.assign(static_cast<std::size_t>(batch), 0);
   std::int64_t next_partial = 0;
   for (std::int64_t b = 0; b < batch; ++b) {
-    const int splits = splits_of[b];
+    const int splits = plan.splits_of[b];
     if (splits == 0) {
-      zero_output(b);
+      zero_output(out, b, heads);
       continue;
     }
-    partial_base[b] = next_partial;
+    plan.partial_base[b] = next_partial;
     const std::int64_t blocks = (seq_lens[b] + block_size - 1) / block_size;
     for (int s = 0; s < splits; ++s) {
       const auto [first_block, end_block] = schedule::split_blocks(blocks, splits, s);
       const int count = static_cast<int>(end_block - first_block);
-      auto found = schedules.find(count);
-      if (found == schedules.end()) {
-        found = schedules.emplace(count, schedule::make_schedule(count, options.chunk)).first;
+      auto found = plan.schedules.find(count);
+      if (found == plan.schedules.end()) {
+        found = plan.schedules.emplace(count, schedule::make_schedule(count, chunk)).first;
       }
       mla::MlaTask task;
       task.sequence = static_cast<int>(b);
@@ -365,28 +419,31 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
       task.order = found->second.cube.data();
       task.order_size = static_cast<int>(found->second.cube.size());
       if (splits > 1) {
-        task.partial_out = partial_out + (next_partial + s) * heads * kNopeDim;
-        task.partial_lse = partial_lse + (next_partial + s) * heads;
+        task.partial_out = plan.partial_out + (next_partial + s) * heads * kNopeDim;
+        task.partial_lse = plan.partial_lse + (next_partial + s) * heads;
       }
-      tasks.push_back(task);
+      plan.tasks.push_back(task);
     }
     if (splits > 1) next_partial += splits;
   }
-  // Longest first, for the dynamic hand-out.
+}
+
+/// For the dynamic hand-out: the short tasks left for the tail balance the threads.
+void order_longest_first(std::vector<mla::MlaTask>& tasks) {
   std::vector<double> task_tokens;
   for (const mla::MlaTask& task : tasks) task_tokens.push_back(task.end_token - task.first_token);
   std::vector<mla::MlaTask> ordered;
   for (std::int64_t index : schedule::longest_first(task_tokens)) ordered.push_back(tasks[index]);
   tasks = std::move(ordered);
+}
 
+void run_tasks(const mla::MlaProblem& problem, std::span<const mla::MlaTask> tasks, int threads) {
   static const core::IsaTable<TaskKernel> kTaskKernels = DITOPS_ISA_TABLE(mla::mla_decode_task);
-  static const core::IsaTable<MergeKernel> kMergeKernels = DITOPS_ISA_TABLE(mla::mla_merge_splits);
   const TaskKernel task_kernel = kTaskKernels.get();
-  const MergeKernel merge_kernel = kMergeKernels.get();
   const int workers = static_cast<int>(std::min<std::int64_t>(threads, tasks.size()));
   const WorkspaceLayout layout(
-      static_cast<std::size_t>(heads), static_cast<std::size_t>(padded_heads),
-      static_cast<std::size_t>(block_size), static_cast<std::size_t>(options.chunk));
+      static_cast<std::size_t>(problem.heads), static_cast<std::size_t>(problem.padded_heads),
+      static_cast<std::size_t>(problem.block_size), static_cast<std::size_t>(problem.chunk));
   float* workspace = core::thread_scratch<float>(
       core::ScratchUse::mla_workspace,
       core::CheckedSize(static_cast<std::int64_t>(layout.total)) * std::max(workers, 1));
@@ -394,10 +451,16 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
       static_cast<std::int64_t>(tasks.size()), workers, [&](std::int64_t index, int thread) {
         task_kernel(problem, tasks[index], layout.at(workspace + thread * layout.total));
       });
-  // Merge in units of (sequence, 16 heads), so one long sequence merges on every thread.
+}
+
+/// Merges in units of (sequence, 16 heads), so one long sequence merges on every thread.
+void merge_partials(const mla::MlaProblem& problem, const DecodeTasks& plan, int threads) {
+  static const core::IsaTable<MergeKernel> kMergeKernels = DITOPS_ISA_TABLE(mla::mla_merge_splits);
+  const MergeKernel merge_kernel = kMergeKernels.get();
+  const std::int64_t heads = problem.heads;
   std::vector<int> merged;
-  for (std::int64_t b = 0; b < batch; ++b) {
-    if (splits_of[b] > 1) merged.push_back(static_cast<int>(b));
+  for (std::size_t b = 0; b < plan.splits_of.size(); ++b) {
+    if (plan.splits_of[b] > 1) merged.push_back(static_cast<int>(b));
   }
   const std::int64_t head_units = (heads + mla::kHeadPadding - 1) / mla::kHeadPadding;
   core::parallel_ranges(
@@ -405,12 +468,49 @@ void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
       [&](std::int64_t begin, std::int64_t end, int) {
         for (std::int64_t unit = begin; unit < end; ++unit) {
           const int b = merged[unit / head_units];
+          const std::int64_t base = plan.partial_base[b];
           const int first_head = static_cast<int>(unit % head_units) * mla::kHeadPadding;
-          merge_kernel(problem, b, splits_of[b], partial_out + partial_base[b] * heads * kNopeDim,
-                       partial_lse + partial_base[b] * heads, first_head,
+          merge_kernel(problem, b, plan.splits_of[b], plan.partial_out + base * heads * kNopeDim,
+                       plan.partial_lse + base * heads, first_head,
                        std::min<int>(first_head + mla::kHeadPadding, static_cast<int>(heads)));
         }
       });
+}
+
+}  // namespace
+
+void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
+                      const MlaPagedCache& cache, const TensorView& block_table,
+                      std::span<const std::int32_t> seq_lens, const TensorView& out,
+                      const MlaDecodeOptions& options) {
+  constexpr const char* kCall = kDecodeCall;
+  const core::CallScope scope(kCall);
+  const Arg q_nope_arg{kCall, "q_nope", q_nope}, q_rope_arg{kCall, "q_rope", q_rope},
+      table_arg{kCall, "block_table", block_table}, out_arg{kCall, "out", out};
+  // Every check runs before any memory is touched (the promise of ditops::Error).
+  const DecodeShape shape =
+      check_decode_shapes(q_nope_arg, q_rope_arg, cache, table_arg, seq_lens, out_arg);
+  const float scale = check_decode_options(options);
+  check_block_ids(block_table, seq_lens, shape.geometry);
+  check_decode_aliasing(out_arg, q_nope_arg, q_rope_arg, cache, table_arg, seq_lens);
+  const std::int64_t batch = shape.batch, heads = shape.heads;
+  if (batch == 0 || heads == 0) return;
+
+  const std::int64_t padded_heads =
+      (heads + mla::kHeadPadding - 1) / mla::kHeadPadding * mla::kHeadPadding;
+  const int threads = core::thread_count();
+  const mla::PreparedQueries queries =
+      prepare_queries(q_nope, q_rope, scale, padded_heads, threads);
+  const mla::MlaProblem problem =
+      make_problem(cache, out, heads, padded_heads, shape.geometry, options.chunk, queries);
+  const std::int64_t block_size = shape.geometry.block_size;
+  DecodeTasks plan;
+  plan.splits_of = splits_per_sequence(seq_lens, options, block_size, threads);
+  allocate_partials(plan, heads);
+  add_tasks(plan, seq_lens, block_table, block_size, heads, options.chunk, out);
+  order_longest_first(plan.tasks);
+  run_tasks(problem, plan.tasks, threads);
+  merge_partials(problem, plan, threads);
 }
 
 void mla_fill_cache(const TensorView& latent, const TensorView& slots, const MlaPagedCache& cache) {

@@ -118,6 +118,141 @@ void convert_block(const MlaProblem& p, const BlockRows& rows, const MlaWorkspac
   }
 }
 
+// score_tile's phases: each is called once per tile shape, so the compiler inlines it and the
+// tile's accumulators stay in registers. [[gnu::always_inline]] changed the inliner's other
+// choices in the task instead, and its key conversion loop ran 30 % slower at avx512bw (Zen 4).
+
+/// Stores S_rope of the tile (fp32): the nope groups then add into these scores.
+template <class Arch, int kTokens, int kVectors>
+inline void rope_scores(const PreparedQueries& q, int hp, int head0, int token0,
+                        const MlaWorkspace& ws, float* tile) noexcept {
+  using B = F32<Arch>;
+  constexpr int kLanes = static_cast<int>(B::size);
+  B score[kTokens][kVectors];
+#pragma GCC unroll 16
+  for (int t = 0; t < kTokens; ++t) {
+#pragma GCC unroll 16
+    for (int v = 0; v < kVectors; ++v) score[t][v] = B(0.f);
+  }
+  for (int d = 0; d < kRopeDim; ++d) {
+    B query[kVectors];
+#pragma GCC unroll 16
+    for (int v = 0; v < kVectors; ++v) {
+      query[v] = B::load_unaligned(q.rope + d * hp + head0 + v * kLanes);
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < kTokens; ++t) {
+      const B key(ws.rope_pack[(token0 + t) * kRopeDim + d]);
+#pragma GCC unroll 16
+      for (int v = 0; v < kVectors; ++v)
+        score[t][v] = simd::fmadd<Arch>(query[v], key, score[t][v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int t = 0; t < kTokens; ++t) {
+#pragma GCC unroll 16
+    for (int v = 0; v < kVectors; ++v) score[t][v].store_unaligned(tile + t * hp + v * kLanes);
+  }
+}
+
+template <class Arch, int kTokens, int kVectors>
+using NopeSums = typename I32<Arch>::register_type[kTokens][kVectors];
+
+/// Exact int32 S_nope of group g from key bytes: VNNI's u8 keys times s8 queries less the
+/// offset sums, or pmaddubsw's |k| times q carrying k's sign.
+template <class Arch, int kTokens, int kVectors>
+inline void nope_sums_bytes(const MlaProblem& p, const PreparedQueries& q, int head0, int token0,
+                            int g, const BlockRows& rows, const MlaWorkspace& ws,
+                            NopeSums<Arch, kTokens, kVectors>& acc) noexcept {
+  using I = I32<Arch>;
+  using Reg = typename I::register_type;
+  constexpr int kLanes = static_cast<int>(F32<Arch>::size);
+  const int hp = p.padded_heads;
+  constexpr int kWords = kGroupDim / 4;
+  for (int word = g * kWords; word < (g + 1) * kWords; ++word) {
+    Reg query[kVectors];
+#pragma GCC unroll 16
+    for (int v = 0; v < kVectors; ++v) {
+      query[v] = I::load_unaligned(reinterpret_cast<const std::int32_t*>(q.nope_words) + word * hp +
+                                   head0 + v * kLanes);
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < kTokens; ++t) {
+      const Reg key =
+          I(static_cast<std::int32_t>(ws.key_pack[(token0 + t) * (kNopeDim / 4) + word]));
+      if constexpr (simd::kHasBf16Vnni<Arch>) {
+#pragma GCC unroll 16
+        for (int v = 0; v < kVectors; ++v) {
+          acc[t][v] = simd::dot_u8s8<Arch>(acc[t][v], key, query[v]);
+        }
+      } else {  // key holds |k|; k's signs come from the cache row
+        const Reg signs = I(load_word(rows.nope + (token0 + t) * p.nope_strides[1] + 4 * word));
+#pragma GCC unroll 16
+        for (int v = 0; v < kVectors; ++v) {
+          acc[t][v] = simd::dot_s8s8<Arch>(acc[t][v], key, signs, query[v]);
+        }
+      }
+    }
+  }
+  if constexpr (simd::kHasBf16Vnni<Arch>) {
+#pragma GCC unroll 16
+    for (int v = 0; v < kVectors; ++v) {
+      const I offset = I::load_unaligned(q.offset_sums + g * hp + head0 + v * kLanes);
+#pragma GCC unroll 16
+      for (int t = 0; t < kTokens; ++t) acc[t][v] = I(acc[t][v]) - offset;
+    }
+  }
+}
+
+/// Exact int32 S_nope of group g from int16 pairs (pmaddwd), where no byte dot product exists.
+template <class Arch, int kTokens, int kVectors>
+inline void nope_sums_pairs(const PreparedQueries& q, int hp, int head0, int token0, int g,
+                            const MlaWorkspace& ws,
+                            NopeSums<Arch, kTokens, kVectors>& acc) noexcept {
+  using I = I32<Arch>;
+  constexpr int kLanes = static_cast<int>(F32<Arch>::size);
+  constexpr int kWords = kGroupDim / 2;
+  for (int word = g * kWords; word < (g + 1) * kWords; ++word) {
+    I query[kVectors];
+#pragma GCC unroll 16
+    for (int v = 0; v < kVectors; ++v) {
+      query[v] = I::load_unaligned(
+          reinterpret_cast<const std::int32_t*>(q.nope_pairs + word * hp + head0 + v * kLanes));
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < kTokens; ++t) {
+      const I key(static_cast<std::int32_t>(ws.key_pack[(token0 + t) * (kNopeDim / 2) + word]));
+#pragma GCC unroll 16
+      for (int v = 0; v < kVectors; ++v) {
+        acc[t][v] = I(acc[t][v]) + simd::madd_int16<Arch>(query[v], key);
+      }
+    }
+  }
+}
+
+/// Adds group g's int32 sums, dequantized with q scale * k scale(g), to the tile's scores.
+template <class Arch, int kTokens, int kVectors>
+inline void add_nope_scores(const MlaProblem& p, const PreparedQueries& q, int head0, int token0,
+                            int g, const BlockRows& rows,
+                            const NopeSums<Arch, kTokens, kVectors>& acc, float* tile) noexcept {
+  using B = F32<Arch>;
+  using I = I32<Arch>;
+  constexpr int kLanes = static_cast<int>(B::size);
+  const int hp = p.padded_heads;
+#pragma GCC unroll 16
+  for (int t = 0; t < kTokens; ++t) {
+    const B key_scale(
+        rows.scale[(token0 + t) * p.scale_strides[1] + (p.scale_groups == 1 ? 0 : g)]);
+#pragma GCC unroll 16
+    for (int v = 0; v < kVectors; ++v) {
+      const B factor = B::load_unaligned(q.nope_factor + head0 + v * kLanes) * key_scale;
+      float* at = tile + t * hp + v * kLanes;
+      simd::fmadd<Arch>(xsimd::to_float(I(acc[t][v])), factor, B::load_unaligned(at))
+          .store_unaligned(at);
+    }
+  }
+}
+
 /// Base-2 scores of kTokens tokens x kVectors vectors of heads (heads in lanes: each score
 /// row of a token is a few vectors, and the softmax over tokens is vertical).
 /// scores: [token][padded_heads]. S_rope is written first; each 128-value group's exact int32
@@ -126,114 +261,25 @@ void convert_block(const MlaProblem& p, const BlockRows& rows, const MlaWorkspac
 template <class Arch, int kTokens, int kVectors>
 inline void score_tile(const MlaProblem& p, const PreparedQueries& q, int vector0, int token0,
                        const BlockRows& rows, const MlaWorkspace& ws, float* scores) noexcept {
-  using B = F32<Arch>;
   using I = I32<Arch>;
-  constexpr int kLanes = static_cast<int>(B::size);
+  constexpr int kLanes = static_cast<int>(F32<Arch>::size);
   const int hp = p.padded_heads;
   const int head0 = vector0 * kLanes;
   float* tile = scores + token0 * hp + head0;
-  {  // S_rope in fp32.
-    B score[kTokens][kVectors];
-#pragma GCC unroll 16
-    for (int t = 0; t < kTokens; ++t) {
-#pragma GCC unroll 16
-      for (int v = 0; v < kVectors; ++v) score[t][v] = B(0.f);
-    }
-    for (int d = 0; d < kRopeDim; ++d) {
-      B query[kVectors];
-#pragma GCC unroll 16
-      for (int v = 0; v < kVectors; ++v) {
-        query[v] = B::load_unaligned(q.rope + d * hp + head0 + v * kLanes);
-      }
-#pragma GCC unroll 16
-      for (int t = 0; t < kTokens; ++t) {
-        const B key(ws.rope_pack[(token0 + t) * kRopeDim + d]);
-#pragma GCC unroll 16
-        for (int v = 0; v < kVectors; ++v)
-          score[t][v] = simd::fmadd<Arch>(query[v], key, score[t][v]);
-      }
-    }
-#pragma GCC unroll 16
-    for (int t = 0; t < kTokens; ++t) {
-#pragma GCC unroll 16
-      for (int v = 0; v < kVectors; ++v) score[t][v].store_unaligned(tile + t * hp + v * kLanes);
-    }
-  }
-  // S_nope: exact int32 per 128-value group, dequantized with q scale * k scale(group).
+  rope_scores<Arch, kTokens, kVectors>(q, hp, head0, token0, ws, tile);
   for (int g = 0; g < kScaleGroups; ++g) {
-    using Reg = typename I::register_type;
-    Reg acc[kTokens][kVectors];
+    NopeSums<Arch, kTokens, kVectors> acc;
 #pragma GCC unroll 16
     for (int t = 0; t < kTokens; ++t) {
 #pragma GCC unroll 16
       for (int v = 0; v < kVectors; ++v) acc[t][v] = I(0);
     }
     if constexpr (simd::kHasBf16Vnni<Arch> || simd::kHasMaddubs<Arch>) {
-      constexpr int kWords = kGroupDim / 4;
-      for (int word = g * kWords; word < (g + 1) * kWords; ++word) {
-        Reg query[kVectors];
-#pragma GCC unroll 16
-        for (int v = 0; v < kVectors; ++v) {
-          query[v] = I::load_unaligned(reinterpret_cast<const std::int32_t*>(q.nope_words) +
-                                       word * hp + head0 + v * kLanes);
-        }
-#pragma GCC unroll 16
-        for (int t = 0; t < kTokens; ++t) {
-          const Reg key =
-              I(static_cast<std::int32_t>(ws.key_pack[(token0 + t) * (kNopeDim / 4) + word]));
-          if constexpr (simd::kHasBf16Vnni<Arch>) {
-#pragma GCC unroll 16
-            for (int v = 0; v < kVectors; ++v) {
-              acc[t][v] = simd::dot_u8s8<Arch>(acc[t][v], key, query[v]);
-            }
-          } else {  // key holds |k|; k's signs come from the cache row
-            const Reg signs = I(load_word(rows.nope + (token0 + t) * p.nope_strides[1] + 4 * word));
-#pragma GCC unroll 16
-            for (int v = 0; v < kVectors; ++v) {
-              acc[t][v] = simd::dot_s8s8<Arch>(acc[t][v], key, signs, query[v]);
-            }
-          }
-        }
-      }
-      if constexpr (simd::kHasBf16Vnni<Arch>) {
-#pragma GCC unroll 16
-        for (int v = 0; v < kVectors; ++v) {
-          const I offset = I::load_unaligned(q.offset_sums + g * hp + head0 + v * kLanes);
-#pragma GCC unroll 16
-          for (int t = 0; t < kTokens; ++t) acc[t][v] = I(acc[t][v]) - offset;
-        }
-      }
+      nope_sums_bytes<Arch, kTokens, kVectors>(p, q, head0, token0, g, rows, ws, acc);
     } else {
-      constexpr int kWords = kGroupDim / 2;
-      for (int word = g * kWords; word < (g + 1) * kWords; ++word) {
-        I query[kVectors];
-#pragma GCC unroll 16
-        for (int v = 0; v < kVectors; ++v) {
-          query[v] = I::load_unaligned(
-              reinterpret_cast<const std::int32_t*>(q.nope_pairs + word * hp + head0 + v * kLanes));
-        }
-#pragma GCC unroll 16
-        for (int t = 0; t < kTokens; ++t) {
-          const I key(static_cast<std::int32_t>(ws.key_pack[(token0 + t) * (kNopeDim / 2) + word]));
-#pragma GCC unroll 16
-          for (int v = 0; v < kVectors; ++v) {
-            acc[t][v] = I(acc[t][v]) + simd::madd_int16<Arch>(query[v], key);
-          }
-        }
-      }
+      nope_sums_pairs<Arch, kTokens, kVectors>(q, hp, head0, token0, g, ws, acc);
     }
-#pragma GCC unroll 16
-    for (int t = 0; t < kTokens; ++t) {
-      const B key_scale(
-          rows.scale[(token0 + t) * p.scale_strides[1] + (p.scale_groups == 1 ? 0 : g)]);
-#pragma GCC unroll 16
-      for (int v = 0; v < kVectors; ++v) {
-        const B factor = B::load_unaligned(q.nope_factor + head0 + v * kLanes) * key_scale;
-        float* at = tile + t * hp + v * kLanes;
-        simd::fmadd<Arch>(xsimd::to_float(I(acc[t][v])), factor, B::load_unaligned(at))
-            .store_unaligned(at);
-      }
-    }
+    add_nope_scores<Arch, kTokens, kVectors>(p, q, head0, token0, g, rows, acc, tile);
   }
 }
 
