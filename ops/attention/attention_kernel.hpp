@@ -34,6 +34,11 @@ inline constexpr int kMaxRowGroup = 16;
 /// peak with 64-float V rows).
 inline constexpr std::int64_t kPanel = 16;
 
+/// `value` rounded up to a multiple of `multiple`.
+inline constexpr std::int64_t round_up(std::int64_t value, std::int64_t multiple) noexcept {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
 /// KV blocks covering `keys` keys.
 inline constexpr std::int64_t blocks_of(std::int64_t keys) noexcept {
   return (keys + kKvBlock - 1) / kKvBlock;
@@ -98,22 +103,6 @@ struct FlashProblem {
   Strides lse_strides;   ///< batch, seq (= query position), head
   float scale_log2 = 0;  ///< softmax scale times log2(e): scores live in the log2 domain
   bool causal = false;
-  // Tiles (chosen by the tuner or the defaults).
-  KLayout k_layout = KLayout::packed;
-  int row_group = kMaxRowGroup;  ///< micro-tiles per row group (1..kMaxRowGroup)
-  bool bf16_dot = false;         ///< flash_bf16: Q·K^T and P·V with bf16 dot products
-  // Per-call packed operands (KLayout::packed), per block of kKvBlock keys: K^T as
-  // [kKvBlock / kPanel][dk][kPanel] floats (zero padded past the sequence end) starting at
-  // k_packed + k_packed_offset[seq * kv_heads + h]; V as fp32 when v_packed is set (prefill):
-  // [dv_padded / kPanel][kKvBlock][kPanel] floats; with bf16_dot, V as bf16 key pairs
-  // (packed_v_pair_offset) in v_packed_bf16 instead, at the same element offsets.
-  const float* k_packed = nullptr;
-  /// bf16_dot: K^T as [dk_padded / 2][kKvBlock][2] bf16 words per block (pairs of d per key).
-  const std::uint16_t* k_packed_bf16 = nullptr;
-  const std::int64_t* k_packed_offset = nullptr;
-  const float* v_packed = nullptr;
-  const std::uint16_t* v_packed_bf16 = nullptr;
-  const std::int64_t* v_packed_offset = nullptr;
   std::int64_t dv_padded = 0;  ///< dv rounded up to 16
   // Token orders and row windows (block-sparse attention; null/0 for dense calls). A task's
   // query position pos is the sequence's query q_order[pos]; packed key position j holds key
@@ -124,6 +113,37 @@ struct FlashProblem {
   const std::int32_t* k_order = nullptr;
   const std::int32_t* row_window = nullptr;
   std::int64_t sink_end = 0;
+};
+
+/// How a run walks a problem: chosen per call by its backend (forced, cached or tuned), never
+/// part of the validated problem.
+struct FlashTiles {
+  KLayout k_layout = KLayout::packed;
+  int row_group = kMaxRowGroup;  ///< micro-tiles per row group (1..kMaxRowGroup)
+  bool bf16_dot = false;         ///< flash_bf16: Q·K^T and P·V with bf16 dot products
+};
+
+/// K and V packed once per call (KLayout::packed; packing.hpp makes them), per block of kKvBlock
+/// keys: K^T as [kKvBlock / kPanel][dk][kPanel] floats (zero padded past the sequence end)
+/// starting at k + k_offset[seq * kv_heads + h]; V as fp32 when v is set (prefill):
+/// [dv_padded / kPanel][kKvBlock][kPanel] floats; with bf16_dot, V as bf16 key pairs
+/// (packed_v_pair_offset) in v_bf16 instead, at the same element offsets. All null when K is
+/// read in place.
+struct PackedView {
+  const float* k = nullptr;
+  /// bf16_dot: K^T as [dk_padded / 2][kKvBlock][2] bf16 words per block (pairs of d per key).
+  const std::uint16_t* k_bf16 = nullptr;
+  const std::int64_t* k_offset = nullptr;
+  const float* v = nullptr;
+  const std::uint16_t* v_bf16 = nullptr;
+  const std::int64_t* v_offset = nullptr;
+};
+
+/// What a kernel task reads: the validated problem, the run's tiles and the packed operands.
+struct FlashRun {
+  const FlashProblem& problem;
+  FlashTiles tiles;
+  PackedView packed;
 };
 
 /// Query rows [q_begin, q_end) of sequence `seq` for every query head of KV head `kv_head`,
@@ -174,7 +194,7 @@ inline std::int64_t flash_scratch_floats(const FlashProblem& p) noexcept {
 /// Runs one task; scratch: flash_scratch_floats() floats, 64-byte aligned, private to the
 /// calling thread. Defined per ISA in flash_kernel.cpp.
 template <class Arch>
-void flash_task(const FlashProblem& problem, const FlashTask& task, float* scratch) noexcept;
+void flash_task(const FlashRun& run, const FlashTask& task, float* scratch) noexcept;
 
 /// Writes the rows of `task` (a task without partials) from its `splits` split-KV partials:
 /// partial_out [splits][rows][dv_padded] and partial_lse [splits][rows] (rows = the task's heads

@@ -6,7 +6,9 @@
 #include <limits>
 
 #include "ops/attention/attention_kernel.hpp"
+#include "ops/attention/flash_driver.hpp"
 #include "ops/attention/int8.hpp"
+#include "ops/attention/reference.hpp"
 #include "ops/attention/tuning_slice.hpp"
 #include "ops/sparse/block_sparse.hpp"
 
@@ -42,12 +44,12 @@ std::vector<Config> flash_configs(const Call& call, AttentionBackend backend) {
 }
 
 void run_flash_config(const Call& call, const Config& config, int threads) {
-  FlashProblem p = call.problem;
-  p.k_layout = config.k_packed ? KLayout::packed : KLayout::direct;
-  p.row_group = config.row_group;
-  p.bf16_dot =
+  FlashTiles tiles;
+  tiles.k_layout = config.k_packed ? KLayout::packed : KLayout::direct;
+  tiles.row_group = config.row_group;
+  tiles.bf16_dot =
       config.backend == AttentionBackend::flash_bf16 && config.k_packed && bf16_dot_available();
-  run_flash(p, threads);
+  run_flash(call.problem, tiles, threads);
 }
 
 std::string describe_config(const Call&, const Config& config) { return config.describe(); }
@@ -99,15 +101,11 @@ const Backend kInt8{AttentionBackend::int8,
                     [](const Call&) { return std::vector<Config>{}; },
                     [](const Call& call) { return default_config(call, AttentionBackend::int8); },
                     [](const Call& call, const Config&, int threads) {
-                      FlashProblem p = call.problem;
-                      // Row groups shrink as the chunk grows so the S and P of one chunk (chunk x
-                      // rows x 64 keys x 5 bytes, ~30 KiB) stay in L1 next to a K and a V block.
-                      p.row_group = kMaxRowGroup / call.int8_chunk;
-                      run_flash(p, threads, call.int8_chunk);
+                      run_flash(call.problem, FlashTiles{}, threads, call.int8_chunk);
                     },
                     [](const Call& call, const Config&) {
                       return "int8 chunk=" + std::to_string(call.int8_chunk) +
-                             " row_group=" + std::to_string(kMaxRowGroup / call.int8_chunk) +
+                             " row_group=" + std::to_string(int8_row_group(call.int8_chunk)) +
                              (smooth_keys() ? " smooth_k" : " smooth_k=off");
                     }};
 

@@ -1,12 +1,11 @@
 #pragma once
 // What every attention-like entry shares (dense, varlen, block-sparse, RainFusion): one
-// validated call (the kernel problem, the scale, the tuner key) and one runner of flash tasks,
-// so a new family states its tasks instead of copying the plan.
+// validated call (the kernel problem, the scale, the tuner key), built once by validate_dense or
+// validate_varlen (validate.cpp) and read, never written, by every later stage.
 
 #include <ditops/attention.hpp>
 #include <span>
 #include <string>
-#include <vector>
 
 #include "ops/attention/attention_kernel.hpp"
 
@@ -38,21 +37,5 @@ Call validate_dense(const char* name, const TensorView& q, const TensorView& k, 
 Call validate_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                      std::span<const std::int32_t> cu_q, std::span<const std::int32_t> cu_k,
                      const TensorView& out, const VarlenOptions& options);
-
-/// Runs `tasks` (with `cost`, one estimate per task, for the order) on the thread team with the
-/// flash kernel of the active ISA: packs K and V once (in p.k_order when set), hands the tasks
-/// out most expensive first, grouped by KV head. With int8_chunk > 0, prepares the int8
-/// operands and runs the int8 kernel instead.
-void run_flash_tasks(FlashProblem p, const std::vector<FlashTask>& tasks,
-                     const std::vector<double>& cost, int threads, int int8_chunk = 0);
-
-/// Runs a dense or varlen problem with the flash kernel (or with int8_chunk > 0 the int8
-/// kernel): tasks of ~96 query rows per (sequence, KV head), split over the KV range when too
-/// few to occupy the threads, the splits merged by their LSE.
-void run_flash(const FlashProblem& p, int threads, int int8_chunk = 0);
-
-/// The oracle: per (sequence, head, block of 128 query rows) the fp32 scores are materialized
-/// by an Eigen GEMM, masked, soft-maxed (std::exp) and multiplied by V.
-void run_reference(const FlashProblem& p, float scale, int threads);
 
 }  // namespace ditops::attention

@@ -186,8 +186,10 @@ class TaskRunner {
   static constexpr int R = Tl::kRows, L = Tl::kLanes, BV = Tl::kBlockVecs, SV = Tl::kStepVecs;
 
  public:
-  TaskRunner(const FlashProblem& p, const FlashTask& task, float* scratch) noexcept
-      : p_(p), task_(task), seq_(sequence_of(p, task.seq)) {
+  TaskRunner(const FlashRun& run, const FlashTask& task, float* scratch) noexcept
+      : p_(run.problem), tiles_(run.tiles), task_(task), seq_(sequence_of(p_, task.seq)) {
+    const FlashProblem& p = p_;
+    const PackedView& packed = run.packed;
     dk_padded_ = (p.dk + 31) / 32 * 32;
     const std::int64_t rows = kMaxRowGroup * kMaxTileRows;
     q_tile_ = scratch;
@@ -207,27 +209,27 @@ class TaskRunner {
       k_base_ = static_cast<const T*>(p.k) + task.seq * p.k_strides.batch +
                 seq_.k_row0 * p.k_strides.seq + kh * p.k_strides.head;
     }
-    if (p.v_packed_bf16) {
-      v_bf16_ = p.v_packed_bf16 + p.v_packed_offset[task.seq * p.kv_heads + kh];
-    } else if (p.v_packed) {
-      v_packed_ = p.v_packed + p.v_packed_offset[task.seq * p.kv_heads + kh];
+    if (packed.v_bf16) {
+      v_bf16_ = packed.v_bf16 + packed.v_offset[task.seq * p.kv_heads + kh];
+    } else if (packed.v) {
+      v_packed_ = packed.v + packed.v_offset[task.seq * p.kv_heads + kh];
     } else if (p.v != nullptr) {
       v_base_ = static_cast<const T*>(p.v) + task.seq * p.v_strides.batch +
                 seq_.k_row0 * p.v_strides.seq + kh * p.v_strides.head;
     }
-    if (p.k_layout == KLayout::packed) {
-      const std::int64_t offset = p.k_packed_offset[task.seq * p.kv_heads + kh];
-      if (p.bf16_dot) {
-        kt_bf16_ = p.k_packed_bf16 + offset;
+    if (tiles_.k_layout == KLayout::packed) {
+      const std::int64_t offset = packed.k_offset[task.seq * p.kv_heads + kh];
+      if (tiles_.bf16_dot) {
+        kt_bf16_ = packed.k_bf16 + offset;
       } else {
-        kt_ = p.k_packed + offset;
+        kt_ = packed.k + offset;
       }
     }
   }
 
   void run() noexcept {
     const std::int64_t total = heads_ * rows_per_head_;
-    const std::int64_t rows_per_group = static_cast<std::int64_t>(p_.row_group) * R;
+    const std::int64_t rows_per_group = static_cast<std::int64_t>(tiles_.row_group) * R;
     for (std::int64_t first = 0; first < total; first += rows_per_group) {
       run_group(first, std::min(total, first + rows_per_group));
     }
@@ -286,7 +288,7 @@ class TaskRunner {
         value.store_aligned(q_row + d);
       }
     }
-    if (p_.bf16_dot) convert_q_to_bf16(tiles);
+    if (tiles_.bf16_dot) convert_q_to_bf16(tiles);
     // Per KV block, Q·K^T and the softmax for every micro-tile first, then P·V for every
     // micro-tile: the K^T block (32 KiB at Dk = 128) and then the V block stay in L1 (48 KiB)
     // or L2 across the micro-tiles, where interleaving them per tile re-read both from L2 (L3).
@@ -301,7 +303,7 @@ class TaskRunner {
     // Steps of kStepBlocks blocks for flash_bf16 only: fp32 V of 128 keys is 32 KiB per P·V
     // column pass, which did not stay in a 32 KiB L1d across the micro-tiles (its P·V loop ran
     // 9 % slower, eating what the step saved); bf16 V is 16 KiB.
-    const int step_blocks = p_.bf16_dot ? kStepBlocks : 1;
+    const int step_blocks = tiles_.bf16_dot ? kStepBlocks : 1;
     for (std::int64_t i = 0; i < walk; i += step_blocks) {
       Step step;
       for (; step.count < step_blocks && i + step.count < walk; ++step.count) {
@@ -316,7 +318,7 @@ class TaskRunner {
       std::int64_t tile_keys[kStepBlocks][kMaxRowGroup];
       const std::int64_t next_end = std::min(walk, i + 2 * step_blocks);
       for (int t = 0; t < tiles; ++t) {
-        if (p_.k_layout == KLayout::packed) {
+        if (tiles_.k_layout == KLayout::packed) {
           for (std::int64_t n = i + step_blocks; n < next_end && block_at(n) < group_end; ++n) {
             prefetch_next_block(block_at(n), t, tiles);
           }
@@ -346,7 +348,7 @@ class TaskRunner {
   /// in from L3 while this one computes (a KV head's K^T and V do not stay in L2 between
   /// row groups), instead of stalling the first micro-tile that reads it.
   void prefetch_next_block(std::int64_t next, int part, int parts) noexcept {
-    const bool bf16 = p_.bf16_dot;
+    const bool bf16 = tiles_.bf16_dot;
     const std::int64_t k_bytes = bf16 ? dk_padded_ * kKvBlock * 2 : p_.dk * kKvBlock * 4;
     const std::int64_t v_bytes = p_.dv_padded * kKvBlock * (bf16 ? 2 : 4);
     const char* kt =
@@ -407,8 +409,8 @@ class TaskRunner {
   /// S of one block for a micro-tile: scores [R][BV] at s, rows SV apart.
   void block_scores(const RowRef* rows, int first_index, std::int64_t block, B<Arch>* s) noexcept {
     const float* q_tile = q_tile_ + first_index * dk_padded_;
-    if (p_.k_layout == KLayout::packed) {
-      if (p_.bf16_dot) {
+    if (tiles_.k_layout == KLayout::packed) {
+      if (tiles_.bf16_dot) {
         if constexpr (simd::kHasBf16Vnni<Arch>) {  // bf16_dot is set only for this variant
           qk_bf16<Arch>(q_bf16_ + first_index * dk_padded_, dk_padded_,
                         kt_bf16_ + (block / kKvBlock) * dk_padded_ * kKvBlock, p_.dk, s);
@@ -443,7 +445,7 @@ class TaskRunner {
       const bool within = m > kMinusInf && xsimd::all(top <= B<Arch>(m + kLazyMax));
       const float block_max = within ? m : simd::reduce_max<Arch>(top);
       if (!(block_max > kMinusInf)) {  // nothing attended in this row (or NaN scores)
-        if (p_.bf16_dot) {
+        if (tiles_.bf16_dot) {
           std::fill(p_bf16_ + (first_index + r) * kStepKeys,
                     p_bf16_ + (first_index + r) * kStepKeys + width * L, std::uint16_t{0});
         } else {
@@ -468,7 +470,7 @@ class TaskRunner {
       const B<Arch> shift(m);
       // The row sum stays a vector of per-lane sums: one horizontal add per row at the end.
       B<Arch> sum = B<Arch>::load_aligned(l);
-      if (p_.bf16_dot) {
+      if (tiles_.bf16_dot) {
         if constexpr (simd::kHasBf16Vnni<Arch>) {
           // P rounded to bf16 once; the sum adds the rounded weights P·V multiplies, so the
           // output stays a weighted mean of V rows (rounding only perturbs the weights), by a
@@ -684,6 +686,7 @@ class TaskRunner {
   const FlashTask& task_;
   Sequence seq_;
   std::int64_t dk_padded_ = 0, heads_ = 1, rows_per_head_ = 0, kv_end_ = 0;
+  const FlashTiles tiles_;
   float *q_tile_, *o_tile_, *p_tile_, *row_max_, *row_sum_;
   std::uint16_t *q_bf16_, *p_bf16_;
   const T* k_base_ = nullptr;
@@ -697,14 +700,14 @@ class TaskRunner {
 }  // namespace
 
 template <class Arch>
-void flash_task(const FlashProblem& problem, const FlashTask& task, float* scratch) noexcept {
-  switch (problem.dtype) {
+void flash_task(const FlashRun& run, const FlashTask& task, float* scratch) noexcept {
+  switch (run.problem.dtype) {
     case DType::bf16:
-      return TaskRunner<Arch, bf16>(problem, task, scratch).run();
+      return TaskRunner<Arch, bf16>(run, task, scratch).run();
     case DType::f16:
-      return TaskRunner<Arch, f16>(problem, task, scratch).run();
+      return TaskRunner<Arch, f16>(run, task, scratch).run();
     default:
-      return TaskRunner<Arch, float>(problem, task, scratch).run();
+      return TaskRunner<Arch, float>(run, task, scratch).run();
   }
 }
 
@@ -756,7 +759,7 @@ void widen_row(DType dtype, const void* src, std::int64_t count, float* dst) noe
   }
 }
 
-template void flash_task<KernelArch>(const FlashProblem&, const FlashTask&, float*) noexcept;
+template void flash_task<KernelArch>(const FlashRun&, const FlashTask&, float*) noexcept;
 template void widen_row<KernelArch>(DType, const void*, std::int64_t, float*) noexcept;
 template void flash_merge_splits<KernelArch>(const FlashProblem&, const FlashTask&, std::int64_t,
                                              const float*, const float*, float*) noexcept;

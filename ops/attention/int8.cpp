@@ -22,6 +22,7 @@ Int8Backend::Int8Backend(const FlashProblem& p, int chunk, int threads) : proble
   task_kernel_ = task_kernels.get();
   Int8Operands& op = operands_;
   op.chunk = chunk;
+  op.row_group = int8_row_group(chunk);
   op.dk_words = (p.dk + 3) / 4;
   const std::int64_t heads_total = p.batch * p.kv_heads;
   first_block_.resize(heads_total);

@@ -333,7 +333,7 @@ class Int8Runner {
 
   void run() noexcept {
     const std::int64_t total = task_heads(p_, task_) * (task_.q_end - task_.q_begin);
-    const std::int64_t rows_per_group = static_cast<std::int64_t>(p_.row_group) * R;
+    const std::int64_t rows_per_group = static_cast<std::int64_t>(op_.row_group) * R;
     for (std::int64_t first = 0; first < total; first += rows_per_group) {
       run_group(first, std::min(total, first + rows_per_group));
     }

@@ -11,6 +11,10 @@
 
 namespace ditops::attention {
 
+/// Micro-tiles per row group of the int8 kernel: fewer as the chunk grows, so the S and P of
+/// one chunk (chunk x rows x 64 keys x 5 bytes, ~30 KiB) stay in L1 next to a K and a V block.
+inline constexpr int int8_row_group(int chunk) noexcept { return kMaxRowGroup / chunk; }
+
 /// Operands of the int8 backend, prepared once per call (int8.cpp, Int8Backend) and indexed by
 /// a global KV block number g (first_block[seq * kv_heads + h] + block in sequence). K is
 /// smoothed (its per-(sequence, KV head) mean subtracted, which leaves the softmax as it was)
@@ -29,7 +33,8 @@ struct Int8Operands {
   /// std::vector code (ODR guard).
   const schedule::StageInstance* order = nullptr;
   std::int64_t order_size = 0;
-  int chunk = 2;  ///< options.int8_chunk: QK blocks ahead of their PV
+  int chunk = 2;                     ///< options.int8_chunk: QK blocks ahead of their PV
+  int row_group = kMaxRowGroup / 2;  ///< int8_row_group(chunk)
 };
 
 /// Bytes of per-thread scratch an int8 task needs (any ISA, any chunk).

@@ -1,7 +1,8 @@
 // Block-sparse attention on the flash kernel: block_sparse_attention (a block mask),
 // rainfusion_attention (per-head RainFusion patterns) and attention_forward's sparse backend (a
 // boolean token mask). Each states its tasks as (sequence, heads, query range, KV block list);
-// attention::run_flash_tasks packs K and V and runs them with the dense kernel, which walks the
+// the flash driver (attention::run_flash_tasks) packs K and V and runs them with the dense
+// kernel, which walks the
 // list instead of every block. Inside a listed block the kernel masks only where a row's window
 // or mask cuts it, so the cost follows the kept blocks.
 
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/attention/flash_driver.hpp"
 #include "ops/core/check.hpp"
 #include "ops/core/scratch.hpp"
 #include "ops/core/threads.hpp"
@@ -57,11 +59,13 @@ class TaskList {
                     static_cast<double>(task.block_count + 1));
     tasks_.push_back(task);
   }
+  /// Runs the tasks with fp32 dot products over packed K and V, full row groups.
   void run(const FlashProblem& p, int threads) {
     for (std::size_t t = 0; t < tasks_.size(); ++t) {
       tasks_[t].blocks = blocks_.data() + first_[t];  // non-null: an empty list visits nothing
     }
-    attention::run_flash_tasks(p, tasks_, cost_, threads);
+    const attention::FlashTiles tiles{attention::KLayout::packed, kMaxRowGroup, false};
+    attention::run_flash_tasks(p, tiles, tasks_, cost_, threads);
   }
 
  private:
@@ -70,15 +74,6 @@ class TaskList {
   std::vector<std::int64_t> first_;
   std::vector<std::int32_t> blocks_{0};  // never empty: data() stays non-null
 };
-
-/// The flash problem of a sparse call: fp32 dot products over packed K and V, full row groups.
-FlashProblem sparse_problem(const attention::Call& call) {
-  FlashProblem p = call.problem;
-  p.k_layout = attention::KLayout::packed;
-  p.row_group = kMaxRowGroup;
-  p.bf16_dot = false;
-  return p;
-}
 
 FlashTask task_of(std::int64_t seq, std::int64_t head, std::int64_t group, bool whole_group,
                   std::int64_t q_begin, std::int64_t q_end, std::int64_t kv_len) {
@@ -96,7 +91,7 @@ FlashTask task_of(std::int64_t seq, std::int64_t head, std::int64_t group, bool 
 }  // namespace
 
 void run_sparse_backend(const attention::Call& call, int threads) {
-  const FlashProblem p = sparse_problem(call);
+  const FlashProblem& p = call.problem;
   if (p.batch == 0 || p.heads == 0 || p.q_len == 0) return;
   const std::int64_t group = p.heads / p.kv_heads;
   const std::int64_t key_blocks = blocks_of(p.kv_len);
@@ -157,7 +152,7 @@ void block_sparse_attention(const TensorView& q, const TensorView& k, const Tens
   if (block_size != 64 && block_size != 128) {
     core::fail(name, "block_size (" + std::to_string(block_size) + ") must be 64 or 128");
   }
-  const FlashProblem p = sparse::sparse_problem(call);
+  const FlashProblem& p = call.problem;
   const std::int64_t q_blocks = (p.q_len + block_size - 1) / block_size;
   const std::int64_t k_blocks = (p.kv_len + block_size - 1) / block_size;
   const core::Arg mask_arg{name, "block_mask", block_mask};
@@ -245,9 +240,9 @@ void rainfusion_attention(const TensorView& q, const TensorView& k, const Tensor
        {HeadPattern::dense, HeadPattern::spatial, HeadPattern::temporal, HeadPattern::textural}) {
     if (std::find(patterns.begin(), patterns.end(), pattern) == patterns.end()) continue;
     const auto plan = sparse::cached_plan(pattern, layout);
-    FlashProblem p = sparse::sparse_problem(call);
-    const bool dense = pattern == HeadPattern::dense;
-    if (!dense) {
+    // The pattern's problem: the call's, in the pattern's token order and row windows.
+    FlashProblem p = base;
+    if (pattern != HeadPattern::dense) {
       p.q_order = plan->order.data();
       p.k_order = plan->order.data();
       p.row_window = plan->window.data();

@@ -1,0 +1,257 @@
+#include "ops/attention/packing.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "ops/core/isa.hpp"
+#include "ops/core/scratch.hpp"
+#include "ops/core/threads.hpp"
+
+namespace ditops::attention {
+namespace {
+
+/// One block of kKvBlock keys of one (sequence, KV head): the unit the threads share.
+struct PackJob {
+  std::int64_t seq, head, block;
+};
+
+/// Packs blocks on one thread: fp32 rows are read in place, bf16 and f16 rows are widened into
+/// the packer's own buffers first.
+class BlockPacker {
+ public:
+  using WidenKernel = decltype(&widen_row<xsimd::sse2>);
+
+  BlockPacker(const FlashProblem& p, bool bf16_dot, WidenKernel widen)
+      : p_(p),
+        bf16_dot_(bf16_dot),
+        widen_(widen),
+        element_bytes_(dtype_size(p.dtype)),
+        dk_padded_(round_up(p.dk, 32)),
+        k_block_elements_(k_block_elements(p, bf16_dot)),
+        word_slot_(std::max(p.dk, p.dv)),
+        widened_(p.dtype == DType::f32 ? 0 : static_cast<std::size_t>(word_slot_)),
+        words_(bf16_dot && p.dtype != DType::bf16 ? static_cast<std::size_t>(2 * word_slot_) : 0) {}
+
+  /// Elements of one packed K^T block (bf16 pairs pad dk to 32).
+  static std::int64_t k_block_elements(const FlashProblem& p, bool bf16_dot) noexcept {
+    return (bf16_dot ? round_up(p.dk, 32) : p.dk) * kKvBlock;
+  }
+
+  /// K^T of one block as [d / 2][key][2] bf16 words: a pair of d (one 32-bit word) per store.
+  void k_bf16(const PackJob& job, std::uint16_t* kt) {
+    const Block b = block(job);
+    // Zeros only where no key row lands: past the sequence end and past dk.
+    if (b.keys < kKvBlock || p_.dk < dk_padded_) {
+      std::fill(kt, kt + k_block_elements_, std::uint16_t{0});
+    }
+    for (std::int64_t key = 0; key < b.keys; ++key) {
+      if (key + kPanel < b.keys) prefetch_row(p_.k, k_row(b, key + kPanel), p_.dk);
+      const std::uint16_t* row = row_as_bf16(p_.k, k_row(b, key), p_.dk, 0);
+      std::uint16_t* column = kt + 2 * key;
+      for (std::int64_t d = 0; d + 1 < p_.dk; d += 2) {
+        std::memcpy(column + d * kKvBlock, row + d, 2 * sizeof(std::uint16_t));
+      }
+      if (p_.dk % 2) column[(p_.dk - 1) * kKvBlock] = row[p_.dk - 1];
+    }
+  }
+
+  /// K^T of one block in fp32 panels. A panel (kPanel keys x dk, 8 KiB at dk = 128) at a time,
+  /// key by key: each K row is read in order while its values scatter into the panel, which
+  /// stays in L1. (Reading the panel's keys d by d instead touches kPanel rows at once; rows
+  /// N·D·4 bytes apart share L1 sets, so those reads missed L1.) Rows a panel ahead are
+  /// prefetched: each row is a fresh page, and the misses overlap.
+  void k_f32(const PackJob& job, float* kt) {
+    const Block b = block(job);
+    if (b.keys < kKvBlock) std::fill(kt, kt + k_block_elements_, 0.f);
+    for (std::int64_t key0 = 0; key0 < b.keys; key0 += kPanel) {
+      const std::int64_t panel_end = std::min(b.keys, key0 + kPanel);
+      for (std::int64_t key = panel_end; key < std::min(b.keys, panel_end + kPanel); ++key) {
+        prefetch_row(p_.k, k_row(b, key), p_.dk);
+      }
+      float* panel = kt + packed_k_offset(key0, 0, p_.dk);
+      for (std::int64_t key = key0; key < panel_end; ++key) {
+        const float* row = row_as_f32(p_.k, k_row(b, key), p_.dk);
+        for (std::int64_t d = 0; d < p_.dk; ++d) panel[d * kPanel + key - key0] = row[d];
+      }
+    }
+  }
+
+  /// V of one block as bf16 key pairs interleaved per column (packed_v_pair_offset); keys past
+  /// the sequence end and columns past dv are zero (P is 0 there, and 0 x garbage could be
+  /// NaN). A key pair per pass: its two words of a column in one 32-bit store.
+  void v_bf16(const PackJob& job, std::uint16_t* vp) {
+    const Block b = block(job);
+    if (b.keys < kKvBlock || p_.dv < p_.dv_padded) {
+      std::fill(vp, vp + kKvBlock * p_.dv_padded, std::uint16_t{0});
+    }
+    for (std::int64_t key = 0; key < b.keys; key += 2) {
+      if (key + kPanel < b.keys) {
+        prefetch_row(p_.v, v_row(b, key + kPanel), p_.dv);
+        if (key + kPanel + 1 < b.keys) prefetch_row(p_.v, v_row(b, key + kPanel + 1), p_.dv);
+      }
+      const std::uint16_t* even = row_as_bf16(p_.v, v_row(b, key), p_.dv, 0);
+      const std::uint16_t* odd =
+          key + 1 < b.keys ? row_as_bf16(p_.v, v_row(b, key + 1), p_.dv, 1) : nullptr;
+      for (std::int64_t first = 0; first < p_.dv; first += kPanel) {
+        auto* dst = reinterpret_cast<std::uint32_t*>(vp + packed_v_pair_offset(key, first));
+        const std::int64_t count = std::min(kPanel, p_.dv - first);
+        for (std::int64_t i = 0; i < count; ++i) {
+          const std::uint32_t high = odd ? odd[first + i] : 0;
+          dst[i] = even[first + i] | high << 16;
+        }
+      }
+    }
+  }
+
+  /// V of one block in panels of kPanel columns, each [key][kPanel], filled key by key so each
+  /// V row is read in order; rows kVAhead keys ahead are prefetched (as for K, every row is a
+  /// fresh page).
+  void v_f32(const PackJob& job, float* vp) {
+    constexpr std::int64_t kVAhead = 16;
+    const Block b = block(job);
+    for (std::int64_t key = 0; key < b.keys; ++key) {
+      if (key + kVAhead < b.keys) prefetch_row(p_.v, v_row(b, key + kVAhead), p_.dv);
+      const float* row = row_as_f32(p_.v, v_row(b, key), p_.dv);
+      for (std::int64_t first = 0; first < p_.dv_padded; first += kPanel) {
+        const std::int64_t valid = std::clamp<std::int64_t>(p_.dv - first, 0, kPanel);
+        float* dst = vp + packed_v_offset(key, first);
+        if (valid == kPanel) {  // a fixed size: copied inline, not a memmove call
+          std::memcpy(dst, row + first, kPanel * sizeof(float));
+          continue;
+        }
+        std::copy(row + first, row + first + valid, dst);
+        std::fill(dst + valid, dst + kPanel, 0.f);
+      }
+    }
+  }
+
+ private:
+  struct Block {
+    PackJob job;
+    Sequence s;
+    std::int64_t first_key, keys;
+  };
+  Block block(const PackJob& job) const {
+    const Sequence s = sequence_of(p_, job.seq);
+    const std::int64_t first_key = job.block * kKvBlock;
+    return {job, s, first_key, std::min(kKvBlock, s.kv_len - first_key)};
+  }
+  /// The tensor row of the block's key `key` (in p.k_order when set).
+  std::int64_t source_key(const Block& b, std::int64_t key) const {
+    const std::int64_t position = b.first_key + key;
+    return b.s.k_row0 + (p_.k_order ? p_.k_order[position] : position);
+  }
+  std::int64_t k_row(const Block& b, std::int64_t key) const {
+    return b.job.seq * p_.k_strides.batch + b.job.head * p_.k_strides.head +
+           source_key(b, key) * p_.k_strides.seq;
+  }
+  std::int64_t v_row(const Block& b, std::int64_t key) const {
+    return b.job.seq * p_.v_strides.batch + b.job.head * p_.v_strides.head +
+           source_key(b, key) * p_.v_strides.seq;
+  }
+  const float* row_as_f32(const void* base, std::int64_t offset, std::int64_t count) {
+    if (p_.dtype == DType::f32) return static_cast<const float*>(base) + offset;
+    widen_(p_.dtype, static_cast<const char*>(base) + offset * element_bytes_, count,
+           widened_.data());
+    return widened_.data();
+  }
+  /// bf16 words of a row: bf16 rows in place, others widened and rounded into slot 0 or 1 of
+  /// words_ (V's key pairs need two rows at once).
+  const std::uint16_t* row_as_bf16(const void* base, std::int64_t offset, std::int64_t count,
+                                   int slot) {
+    if (p_.dtype == DType::bf16) return static_cast<const std::uint16_t*>(base) + offset;
+    const float* row = row_as_f32(base, offset, count);
+    std::uint16_t* dst = words_.data() + slot * word_slot_;
+    for (std::int64_t i = 0; i < count; ++i) dst[i] = bf16::from_float(row[i]).bits;
+    return dst;
+  }
+  void prefetch_row(const void* base, std::int64_t offset, std::int64_t count) const {
+    const char* row = static_cast<const char*>(base) + offset * element_bytes_;
+    for (std::int64_t byte = 0; byte < count * element_bytes_; byte += 64) {
+      __builtin_prefetch(row + byte);
+    }
+  }
+
+  const FlashProblem& p_;
+  const bool bf16_dot_;
+  const WidenKernel widen_;
+  const std::int64_t element_bytes_, dk_padded_, k_block_elements_, word_slot_;
+  core::AlignedBuffer<float> widened_;
+  core::AlignedBuffer<std::uint16_t> words_;
+};
+
+/// The heads `tasks` read, as a flag per (sequence, KV head) slot.
+std::vector<char> heads_used(const FlashProblem& p, const std::vector<FlashTask>& tasks) {
+  std::vector<char> used(p.batch * p.kv_heads, 0);
+  for (const FlashTask& task : tasks) used[task.seq * p.kv_heads + task.kv_head] = 1;
+  return used;
+}
+
+}  // namespace
+
+PackedKV PackedKV::pack(const FlashProblem& p, const FlashTiles& tiles,
+                        const std::vector<FlashTask>& tasks, int threads) {
+  PackedKV packed;
+  // V is copied to contiguous fp32 rows once per call for prefill (every row group re-reads
+  // it): rows read in place are a [B, S, N, D] stride apart, N·D·4 bytes (12 KiB at N=24,
+  // D=128), which maps every row of a KV block to the same L1 sets and thrashes it. Decode-like
+  // calls (K read in place) stream V rows once, which costs less than a copy.
+  if (tiles.k_layout != KLayout::packed) return packed;
+  using WidenKernel = BlockPacker::WidenKernel;
+  static const core::IsaTable<WidenKernel> widen_kernels = DITOPS_ISA_TABLE(widen_row);
+  const WidenKernel widen = widen_kernels.get();
+  const std::int64_t k_block_elements = BlockPacker::k_block_elements(p, tiles.bf16_dot);
+
+  // One job per block: as many as a broadcast K's length allows, so sized (and checked) before
+  // the list grows.
+  const std::vector<char> used = heads_used(p, tasks);
+  const std::int64_t heads_total = p.batch * p.kv_heads;
+  core::CheckedSize job_count = 0;
+  for (std::int64_t slot = 0; slot < heads_total; ++slot) {
+    if (used[slot]) job_count = job_count + blocks_of(sequence_of(p, slot / p.kv_heads).kv_len);
+  }
+  std::vector<PackJob> jobs;
+  core::checked_reserve(jobs, job_count);
+  packed.k_offset_.resize(heads_total);
+  packed.v_offset_.resize(heads_total);
+  std::int64_t k_total = 0, v_total = 0;
+  for (std::int64_t seq = 0; seq < p.batch; ++seq) {
+    const std::int64_t blocks = blocks_of(sequence_of(p, seq).kv_len);
+    for (std::int64_t head = 0; head < p.kv_heads; ++head) {
+      if (!used[seq * p.kv_heads + head]) continue;
+      packed.k_offset_[seq * p.kv_heads + head] = k_total;
+      packed.v_offset_[seq * p.kv_heads + head] = v_total;
+      k_total += blocks * k_block_elements;
+      v_total += blocks * kKvBlock * p.dv_padded;
+      for (std::int64_t block = 0; block < blocks; ++block) jobs.push_back({seq, head, block});
+    }
+  }
+  if (tiles.bf16_dot) {
+    packed.k_bf16_ = core::thread_scratch<std::uint16_t>(core::ScratchUse::attention_k, k_total);
+    packed.v_bf16_ = core::thread_scratch<std::uint16_t>(core::ScratchUse::attention_v, v_total);
+  } else {
+    packed.k_ = core::thread_scratch<float>(core::ScratchUse::attention_k, k_total);
+    packed.v_ = core::thread_scratch<float>(core::ScratchUse::attention_v, v_total);
+  }
+  core::parallel_ranges(
+      static_cast<std::int64_t>(jobs.size()), threads,
+      [&](std::int64_t begin, std::int64_t end, int) {
+        BlockPacker packer(p, tiles.bf16_dot, widen);
+        for (std::int64_t j = begin; j < end; ++j) {
+          const PackJob& job = jobs[j];
+          const std::int64_t slot = job.seq * p.kv_heads + job.head;
+          const std::int64_t k_at = packed.k_offset_[slot] + job.block * k_block_elements;
+          const std::int64_t v_at = packed.v_offset_[slot] + job.block * kKvBlock * p.dv_padded;
+          if (tiles.bf16_dot) {
+            packer.k_bf16(job, packed.k_bf16_ + k_at);
+            packer.v_bf16(job, packed.v_bf16_ + v_at);
+          } else {
+            packer.k_f32(job, packed.k_ + k_at);
+            packer.v_f32(job, packed.v_ + v_at);
+          }
+        }
+      });
+  return packed;
+}
+
+}  // namespace ditops::attention
