@@ -683,10 +683,10 @@ class TaskRunner {
   }
 
   const FlashProblem& p_;
+  const FlashTiles tiles_;
   const FlashTask& task_;
   Sequence seq_;
   std::int64_t dk_padded_ = 0, heads_ = 1, rows_per_head_ = 0, kv_end_ = 0;
-  const FlashTiles tiles_;
   float *q_tile_, *o_tile_, *p_tile_, *row_max_, *row_sum_;
   std::uint16_t *q_bf16_, *p_bf16_;
   const T* k_base_ = nullptr;
