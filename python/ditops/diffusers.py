@@ -15,6 +15,9 @@ self-attention and FLUX's attention, whose q/k RMSNorms come right before the ro
 both run as one fused ditops pass (rms_norm_rotary_position_embedding)."""
 
 import contextlib
+import dataclasses
+import functools
+import inspect
 import os
 import re
 
@@ -497,7 +500,7 @@ def enable(model, backend="dense", sparsity=0.75, block_size=128, keep_sink=True
              "active": dispatch._AttentionBackendRegistry._active_backend,
              "backends": {id(p): getattr(p, "_attention_backend", None)
                           for p in processors.values()},
-             "norms": [], "linears": [], "hooks": [], "rope": False}
+             "norms": [], "linears": [], "hooks": [], "rope": False, "forwards": []}
     if type(model).__name__ == "CogVideoXTransformer3DModel":
         model.set_attn_processor(_cogvideox_processor_class()())
     if fuse_rope_and_norms and type(model).__name__ == "WanTransformer3DModel":
@@ -530,13 +533,19 @@ def enable(model, backend="dense", sparsity=0.75, block_size=128, keep_sink=True
 
 def disable(model):
     """Restores diffusers' processors, attention backend, norms and rotary embedding, and the
-    nn.Linear modules optimize() replaced (the same objects: bit for bit)."""
+    nn.Linear modules and the block / attention forwards optimize() replaced (the same objects:
+    bit for bit)."""
     state = getattr(model, "_ditops_state", None)
     if state is None:
         return model
     dispatch, _ = _diffusers()
     for hook in state["hooks"]:
         hook.remove()
+    for module, forward in reversed(state["forwards"]):
+        if forward is None:
+            vars(module).pop("forward", None)  # the class's forward again
+        else:
+            module.forward = forward
     for module, attribute, norm in state["norms"]:
         setattr(module, attribute, norm)
     for module, attribute, linear in state["linears"]:
@@ -575,6 +584,130 @@ def enable_parallelism(model, ring_degree=1, ulysses_degree=1):
     return model
 
 
+# ---- step caching: MindIE-SD's CacheAgent on a model's blocks ------------------------------------
+
+# The transformers cache= knows: (the block lists in the order the model's forward runs them,
+# one sequence of blocks; the attribute of each block's self-attention, which attention_cache
+# wraps; whether the blocks return (encoder_hidden_states, hidden_states), the reverse of the
+# order DiTBlockCache pairs with its inputs). diffusers 0.37 to 0.42 call FLUX's blocks by keyword
+# and Wan's by position (and both by position under gradient checkpointing, with gradients on).
+_CACHE_SITES = {
+    "FluxTransformer2DModel": (("transformer_blocks", "single_transformer_blocks"), "attn",
+                               True),
+    "WanTransformer3DModel": (("blocks",), "attn1", False),
+}
+
+
+def _cache_sites(model):
+    """[(name, block)] of `model` in call order, its self-attention attribute and whether its
+    blocks return the encoder stream first; ValueError for a model cache= does not know."""
+    name = type(model).__name__
+    if name not in _CACHE_SITES:
+        raise ValueError(f"ditops.diffusers.optimize: cache= supports {sorted(_CACHE_SITES)}, "
+                         f"not {name}")
+    lists, attention, encoder_first = _CACHE_SITES[name]
+    blocks = [(f"{attribute}.{index}", block) for attribute in lists
+              for index, block in enumerate(getattr(model, attribute))]
+    return blocks, attention, encoder_first
+
+
+def _cache_config(cache, model, blocks_count):
+    """The CacheConfig optimize's agent reads: `cache` itself, or a copy with the model's
+    blocks_count where cache gives 0. Any other blocks_count than the model's raises."""
+    from .mindiesd import CacheConfig
+
+    if not isinstance(cache, CacheConfig):
+        raise ValueError("ditops.diffusers.optimize: cache must be None or a "
+                         f"ditops.mindiesd.CacheConfig, not {type(cache).__name__}")
+    if isinstance(cache.blocks_count, int) and cache.blocks_count == 0:
+        return dataclasses.replace(cache, blocks_count=blocks_count)
+    if cache.blocks_count != blocks_count:
+        raise ValueError(f"ditops.diffusers.optimize: cache.blocks_count is "
+                         f"{cache.blocks_count!r}, but {type(model).__name__} runs "
+                         f"{blocks_count} blocks per call (one agent call each): give "
+                         f"{blocks_count}, or 0 to have optimize fill it in")
+    return cache
+
+
+def _positional_names(module):
+    """The names of the leading parameters of module's class forward that a caller can pass by
+    position (Wan's model loop passes its blocks' arguments so)."""
+    parameters = list(inspect.signature(type(module).forward).parameters.values())[1:]
+    names = []
+    for parameter in parameters:
+        if parameter.kind is not parameter.POSITIONAL_OR_KEYWORD:
+            break
+        names.append(parameter.name)
+    return names
+
+
+def _cached_block_forward(agent, block, forward, encoder_first):
+    """block's forward through agent (dit_block_cache): every argument by keyword, as
+    DiTBlockCache takes hidden_states and encoder_hidden_states; a block returning
+    (encoder_hidden_states, hidden_states) is seen by the agent as (hidden_states,
+    encoder_hidden_states), and its callers get their order back."""
+    names = _positional_names(block)
+
+    def run(*leading, **kwargs):  # DiTBlockCache passes the two streams by position
+        kwargs.update(zip(("hidden_states", "encoder_hidden_states"), leading))
+        out = forward(**kwargs)
+        return (out[1], out[0]) if encoder_first else out
+
+    @functools.wraps(forward)
+    def cached_forward(*args, **kwargs):
+        if len(args) > len(names):
+            raise TypeError(f"{type(block).__name__}.forward takes {len(names)} positional "
+                            f"arguments, {len(args)} given")
+        for name, value in zip(names, args):
+            if name in kwargs:
+                raise TypeError(f"{type(block).__name__}.forward got multiple values for "
+                                f"argument {name!r}")
+            kwargs[name] = value
+        out = agent.apply(run, **kwargs)
+        return (out[1], out[0]) if encoder_first else out
+
+    return cached_forward
+
+
+def _cached_attention_forward(agent, forward):
+    """An attention's forward through agent (attention_cache), its arguments as given."""
+
+    @functools.wraps(forward)
+    def cached_forward(*args, **kwargs):
+        return agent.apply(forward, *args, **kwargs)
+
+    return cached_forward
+
+
+def _cache_agent(model, cache):
+    """(the CacheAgent optimize puts on `model` for `cache`, the config it reads), built and
+    checked before anything of the model changes."""
+    from .mindiesd import CacheAgent
+
+    blocks, _, _ = _cache_sites(model)
+    config = _cache_config(cache, model, len(blocks))
+    return CacheAgent(config), config  # the agent checks the rest (ConfigError, a ValueError)
+
+
+def _apply_cache(model, state, agent, method):
+    """Routes every block's call (dit_block_cache) or every block's self-attention call
+    (attention_cache) of `model` through `agent`, keeping each instance forward it replaces
+    (None: the class's) in the model's state for disable. Returns the wrapped modules' names."""
+    blocks, attention, encoder_first = _cache_sites(model)
+    names = []
+    for name, block in blocks:
+        if method == "dit_block_cache":
+            module = block
+            forward = _cached_block_forward(agent, block, block.forward, encoder_first)
+        else:
+            name, module = f"{name}.{attention}", getattr(block, attention)
+            forward = _cached_attention_forward(agent, module.forward)
+        state["forwards"].append((module, module.__dict__.get("forward")))
+        module.forward = forward
+        names.append(name)
+    return names
+
+
 # ---- one call for a model or a pipeline ------------------------------------------------------
 
 # Linear layers quantize="w8a8_dynamic" keeps in floating point (they still run on ditops):
@@ -589,19 +722,25 @@ _QUANTIZE = (None, "w8a8_dynamic")
 class OptimizeReport:
     """What optimize() did: `attention` (the backend), `on_ditops` (what now runs on ditops:
     "attention processors", "q/k norms", "rotary embedding", "float linears", "w8a8_dynamic
-    linears", each a list of module names or a note) and `on_torch` (module name -> why it stays
-    on torch). str() gives a summary."""
+    linears", and with cache= "step cache": the blocks or attentions whose calls go through the
+    CacheAgent; each a list of module names or a note), `on_torch` (module name -> why it stays
+    on torch) and `cache` (the CacheConfig the agent reads, or None). str() gives a summary."""
 
     def __init__(self, attention):
         self.attention = attention
         self.on_ditops = {}
         self.on_torch = {}
         self.weight_bytes = 0
+        self.cache = None
 
     def __str__(self):
         lines = [f"ditops.diffusers.optimize: attention backend {self.attention}"]
         for what, names in self.on_ditops.items():
-            lines.append(f"  on ditops: {len(names)} {what}")
+            if what != "step cache":
+                lines.append(f"  on ditops: {len(names)} {what}")
+        if self.cache is not None:
+            lines.append(f"  step cache: {len(self.on_ditops['step cache'])} call sites, "
+                         f"{self.cache}")
         reasons = {}
         for name, why in self.on_torch.items():
             reasons.setdefault(why, []).append(name)
@@ -646,7 +785,7 @@ def _linear_layer(name, linear, quantize, keep_float):
 
 
 def optimize(pipe_or_transformer, quantize=None, attention="dense", keep_float=KEEP_FLOAT,
-             **options):
+             cache=None, **options):
     """Runs a diffusers pipeline's transformer(s) (or a transformer) on ditops in one call:
     enable(model, backend=attention, **options) (attention, q/k RMSNorms, rotary embeddings),
     then every nn.Linear on ditops' GEMM: with quantize=None as a FLOAT layer of its own
@@ -654,7 +793,17 @@ def optimize(pipe_or_transformer, quantize=None, attention="dense", keep_float=K
     dynamic layer, except the layers `keep_float` names (fnmatch patterns; default KEEP_FLOAT),
     which run as FLOAT layers. Returns an OptimizeReport; disable(model) undoes all of it (the
     original modules come back, bit for bit). The packed weights are held beside the model's
-    own (fp32 panels: twice a bf16 model's weight memory, a quarter for w8a8)."""
+    own (fp32 panels: twice a bf16 model's weight memory, a quarter for w8a8).
+
+    cache: None, or a ditops.mindiesd.CacheConfig (MindIE-SD's step caching): one CacheAgent
+    for the transformer, which "dit_block_cache" puts on every block's call (FLUX:
+    transformer_blocks then single_transformer_blocks, one sequence; Wan: blocks) and
+    "attention_cache" on every block's self-attention call (FLUX: attn; Wan: attn1). A step is
+    one call of the transformer. cache.blocks_count must be the model's block count, or 0 for
+    optimize to fill it in (in a copy: report.cache is the config the agent reads); any other
+    value raises ValueError. A pipeline with two transformers is refused with cache= (each runs
+    part of the steps: optimize each with its own steps_count). disable(model) restores the
+    forwards the cache replaced."""
     if quantize not in _QUANTIZE:
         raise ValueError(f"ditops.diffusers.optimize: quantize {quantize!r} is not one of "
                          f"{list(_QUANTIZE)}")
@@ -662,6 +811,14 @@ def optimize(pipe_or_transformer, quantize=None, attention="dense", keep_float=K
         keep_float = (keep_float,)
     models = _transformers(pipe_or_transformer)
     check_diffusers_version()
+    agent = None
+    if cache is not None:
+        if len(models) > 1:
+            raise ValueError("ditops.diffusers.optimize: cache= with a pipeline of two "
+                             "transformers (transformer, transformer_2): each runs only part "
+                             "of the steps, so optimize each with a CacheConfig of its own "
+                             "steps_count (optimize(pipe.transformer, cache=...))")
+        agent, config = _cache_agent(models[0], cache)
     report = OptimizeReport(attention)
     for model in models:
         enable(model, backend=attention, **options)
@@ -692,6 +849,9 @@ def optimize(pipe_or_transformer, quantize=None, attention="dense", keep_float=K
         for name, module in model.named_modules():
             if isinstance(module, torch.nn.Linear) and type(module) is not torch.nn.Linear:
                 report.on_torch[prefix + name] = f"a {type(module).__name__}, not an nn.Linear"
+        if agent is not None:
+            report.cache = config
+            report.on_ditops["step cache"] = _apply_cache(model, state, agent, config.method)
     return report
 
 

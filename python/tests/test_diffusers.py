@@ -2,7 +2,8 @@
 transformers from small random configurations, run with diffusers' own attention and after
 ditops.diffusers.enable(model): the outputs agree, ditops' kernels were the ones called, and
 disable(model) gives diffusers' output back bit for bit. Also torch.compile(fullgraph=True) of
-an enabled model, and ditops.quantize on a W8A8 export that tools/ditops-quantize wrote."""
+an enabled model, ditops.quantize on a W8A8 export that tools/ditops-quantize wrote, and
+optimize(cache=) (MindIE-SD's CacheAgent on the model's blocks) in a denoising loop."""
 
 import os
 import pathlib
@@ -14,6 +15,9 @@ import torch
 import ditops
 import ditops.diffusers
 import models
+from ditops.mindiesd import CacheConfig
+from ditops.mindiesd.utils.exception import ConfigError
+from test_mindiesd_cache import TIMESTEP_SCALE, denoise, small_model
 
 
 def rel_l2(a, b):
@@ -251,3 +255,190 @@ def test_optimize_takes_a_pipeline_and_refuses_bad_arguments():
     with pytest.raises(ValueError, match="expected a diffusers transformer or a pipeline"):
         ditops.diffusers.optimize(object())
     assert getattr(model, "_ditops_state", None) is None
+
+
+# ---- optimize(cache=): MindIE-SD's CacheAgent on the blocks, in a denoising loop ---------------
+# The models and the loop are test_mindiesd_cache's: FLUX with 2 double- and 2 single-stream
+# blocks, Wan with 3 blocks; 6 flow-matching Euler steps, one call of the model per step.
+
+STEPS = 6
+
+
+def blocks_of(model):
+    """The model's blocks in the order its forward runs them (one sequence, as the agent counts)."""
+    if hasattr(model, "single_transformer_blocks"):
+        return [*model.transformer_blocks, *model.single_transformer_blocks]
+    return list(model.blocks)
+
+
+def attentions_of(model):
+    """The self-attention of every block (FLUX: attn; Wan: attn1), which attention_cache wraps."""
+    return [block.attn if hasattr(block, "attn") else block.attn1 for block in blocks_of(model)]
+
+
+def loop(model, inputs, name):
+    """The velocity the model returned at each step of the loop, and the final latent."""
+    velocities = []
+    hook = model.register_forward_hook(lambda module, args, out: velocities.append(out[0]))
+    latent = denoise(model, inputs, STEPS, TIMESTEP_SCALE[name])
+    hook.remove()
+    return velocities, latent
+
+
+def count_forwards(modules):
+    """Counts the forwards the modules run: a counting forward on each instance (as accelerate's
+    hooks install one), which optimize's cache wraps and disable must give back."""
+    calls = [0]
+    for module in modules:
+        def counting(*args, _forward=module.forward, **kwargs):
+            calls[0] += 1
+            return _forward(*args, **kwargs)
+        module.forward = counting
+    return calls
+
+
+def cache_config(method, model, **fields):
+    blocks = len(blocks_of(model))
+    if method == "dit_block_cache":
+        fields.setdefault("block_end", blocks)  # the default 10000 is refused past the blocks
+    return CacheConfig(method=method, blocks_count=blocks, steps_count=STEPS, **fields)
+
+
+# A schedule that caches nothing (step_interval 1: the agent calls the forward as given), or one
+# that caches but computes every step (its only refresh step is the last): the wrapped forwards
+# run the same modules on the same tensors, so the loop equals optimize's without cache bit for
+# bit (for FLUX this also checks that the (encoder, hidden) order comes back as the model's).
+@pytest.mark.parametrize("fields", [dict(step_interval=1), dict(step_start=STEPS - 1,
+                                                                 step_interval=2)],
+                         ids=["interval1", "refresh_on_the_last_step"])
+@pytest.mark.parametrize("method", ["dit_block_cache", "attention_cache"])
+@pytest.mark.parametrize("name", ["flux", "wan"])
+def test_optimize_cache_that_computes_every_step_equals_optimize_without_cache(name, method,
+                                                                               fields):
+    model, inputs = small_model(name, torch.float32)
+    ditops.diffusers.optimize(model)
+    want, want_latent = loop(model, inputs, name)
+    report = ditops.diffusers.optimize(model, cache=cache_config(method, model, **fields))
+    got, latent = loop(model, inputs, name)
+    assert len(report.on_ditops["step cache"]) == len(blocks_of(model))
+    assert all(torch.equal(g, w) for g, w in zip(got, want)) and torch.equal(latent, want_latent)
+    ditops.diffusers.disable(model)
+
+
+# Reuse steps against the uncached loop: a skipped range adds the residual its blocks added one
+# step earlier (attention_cache: the attentions of one step earlier), whose timestep and latent
+# differ from this step's by one Euler step (1/6 of the way here, a coarse loop); the refresh
+# steps after it compute from a latent that drifted a little. Measured on these random models
+# (fp32), rel-L2 against the uncached loop: dit_block_cache 2.0-2.6e-2 on the reuse steps,
+# 2-3e-3 on the later refresh steps and the final latent; attention_cache 4-6e-3 and 5-9e-4.
+# Bounds (dit_block_cache, attention_cache): 3.5e-2 and 1e-2 per step, 1e-2 and 2e-3 for the
+# latent. Skipping FLUX's range without adding the residual measured 5-6e-2 on the reuse steps
+# (above the bound), and not swapping FLUX's (encoder, hidden) pair for the agent fails outright
+# (text and image token counts differ). The steps before the first reuse are bit for bit.
+CACHE_TOLERANCE = {"dit_block_cache": (3.5e-2, 1e-2), "attention_cache": (1e-2, 2e-3)}
+
+
+@pytest.mark.parametrize("name,method", [("flux", "dit_block_cache"), ("wan", "dit_block_cache"),
+                                         ("flux", "attention_cache")])
+def test_optimize_cache_skips_the_reuse_steps_work_and_stays_close(name, method):
+    model, inputs = small_model(name, torch.float32)
+    blocks = len(blocks_of(model))
+    ditops.diffusers.optimize(model)
+    want, want_latent = loop(model, inputs, name)
+    sites = blocks_of(model) if method == "dit_block_cache" else attentions_of(model)
+    calls = count_forwards(sites)
+    # From step 1, every 2nd step refreshes (1, 3, 5) and the steps between reuse (2, 4):
+    # dit_block_cache skips blocks [1, blocks) there, attention_cache every self-attention.
+    config = cache_config(method, model, step_start=1, step_interval=2, block_start=1)
+    report = ditops.diffusers.optimize(model, cache=config)
+    assert report.cache is config and "step cache" in str(report)
+    got, latent = loop(model, inputs, name)
+    skipped = blocks - 1 if method == "dit_block_cache" else blocks
+    assert calls[0] == STEPS * blocks - 2 * skipped
+    step_tolerance, latent_tolerance = CACHE_TOLERANCE[method]
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    for step in range(2, STEPS):
+        assert rel_l2(got[step], want[step]) < step_tolerance, (step, rel_l2(got[step],
+                                                                             want[step]))
+    for step in (2, 4):
+        assert not torch.equal(got[step], want[step])
+    assert rel_l2(latent, want_latent) < latent_tolerance, rel_l2(latent, want_latent)
+    # A second generation restarts the schedule: the same loop again, the same outputs.
+    calls[0] = 0
+    again, again_latent = loop(model, inputs, name)
+    assert calls[0] == STEPS * blocks - 2 * skipped and torch.equal(again_latent, latent)
+    ditops.diffusers.disable(model)
+
+
+@pytest.mark.parametrize("method", ["dit_block_cache", "attention_cache"])
+@pytest.mark.parametrize("name", ["flux", "wan"])
+def test_optimize_cache_names_what_it_wraps_and_disable_restores_the_forwards(name, method):
+    model, inputs = small_model(name, torch.float32)
+    want, want_latent = loop(model, inputs, name)
+    sites = blocks_of(model) if method == "dit_block_cache" else attentions_of(model)
+    others = attentions_of(model) if method == "dit_block_cache" else blocks_of(model)
+    counting = sites[0]  # one site with an instance forward of its own before optimize
+    count_forwards([counting])
+    counter = vars(counting)["forward"]
+    report = ditops.diffusers.optimize(model, cache=cache_config(method, model, step_start=1,
+                                                                 step_interval=2))
+    lists = (["transformer_blocks.0", "transformer_blocks.1", "single_transformer_blocks.0",
+              "single_transformer_blocks.1"] if name == "flux"
+             else ["blocks.0", "blocks.1", "blocks.2"])
+    suffix = "" if method == "dit_block_cache" else ".attn" if name == "flux" else ".attn1"
+    assert report.on_ditops["step cache"] == [n + suffix for n in lists]
+    modules = dict(model.named_modules())
+    assert [modules[n] for n in report.on_ditops["step cache"]] == sites
+    assert all(vars(site)["forward"].__wrapped__ is not None for site in sites)
+    assert all("forward" not in vars(other) for other in others)
+    # optimize again replaces the wrapping (the forwards it wraps are the original ones)
+    ditops.diffusers.optimize(model, cache=cache_config(method, model, step_interval=3))
+    assert vars(counting)["forward"].__wrapped__ is counter
+    ditops.diffusers.disable(model)
+    assert vars(counting)["forward"] is counter
+    for site in sites[1:]:
+        assert "forward" not in vars(site) and site.forward.__func__ is type(site).forward
+    del counting.forward
+    got, latent = loop(model, inputs, name)
+    assert all(torch.equal(g, w) for g, w in zip(got, want)) and torch.equal(latent, want_latent)
+
+
+def test_optimize_cache_fills_blocks_count_0_and_refuses_bad_configs():
+    model, inputs = small_model("flux", torch.float32)
+    want = model(**inputs)[0]
+    # blocks_count 0: optimize fills in the model's count, in a copy of the config.
+    given = CacheConfig("dit_block_cache", 0, STEPS, step_interval=2, block_end=4)
+    report = ditops.diffusers.optimize(model, cache=given)
+    assert report.cache is not given and given.blocks_count == 0
+    assert report.cache == CacheConfig("dit_block_cache", 4, STEPS, step_interval=2, block_end=4)
+    ditops.diffusers.disable(model)
+    refused = [
+        (CacheConfig("block_cache", 4, STEPS), ConfigError, "method 'block_cache' is not one"),
+        (CacheConfig("dit_block_cache", 3, STEPS, block_end=3), ValueError,
+         r"optimize: cache.blocks_count is 3, but FluxTransformer2DModel runs 4 blocks"),
+        (CacheConfig("attention_cache", 40, STEPS), ValueError,
+         r"cache.blocks_count is 40, but FluxTransformer2DModel runs 4 blocks"),
+        (CacheConfig("dit_block_cache", 0, STEPS), ConfigError,
+         r"block_end \(10000\) must be <= blocks_count \(4\)"),
+        (CacheConfig("attention_cache", 4, 0), ConfigError, "steps_count must be >= 1"),
+        (dict(method="attention_cache", blocks_count=4, steps_count=STEPS), ValueError,
+         "cache must be None or a ditops.mindiesd.CacheConfig, not dict"),
+    ]
+    for cache, error, message in refused:
+        with pytest.raises(error, match=message):
+            ditops.diffusers.optimize(model, cache=cache)
+    other, _ = models.cogvideox()
+    with pytest.raises(ValueError, match="cache= supports .* not CogVideoXTransformer3DModel"):
+        ditops.diffusers.optimize(other, cache=CacheConfig("attention_cache", 2, STEPS))
+
+    class Pipeline:  # Wan 2.2's two experts
+        transformer = model
+        transformer_2 = small_model("flux", torch.float32)[0]
+
+    with pytest.raises(ValueError, match="pipeline of two transformers"):
+        ditops.diffusers.optimize(Pipeline(), cache=CacheConfig("attention_cache", 4, STEPS))
+    # Refused before anything of the models changed.
+    for refused_model in (model, other, Pipeline.transformer_2):
+        assert getattr(refused_model, "_ditops_state", None) is None
+        assert not any("forward" in vars(m) for m in refused_model.modules())
+    assert torch.equal(model(**inputs)[0], want)
