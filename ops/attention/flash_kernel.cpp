@@ -23,7 +23,10 @@
 #include "ops/attention/tile_rows.hpp"
 #include "ops/core/arch.hpp"
 #include "ops/core/lse_merge.hpp"
-#include "ops/core/simd.hpp"
+#include "ops/core/simd/convert.hpp"
+#include "ops/core/simd/gaps.hpp"
+#include "ops/core/simd/partial.hpp"
+#include "ops/core/simd/row_chunks.hpp"
 
 namespace ditops::attention {
 namespace {

@@ -37,7 +37,9 @@
 
 #include "ops/attention/tile_rows.hpp"
 #include "ops/core/arch.hpp"
-#include "ops/core/simd.hpp"
+#include "ops/core/simd/gaps.hpp"
+#include "ops/core/simd/int8_dot.hpp"
+#include "ops/core/simd/row_chunks.hpp"
 
 namespace ditops::attention {
 namespace {

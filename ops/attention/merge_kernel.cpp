@@ -8,7 +8,8 @@
 
 #include "ops/core/arch.hpp"
 #include "ops/core/log2_domain.hpp"
-#include "ops/core/simd.hpp"
+#include "ops/core/simd/gaps.hpp"
+#include "ops/core/simd/row_chunks.hpp"
 
 namespace ditops::attention {
 namespace {

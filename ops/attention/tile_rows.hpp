@@ -12,7 +12,9 @@
 
 #include "ops/attention/attention_kernel.hpp"
 #include "ops/core/log2_domain.hpp"
-#include "ops/core/simd.hpp"
+#include "ops/core/simd/gaps.hpp"
+#include "ops/core/simd/partial.hpp"
+#include "ops/core/simd/row_chunks.hpp"
 
 namespace ditops::attention {
 namespace {

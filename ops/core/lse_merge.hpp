@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "ops/core/log2_domain.hpp"
-#include "ops/core/simd.hpp"
+#include "ops/core/simd/gaps.hpp"
 
 namespace ditops::core {
 

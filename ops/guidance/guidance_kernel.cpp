@@ -4,7 +4,9 @@
 #include "ops/guidance/guidance_kernel.hpp"
 
 #include "ops/core/arch.hpp"
-#include "ops/core/simd.hpp"
+#include "ops/core/simd/convert.hpp"
+#include "ops/core/simd/gaps.hpp"
+#include "ops/core/simd/partial.hpp"
 
 namespace ditops::guidance {
 namespace {

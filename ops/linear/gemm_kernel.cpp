@@ -19,7 +19,11 @@
 
 #include "ops/core/arch.hpp"
 #include "ops/core/log2_domain.hpp"
-#include "ops/core/simd.hpp"
+#include "ops/core/simd/convert.hpp"
+#include "ops/core/simd/gaps.hpp"
+#include "ops/core/simd/int8_dot.hpp"
+#include "ops/core/simd/partial.hpp"
+#include "ops/core/simd/row_chunks.hpp"
 
 namespace ditops::linear {
 namespace {

@@ -37,7 +37,9 @@
 
 #include "ops/core/arch.hpp"
 #include "ops/core/lse_merge.hpp"
-#include "ops/core/simd.hpp"
+#include "ops/core/simd/convert.hpp"
+#include "ops/core/simd/gaps.hpp"
+#include "ops/core/simd/int8_dot.hpp"
 
 namespace ditops::mla {
 namespace {

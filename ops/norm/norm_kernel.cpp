@@ -25,7 +25,11 @@
 #include <type_traits>
 
 #include "ops/core/arch.hpp"
-#include "ops/core/simd.hpp"
+#include "ops/core/simd/convert.hpp"
+#include "ops/core/simd/gaps.hpp"
+#include "ops/core/simd/partial.hpp"
+#include "ops/core/simd/row_chunks.hpp"
+#include "ops/core/simd/streaming.hpp"
 
 namespace ditops::norm {
 namespace {

@@ -17,7 +17,10 @@
 #include <type_traits>
 
 #include "ops/core/arch.hpp"
-#include "ops/core/simd.hpp"
+#include "ops/core/simd/convert.hpp"
+#include "ops/core/simd/gaps.hpp"
+#include "ops/core/simd/row_chunks.hpp"
+#include "ops/core/simd/streaming.hpp"
 #include "ops/rope/rotation.hpp"
 
 namespace ditops::rope {

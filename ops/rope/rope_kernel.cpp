@@ -28,7 +28,9 @@
 #include <type_traits>
 
 #include "ops/core/arch.hpp"
-#include "ops/core/simd.hpp"
+#include "ops/core/simd/convert.hpp"
+#include "ops/core/simd/gaps.hpp"
+#include "ops/core/simd/streaming.hpp"
 #include "ops/rope/rotation.hpp"
 
 namespace ditops::rope {

@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "ops/core/simd.hpp"
+#include "ops/core/simd/convert.hpp"
+#include "ops/core/simd/gaps.hpp"
+#include "ops/core/simd/row_chunks.hpp"
 
 namespace ditops::rope {
 

@@ -1,0 +1,315 @@
+#pragma once
+// Integer SIMD helpers for the int8 kernels: int8 dot products, the dot_tile register
+// microkernel, int32 reductions, symmetric int8 scales and narrowing byte stores.
+
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "ops/core/simd/gaps.hpp"
+
+namespace ditops::simd {
+
+// ---- integer dot products ------------------------------------------------------------------
+
+template <class Arch>
+using I32 = xsimd::batch<std::int32_t, Arch>;
+
+/// Per-lane sum of the two int16 products of a and b (pmaddwd), exact in int32.
+template <class Arch>
+inline I32<Arch> madd_int16(I32<Arch> a, I32<Arch> b) noexcept {
+  if constexpr (kIsAvx512<Arch>) {
+    return _mm512_madd_epi16(a, b);
+  } else if constexpr (kIsAvx2<Arch>) {
+    return _mm256_madd_epi16(a, b);
+  } else {
+    return _mm_madd_epi16(a, b);
+  }
+}
+
+/// Whether the int8 dot products below run on pmaddubsw: the SSE4.2 and AVX2 levels (SSSE3
+/// has it and psignb; AVX-512 has no vpsignb, and its VNNI variant has vpdpbusd instead).
+template <class Arch>
+inline constexpr bool kHasMaddubs = kIsAvx2<Arch> || std::is_base_of_v<xsimd::ssse3, Arch>;
+
+/// The largest u8 operand dot_u8s8 multiplies exactly by any s8 operand: pmaddubsw saturates
+/// its int16 sums of two products, which hold 2 x 127 x 128 = 32512 but not 2 x 255 x 128.
+template <class Arch>
+inline constexpr int kDotU8Max = kHasMaddubs<Arch> ? 127 : 255;
+
+/// The even (sign-extended low) and odd (high) bytes of each 16-bit half of v, as int16: the
+/// pmaddwd emulation's widening (an arithmetic 16-bit shift sign-extends).
+template <class Arch>
+inline void widen_s8(I32<Arch> v, I32<Arch>& even, I32<Arch>& odd) noexcept {
+  if constexpr (kIsAvx512<Arch>) {
+    even = _mm512_srai_epi16(_mm512_slli_epi16(v, 8), 8);
+    odd = _mm512_srai_epi16(v, 8);
+  } else if constexpr (kIsAvx2<Arch>) {
+    even = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8);
+    odd = _mm256_srai_epi16(v, 8);
+  } else {
+    even = _mm_srai_epi16(_mm_slli_epi16(v, 8), 8);
+    odd = _mm_srai_epi16(v, 8);
+  }
+}
+
+/// acc + the per-lane sum of the 2 int16 pair sums of pmaddubsw(unsigned(a), signed(b)).
+template <class Arch>
+inline I32<Arch> add_maddubs(I32<Arch> acc, I32<Arch> a, I32<Arch> b) noexcept {
+  const I32<Arch> int16_ones(0x00010001);
+  if constexpr (kIsAvx2<Arch>) {
+    return acc + madd_int16<Arch>(_mm256_maddubs_epi16(a, b), int16_ones);
+  } else {
+    return acc + madd_int16<Arch>(_mm_maddubs_epi16(a, b), int16_ones);
+  }
+}
+
+/// acc + the per-lane sum of the 4 byte products unsigned(a) x signed(b), exact for a <=
+/// kDotU8Max: vpdpbusd (the non-saturating form) with AVX512-VNNI; pmaddubsw, then pmaddwd by
+/// ones, on the SSE4.2 and AVX2 levels; elsewhere bytes widened to int16 pairs through pmaddwd
+/// (bytes 0 and 2, then 1 and 3).
+template <class Arch>
+inline I32<Arch> dot_u8s8(I32<Arch> acc, I32<Arch> a, I32<Arch> b) noexcept {
+  if constexpr (kHasBf16Vnni<Arch>) {
+    // Inline asm, not _mm512_dpbusd_epi32: around the intrinsic GCC 12 copied every
+    // accumulator to a scratch register and back (2 moves per vpdpbusd) and, with 24
+    // accumulators, stored them to the stack each iteration (1.5x slower int8 attention).
+    // Register operands only: given "vm", GCC reloaded a vector reused by several rows from
+    // memory for every instruction (MLA QK: 3x the loads).
+    __m512i sum = acc;
+    asm("vpdpbusd %2, %1, %0"
+        : "+v"(sum)
+        : "v"(static_cast<__m512i>(a)), "v"(static_cast<__m512i>(b)));
+    return sum;
+  } else if constexpr (kHasMaddubs<Arch>) {
+    return add_maddubs<Arch>(acc, a, b);
+  } else {
+    const I32<Arch> low_bytes(0x00ff00ff);
+    const I32<Arch> a_even = a & low_bytes, a_odd = (a >> 8) & low_bytes;
+    I32<Arch> b_even, b_odd;
+    widen_s8<Arch>(b, b_even, b_odd);
+    return acc + madd_int16<Arch>(a_even, b_even) + madd_int16<Arch>(a_odd, b_odd);
+  }
+}
+
+/// |v| per byte (-128 gives 128 read as u8) on pmaddubsw levels, the operand dot_s8s8 takes
+/// as a_magnitude; elsewhere v itself (the emulation does not use it).
+template <class Arch>
+inline I32<Arch> magnitude_s8(I32<Arch> v) noexcept {
+  if constexpr (kIsAvx2<Arch>) {
+    return _mm256_abs_epi8(v);
+  } else if constexpr (kHasMaddubs<Arch>) {
+    return _mm_abs_epi8(v);
+  } else {
+    return v;
+  }
+}
+
+/// acc + the per-lane sum of the 4 byte products signed(a) x signed(b), with a_magnitude =
+/// magnitude_s8(a); exact when b's bytes are in [-127, 127] (the sign trick would turn a b of
+/// -128 into -128 again; a may be -128: 2 x 128 x 127 fits int16). pmaddubsw levels: |a| as
+/// u8 times b carrying a's sign (psignb, ggml's q8_0 trick); elsewhere both widened to int16
+/// through pmaddwd. The VNNI variant multiplies u8 by s8 (dot_u8s8) instead.
+template <class Arch>
+inline I32<Arch> dot_s8s8(I32<Arch> acc, I32<Arch> a_magnitude, I32<Arch> a, I32<Arch> b) noexcept {
+  static_assert(!kHasBf16Vnni<Arch>, "the VNNI kernels use dot_u8s8");
+  if constexpr (kIsAvx2<Arch>) {
+    return add_maddubs<Arch>(acc, a_magnitude, _mm256_sign_epi8(b, a));
+  } else if constexpr (kHasMaddubs<Arch>) {
+    return add_maddubs<Arch>(acc, a_magnitude, _mm_sign_epi8(b, a));
+  } else {
+    I32<Arch> a_even, a_odd, b_even, b_odd;
+    widen_s8<Arch>(a, a_even, a_odd);
+    widen_s8<Arch>(b, b_even, b_odd);
+    return acc + madd_int16<Arch>(a_even, b_even) + madd_int16<Arch>(a_odd, b_odd);
+  }
+}
+
+/// The byte type of the broadcast rows of dot_tile: u8 (dot_u8s8), s8 (dot_s8s8), or u8 of
+/// at most kDotU6Max, for which pmaddubsw levels add two words' int16 sums before one pmaddwd
+/// (2 x 2 x 63 x 128 = 32256 fits int16): 3 multiply uops per two words instead of 4.
+enum class RowBytes : std::uint8_t { u8, s8, u6 };
+
+/// The largest row byte of dot_tile with RowBytes::u6.
+template <class Arch>
+inline constexpr int kDotU6Max = kHasMaddubs<Arch> ? 63 : kDotU8Max<Arch>;
+
+/// acc + the per-lane sum of the 8 byte products of two word pairs a0 x b0 and a1 x b1
+/// (unsigned a at most kDotU6Max, signed b): both pmaddubsw sums added in int16, then one
+/// pmaddwd by ones.
+template <class Arch>
+inline I32<Arch> dot_u6s8_pair(I32<Arch> acc, I32<Arch> a0, I32<Arch> b0, I32<Arch> a1,
+                               I32<Arch> b1) noexcept {
+  const I32<Arch> int16_ones(0x00010001);
+  if constexpr (kIsAvx2<Arch>) {
+    const __m256i sums =
+        _mm256_add_epi16(_mm256_maddubs_epi16(a0, b0), _mm256_maddubs_epi16(a1, b1));
+    return acc + madd_int16<Arch>(sums, int16_ones);
+  } else {
+    const __m128i sums = _mm_add_epi16(_mm_maddubs_epi16(a0, b0), _mm_maddubs_epi16(a1, b1));
+    return acc + madd_int16<Arch>(sums, int16_ones);
+  }
+}
+
+/// The int8 register tile of the int8 attention and MLA kernels: acc[r][c] += the word of row
+/// r at word w (rows + r * row_bytes + w * word_row_bytes; bytes as kRowBytes) times the V
+/// consecutive s8 vectors of word w (vectors + w * word_bytes), exact int32 within the ranges
+/// of dot_u8s8 / dot_s8s8, for w < words. Accumulators are plain register arrays: GCC kept
+/// arrays of xsimd integer batches in memory (a store and a reload around every vpdpbusd).
+template <class Arch, int R, int V, RowBytes kRowBytes>
+[[gnu::always_inline]] inline void dot_tile(
+    const void* rows, std::int64_t row_bytes, std::int64_t word_row_bytes,
+    const std::int8_t* vectors, std::int64_t word_bytes, std::int64_t words,
+    typename I32<Arch>::register_type (&acc)[R][V]) noexcept {
+  using Reg = typename I32<Arch>::register_type;
+  constexpr std::int64_t kLanes = I32<Arch>::size;
+  const auto* row_base = static_cast<const std::uint8_t*>(rows);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int c = 0; c < V; ++c) acc[r][c] = I32<Arch>(0);
+  }
+  const auto row_word = [&](int r, std::int64_t word) {
+    std::int32_t bytes;
+    std::memcpy(&bytes, row_base + r * row_bytes + word * word_row_bytes, sizeof bytes);
+    return Reg(I32<Arch>(bytes));
+  };
+  std::int64_t first_single = 0;
+  if constexpr (kRowBytes == RowBytes::u6 && kHasMaddubs<Arch>) {
+    for (; first_single + 2 <= words; first_single += 2) {
+      Reg vector0[V], vector1[V];
+      const auto* at = reinterpret_cast<const std::int32_t*>(vectors + first_single * word_bytes);
+#pragma GCC unroll 4
+      for (int c = 0; c < V; ++c) {
+        vector0[c] = I32<Arch>::load_aligned(at + c * kLanes);
+        vector1[c] = I32<Arch>::load_aligned(at + word_bytes / 4 + c * kLanes);
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const Reg row0 = row_word(r, first_single), row1 = row_word(r, first_single + 1);
+#pragma GCC unroll 4
+        for (int c = 0; c < V; ++c) {
+          acc[r][c] = dot_u6s8_pair<Arch>(acc[r][c], row0, vector0[c], row1, vector1[c]);
+        }
+      }
+    }
+  }
+  for (std::int64_t word = first_single; word < words; ++word) {
+    Reg vector[V];
+    const auto* at = reinterpret_cast<const std::int32_t*>(vectors + word * word_bytes);
+#pragma GCC unroll 4
+    for (int c = 0; c < V; ++c) vector[c] = I32<Arch>::load_aligned(at + c * kLanes);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const Reg row = row_word(r, word);
+      const Reg magnitude = magnitude_s8<Arch>(row);  // unused unless s8
+#pragma GCC unroll 4
+      for (int c = 0; c < V; ++c) {
+        if constexpr (kRowBytes == RowBytes::s8) {
+          acc[r][c] = dot_s8s8<Arch>(acc[r][c], magnitude, row, vector[c]);
+        } else {
+          acc[r][c] = dot_u8s8<Arch>(acc[r][c], row, vector[c]);
+        }
+      }
+    }
+  }
+}
+
+/// Largest lane of an int32 vector.
+template <class Arch>
+inline std::int32_t reduce_max(I32<Arch> v) noexcept {
+  if constexpr (kIsAvx512<Arch>) {
+    return _mm512_reduce_max_epi32(v);
+  } else if constexpr (kIsAvx2<Arch> || std::is_base_of_v<xsimd::sse4_1, Arch>) {
+    // Halving shuffles (pmaxsd is SSE4.1) rather than a store and a scalar loop: the int8
+    // softmax takes one block max per row and block of 64 scores.
+    __m128i top;
+    if constexpr (kIsAvx2<Arch>) {
+      top = _mm_max_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    } else {
+      top = v;
+    }
+    top = _mm_max_epi32(top, _mm_shuffle_epi32(top, 0x4e));
+    top = _mm_max_epi32(top, _mm_shuffle_epi32(top, 0xb1));
+    return _mm_cvtsi128_si32(top);
+  } else {
+    alignas(64) std::int32_t lanes[I32<Arch>::size];
+    v.store_aligned(lanes);
+    std::int32_t best = lanes[0];
+    for (std::size_t i = 1; i < I32<Arch>::size; ++i) best = lanes[i] > best ? lanes[i] : best;
+    return best;
+  }
+}
+
+/// Sum of the lanes of an int32 vector (wrapping, as the lanes' own adds).
+template <class Arch>
+inline std::int32_t reduce_add(I32<Arch> v) noexcept {
+  if constexpr (kIsAvx512<Arch>) {
+    return _mm512_reduce_add_epi32(v);
+  } else {
+    alignas(64) std::int32_t lanes[I32<Arch>::size];
+    v.store_aligned(lanes);
+    std::uint32_t sum = 0;
+    for (std::size_t i = 0; i < I32<Arch>::size; ++i) sum += static_cast<std::uint32_t>(lanes[i]);
+    return static_cast<std::int32_t>(sum);
+  }
+}
+
+/// The scale of symmetric int8 quantization of values whose largest magnitude is `top`:
+/// top / 127, or 1 when that is not a normal float (all zero, or so small that 1 / scale
+/// would overflow): every value then quantizes to 0.
+inline float int8_scale(float top) noexcept {
+  const float scale = top / 127.f;
+  return scale >= std::numeric_limits<float>::min() ? scale : 1.f;
+}
+
+/// The low byte of each int32 lane (values known to fit) to dst, F32<Arch>::size bytes.
+/// SSE and AVX2 have no truncating narrow: the low bytes (0..255, masked) go through the
+/// saturating packs, which keep them as they are (a store and a byte loop cost the AVX2 int8
+/// attention 3 % when its softmax narrowed P with it; that now uses store_u8_x4).
+template <class Arch>
+inline void store_low_bytes(void* dst, I32<Arch> v) noexcept {
+  if constexpr (kIsAvx512<Arch>) {
+    _mm_storeu_si128(static_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(v));
+  } else if constexpr (kIsAvx2<Arch>) {
+    const __m256i words = _mm256_packs_epi32(v & I32<Arch>(0xff), I32<Arch>(0));
+    const __m256i bytes = _mm256_packus_epi16(words, words);  // 4 bytes per 128-bit lane
+    const __m128i low8 =
+        _mm_unpacklo_epi32(_mm256_castsi256_si128(bytes), _mm256_extracti128_si256(bytes, 1));
+    _mm_storel_epi64(static_cast<__m128i*>(dst), low8);
+  } else {
+    const __m128i words = _mm_packs_epi32(v & I32<Arch>(0xff), _mm_setzero_si128());
+    const std::int32_t bytes = _mm_cvtsi128_si32(_mm_packus_epi16(words, words));
+    std::memcpy(dst, &bytes, sizeof bytes);
+  }
+}
+
+/// The lanes of four int32 vectors, each in [0, 255], as 4 x lanes consecutive bytes at dst
+/// (a's lanes first): two saturating packs and, on AVX2, one lane permute for 32 bytes, where
+/// store_low_bytes per vector takes six instructions and a 4- or 8-byte store each.
+template <class Arch>
+inline void store_u8_x4(void* dst, I32<Arch> a, I32<Arch> b, I32<Arch> c, I32<Arch> d) noexcept {
+  if constexpr (kIsAvx512<Arch>) {
+    auto* bytes = static_cast<std::uint8_t*>(dst);
+    store_low_bytes<Arch>(bytes, a);
+    store_low_bytes<Arch>(bytes + 16, b);
+    store_low_bytes<Arch>(bytes + 32, c);
+    store_low_bytes<Arch>(bytes + 48, d);
+  } else if constexpr (kIsAvx2<Arch>) {
+    // Per 128-bit lane the packs interleave 4 lanes of a, b, c, d: dwords a0 b0 c0 d0 | a1 b1
+    // c1 d1, where x0 / x1 are x's low / high four lanes.
+    const __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    _mm256_storeu_si256(
+        static_cast<__m256i*>(dst),
+        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  } else {
+    _mm_storeu_si128(static_cast<__m128i*>(dst),
+                     _mm_packus_epi16(_mm_packs_epi32(a, b), _mm_packs_epi32(c, d)));
+  }
+}
+
+}  // namespace ditops::simd
