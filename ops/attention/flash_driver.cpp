@@ -5,13 +5,29 @@
 #include <optional>
 
 #include "ops/attention/int8.hpp"
+#include "ops/attention/kernels.hpp"
 #include "ops/attention/packing.hpp"
-#include "ops/core/isa.hpp"
 #include "ops/core/scratch.hpp"
 #include "ops/core/threads.hpp"
 #include "ops/schedule/split_plan.hpp"
 
 namespace ditops::attention {
+namespace {
+
+template <class Arch>
+constexpr AttentionKernels attention_kernels_of() {
+  return {&flash_task<Arch>,           &flash_merge_splits<Arch>,    &widen_row<Arch>,
+          &merge_attention_rows<Arch>, &int8_quantize_kv_head<Arch>, &int8_attention_task<Arch>};
+}
+
+}  // namespace
+
+const AttentionKernels& attention_kernels() noexcept {
+  static constexpr core::IsaTable<AttentionKernels> table =
+      DITOPS_KERNEL_TABLE(attention_kernels_of);
+  return table.get();
+}
+
 namespace {
 
 /// The order the team takes tasks in: the tasks of one (sequence, KV head) together, most
@@ -129,9 +145,7 @@ TaskPlan plan_tasks(const FlashProblem& p, int threads) {
 /// Writes each split row from its partials, weighted by their LSE (log2 domain):
 /// out = sum 2^(lse_s - lse) O_s.
 void merge_splits(const FlashProblem& p, const TaskPlan& plan, int threads) {
-  using MergeKernel = decltype(&flash_merge_splits<xsimd::sse2>);
-  static const core::IsaTable<MergeKernel> merge_kernels = DITOPS_ISA_TABLE(flash_merge_splits);
-  const MergeKernel merge = merge_kernels.get();
+  const auto merge = attention_kernels().flash_merge_splits;
   auto merged = core::aligned_array<float>(p.dv_padded * threads);
   core::parallel_ranges(
       static_cast<std::int64_t>(plan.whole.size()), threads,
@@ -150,9 +164,7 @@ void run_flash_tasks(const FlashProblem& p, const FlashTiles& tiles,
                      const std::vector<FlashTask>& tasks, const std::vector<double>& cost,
                      int threads, int int8_chunk) {
   if (tasks.empty()) return;
-  using Kernel = decltype(&flash_task<xsimd::sse2>);
-  static const core::IsaTable<Kernel> flash_kernels = DITOPS_ISA_TABLE(flash_task);
-  const Kernel kernel = flash_kernels.get();
+  const auto kernel = attention_kernels().flash_task;
   const std::vector<std::int64_t> order = task_order(p, tasks, cost);
 
   std::optional<Int8Backend> int8;

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "ops/core/isa.hpp"
+#include "ops/attention/kernels.hpp"
 #include "ops/core/threads.hpp"
 
 namespace ditops::attention {
@@ -14,12 +14,8 @@ bool smooth_keys() {
 }
 
 Int8Backend::Int8Backend(const FlashProblem& p, int chunk, int threads) : problem_(p) {
-  using QuantizeKernel = decltype(&int8_quantize_kv_head<xsimd::sse2>);
-  static const core::IsaTable<QuantizeKernel> quantize_kernels =
-      DITOPS_ISA_TABLE(int8_quantize_kv_head);
-  using TaskKernel = decltype(&int8_attention_task<xsimd::sse2>);
-  static const core::IsaTable<TaskKernel> task_kernels = DITOPS_ISA_TABLE(int8_attention_task);
-  task_kernel_ = task_kernels.get();
+  const AttentionKernels& kernels = attention_kernels();
+  task_kernel_ = kernels.int8_attention_task;
   Int8Operands& op = operands_;
   op.chunk = chunk;
   op.row_group = int8_row_group(chunk);
@@ -53,7 +49,7 @@ Int8Backend::Int8Backend(const FlashProblem& p, int chunk, int threads) : proble
     op.k_mean = k_mean_.get();
   }
   // Per (sequence, KV head): its mean, then its blocks, while the keys are still in L2.
-  const QuantizeKernel quantize = quantize_kernels.get();
+  const auto quantize = kernels.int8_quantize_kv_head;
   core::parallel_ranges(heads_total, threads, [&](std::int64_t begin, std::int64_t end, int) {
     for (std::int64_t h = begin; h < end; ++h) {
       quantize(p, op, h / p.kv_heads, h % p.kv_heads, op.k_mean ? op.k_mean + h * p.dk : nullptr);

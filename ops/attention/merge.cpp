@@ -2,9 +2,9 @@
 
 #include <ditops/attention.hpp>
 
+#include "ops/attention/kernels.hpp"
 #include "ops/attention/merge_kernel.hpp"
 #include "ops/core/check.hpp"
-#include "ops/core/isa.hpp"
 #include "ops/core/threads.hpp"
 
 namespace ditops {
@@ -61,9 +61,7 @@ void merge_attention_states(const TensorView& out_a, const TensorView& lse_a,
   problem.lse_b = static_cast<const float*>(lse_b.data);
   problem.lse = static_cast<float*>(lse.data);
   if (problem.rows.rows == 0) return;
-  static const core::IsaTable<decltype(&attention::merge_attention_rows<xsimd::sse2>)> kernels =
-      DITOPS_ISA_TABLE(attention::merge_attention_rows);
-  const auto kernel = kernels.get();
+  const auto kernel = attention::attention_kernels().merge_attention_rows;
   const std::int64_t bytes =
       problem.rows.rows *
       (problem.dim * (dtype_size(out_a.dtype) + dtype_size(out_b.dtype) + dtype_size(out.dtype)) +

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "ops/core/isa.hpp"
+#include "ops/attention/kernels.hpp"
 #include "ops/core/scratch.hpp"
 #include "ops/core/threads.hpp"
 
@@ -19,7 +19,7 @@ struct PackJob {
 /// the packer's own buffers first.
 class BlockPacker {
  public:
-  using WidenKernel = decltype(&widen_row<xsimd::sse2>);
+  using WidenKernel = decltype(AttentionKernels::widen_row);
 
   BlockPacker(const FlashProblem& p, bool bf16_dot, WidenKernel widen)
       : p_(p),
@@ -197,9 +197,7 @@ PackedKV PackedKV::pack(const FlashProblem& p, const FlashTiles& tiles,
   // D=128), which maps every row of a KV block to the same L1 sets and thrashes it. Decode-like
   // calls (K read in place) stream V rows once, which costs less than a copy.
   if (tiles.k_layout != KLayout::packed) return packed;
-  using WidenKernel = BlockPacker::WidenKernel;
-  static const core::IsaTable<WidenKernel> widen_kernels = DITOPS_ISA_TABLE(widen_row);
-  const WidenKernel widen = widen_kernels.get();
+  const BlockPacker::WidenKernel widen = attention_kernels().widen_row;
   const std::int64_t k_block_elements = BlockPacker::k_block_elements(p, tiles.bf16_dot);
 
   // One job per block: as many as a broadcast K's length allows, so sized (and checked) before

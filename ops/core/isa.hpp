@@ -3,6 +3,7 @@
 // never instantiates a batch, so any translation unit may include it.
 
 #include <array>
+#include <cstddef>
 #include <tuple>
 #include <xsimd/xsimd.hpp>
 
@@ -38,12 +39,17 @@ int kernel_variant() noexcept;
 /// "avx512+bf16+vnni" for the extension variant, else isa_name of the level.
 const char* kernel_variant_name() noexcept;
 
-/// One entry per kernel variant: the instantiations of a kernel template.
-/// Usage: static const IsaTable<Fn> table = DITOPS_ISA_TABLE(kernel_template);
-template <class Fn>
+/// One entry per kernel variant, in level order. An operator family keeps one table, of a
+/// struct of its kernels (one function pointer per kernel template), built once at compile time
+/// from a builder `template <class Arch> constexpr T builder()` by DITOPS_KERNEL_TABLE; a call
+/// reads one entry: get() for the variant this process runs, of(variant) for a variant fixed
+/// earlier (a linear layer runs the variant its weight panels were packed for).
+/// Usage: static constexpr IsaTable<FamilyKernels> table = DITOPS_KERNEL_TABLE(builder);
+template <class T>
 struct IsaTable {
-  std::array<Fn, kKernelVariants> by_variant;
-  Fn get() const noexcept { return by_variant[kernel_variant()]; }
+  std::array<T, kKernelVariants> by_variant;
+  const T& get() const noexcept { return of(kernel_variant()); }
+  const T& of(int variant) const noexcept { return by_variant[static_cast<std::size_t>(variant)]; }
 };
 
 }  // namespace ditops::core
@@ -63,9 +69,10 @@ namespace ditops::core {
 using KernelArchs = std::tuple<DITOPS_KERNEL_ARCHS>;
 }  // namespace ditops::core
 
-// The instantiations of `kernel` for every variant, in level order.
-#define DITOPS_ISA_TABLE_ITEM(kernel, Arch) &kernel<Arch>,
-#define DITOPS_ISA_TABLE(kernel)                                   \
-  {                                                                \
-    { DITOPS_FOR_EACH_KERNEL_ARCH(DITOPS_ISA_TABLE_ITEM, kernel) } \
+// An IsaTable's initializer: `builder<Arch>()` for the architecture of every variant, in level
+// order (a level left out of the build gets the architecture it runs, see isa_variants.hpp).
+#define DITOPS_KERNEL_TABLE_ITEM(builder, Arch) builder<Arch>(),
+#define DITOPS_KERNEL_TABLE(builder)                                   \
+  {                                                                    \
+    { DITOPS_FOR_EACH_KERNEL_ARCH(DITOPS_KERNEL_TABLE_ITEM, builder) } \
   }

@@ -10,6 +10,26 @@
 #include "ops/guidance/guidance_kernel.hpp"
 
 namespace ditops {
+namespace {
+
+/// The guidance family's kernels of one variant (the member types: any instantiation's).
+struct GuidanceKernels {
+  decltype(&guidance::cfg_combine_rows<xsimd::sse2>) cfg_combine_rows;  ///< cfg_combine
+};
+
+template <class Arch>
+constexpr GuidanceKernels guidance_kernels_of() {
+  return {&guidance::cfg_combine_rows<Arch>};
+}
+
+/// The kernels of the variant this process runs. The table is constexpr: built at compile
+/// time, read without an initialization guard.
+const GuidanceKernels& guidance_kernels() {
+  static constexpr core::IsaTable<GuidanceKernels> table = DITOPS_KERNEL_TABLE(guidance_kernels_of);
+  return table.get();
+}
+
+}  // namespace
 
 void cfg_combine(const TensorView& cond, const TensorView& uncond, float scale,
                  const TensorView& out) {
@@ -41,9 +61,7 @@ void cfg_combine(const TensorView& cond, const TensorView& uncond, float scale,
   problem.out = out.data;
   problem.scale = scale;
   if (problem.rows.rows == 0 || problem.dim == 0) return;
-  static const core::IsaTable<decltype(&guidance::cfg_combine_rows<xsimd::sse2>)> kernels =
-      DITOPS_ISA_TABLE(guidance::cfg_combine_rows);
-  const auto kernel = kernels.get();
+  const auto kernel = guidance_kernels().cfg_combine_rows;
   const std::int64_t bytes = problem.rows.rows * problem.dim * dtype_size(problem.dtype) * 3;
   core::parallel_ranges(
       problem.rows.rows, core::threads_for_bytes(bytes),

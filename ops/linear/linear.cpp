@@ -57,8 +57,8 @@ namespace {
 using core::Arg;
 using linear::GemmProblem;
 
-// The kernels of every variant; a layer keeps the variant its panels were packed for.
-struct Kernels {
+/// The linear kernels of one variant (the member types: any instantiation's).
+struct LinearKernels {
   decltype(&linear::int8_layout<xsimd::sse2>) int8_layout;
   decltype(&linear::f32_tile<xsimd::sse2>) f32_tile;
   decltype(&linear::quantize_rows<xsimd::sse2>) quantize_rows;
@@ -67,22 +67,19 @@ struct Kernels {
   decltype(&linear::gemm_f32<xsimd::sse2>) gemm_f32;
 };
 
-Kernels kernels_of(int variant) {
-  static const core::IsaTable<decltype(&linear::int8_layout<xsimd::sse2>)> int8_layouts =
-      DITOPS_ISA_TABLE(linear::int8_layout);
-  static const core::IsaTable<decltype(&linear::f32_tile<xsimd::sse2>)> f32_tiles =
-      DITOPS_ISA_TABLE(linear::f32_tile);
-  static const core::IsaTable<decltype(&linear::quantize_rows<xsimd::sse2>)> quantizers =
-      DITOPS_ISA_TABLE(linear::quantize_rows);
-  static const core::IsaTable<decltype(&linear::f32_blocking<xsimd::sse2>)> f32_blockings =
-      DITOPS_ISA_TABLE(linear::f32_blocking);
-  static const core::IsaTable<decltype(&linear::gemm_int8<xsimd::sse2>)> int8_gemms =
-      DITOPS_ISA_TABLE(linear::gemm_int8);
-  static const core::IsaTable<decltype(&linear::gemm_f32<xsimd::sse2>)> f32_gemms =
-      DITOPS_ISA_TABLE(linear::gemm_f32);
-  const auto at = static_cast<std::size_t>(variant);
-  return {int8_layouts.by_variant[at],  f32_tiles.by_variant[at],  quantizers.by_variant[at],
-          f32_blockings.by_variant[at], int8_gemms.by_variant[at], f32_gemms.by_variant[at]};
+template <class Arch>
+constexpr LinearKernels linear_kernels_of() {
+  return {&linear::int8_layout<Arch>,  &linear::f32_tile<Arch>,  &linear::quantize_rows<Arch>,
+          &linear::f32_blocking<Arch>, &linear::gemm_int8<Arch>, &linear::gemm_f32<Arch>};
+}
+
+/// The kernels of `variant`. By variant, not the active one: a layer keeps the variant its
+/// panels were packed for (make_layer picks the baseline for weights holding -128 where the
+/// active variant's int8 kernels are not exact for them) and runs that variant's kernels. The
+/// table is constexpr: built at compile time, read without an initialization guard.
+const LinearKernels& linear_kernels(int variant) {
+  static constexpr core::IsaTable<LinearKernels> table = DITOPS_KERNEL_TABLE(linear_kernels_of);
+  return table.of(variant);
 }
 
 std::int64_t round_up(std::int64_t value, std::int64_t multiple) {
@@ -137,11 +134,11 @@ std::shared_ptr<const QuantLinear::Impl> make_layer(LayerDefinition definition) 
     // holding -128 runs the baseline variant, whose widening multiply is exact for any byte.
     const bool has_minus_128 = std::find(definition.weight_s8.begin(), definition.weight_s8.end(),
                                          std::int8_t{-128}) != definition.weight_s8.end();
-    if (has_minus_128 && !kernels_of(layer->variant).int8_layout(n).exact_for_minus_128) {
+    if (has_minus_128 && !linear_kernels(layer->variant).int8_layout(n).exact_for_minus_128) {
       layer->variant = 0;
     }
   }
-  const Kernels kernels = kernels_of(layer->variant);
+  const LinearKernels& kernels = linear_kernels(layer->variant);
   if (is_int8) {
     const linear::Int8Layout layout = kernels.int8_layout(n);
     layer->tile = layout.tile;
@@ -442,7 +439,7 @@ bool weights_fit_l2(std::int64_t panels, std::int64_t panel_bytes) {
 /// need no blocks of rows to be reused: there a task is one tile of rows, whose chunks of x
 /// follow each other in memory, so the hardware prefetchers stream x (blocks of 120 rows read
 /// x as 120 short runs per chunk: 0.42 of the FMA peak at 16 outputs, against 0.50).
-void forward_f32(const Kernels& kernels, const GemmProblem& problem, std::int64_t panels,
+void forward_f32(const LinearKernels& kernels, const GemmProblem& problem, std::int64_t panels,
                  std::int64_t padded_m, int tile_rows, int threads) {
   const linear::F32Blocking blocking = kernels.f32_blocking();
   const std::int64_t block_rows = std::min<std::int64_t>(
@@ -596,7 +593,7 @@ void zero_padding_rows(std::uint8_t* a, float* row_scale, std::int64_t rows,
 /// rows never go to memory (the GEMM is short beside that traffic). Wider layers quantize
 /// first: at 3072 outputs, 1 thread, the fused tasks measured 5 % slower (x streamed through
 /// L2 between the panels).
-void forward_int8_fused(const Kernels& kernels, const GemmProblem& problem,
+void forward_int8_fused(const LinearKernels& kernels, const GemmProblem& problem,
                         const linear::ActivationQuant& quant, const Int8Tasks& tasks, int threads) {
   const std::int64_t m = problem.m, row_bytes = tasks.row_bytes, block_rows = tasks.block_rows;
   const std::int64_t thread_bytes = block_rows * (row_bytes + 4);
@@ -616,7 +613,7 @@ void forward_int8_fused(const Kernels& kernels, const GemmProblem& problem,
 }
 
 /// Every row quantized first, for the tasks to share.
-void forward_int8_shared(const Kernels& kernels, const GemmProblem& problem,
+void forward_int8_shared(const LinearKernels& kernels, const GemmProblem& problem,
                          const linear::ActivationQuant& quant, const Int8Tasks& tasks,
                          int threads) {
   const std::int64_t m = problem.m, padded_m = tasks.padded_m, row_bytes = tasks.row_bytes;
@@ -659,7 +656,7 @@ void QuantLinear::forward(const TensorView& x, const TensorView& y, Activation a
 
   GemmProblem problem = make_problem(layer, x, y, m, activation);
   const linear::ActivationQuant quant = activation_quant(layer, problem);
-  const Kernels kernels = kernels_of(layer.variant);
+  const LinearKernels& kernels = linear_kernels(layer.variant);
   const int threads = core::thread_count();
   const int tile_rows = layer.tile.rows;
   const std::int64_t padded_m = round_up(m, tile_rows);

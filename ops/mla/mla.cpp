@@ -102,9 +102,26 @@ CacheGeometry check_cache(const char* call, const MlaPagedCache& cache) {
   return {cache.nope.shape[0], block_size, groups};
 }
 
-using TaskKernel = decltype(&mla::mla_decode_task<xsimd::sse2>);
-using MergeKernel = decltype(&mla::mla_merge_splits<xsimd::sse2>);
-using PrepareKernel = decltype(&mla::mla_prepare_queries<xsimd::sse2>);
+/// The MLA decode kernels of one variant, in the order a call runs them (the member types: any
+/// instantiation's).
+struct MlaKernels {
+  decltype(&mla::mla_prepare_queries<xsimd::sse2>) mla_prepare_queries;
+  decltype(&mla::mla_decode_task<xsimd::sse2>) mla_decode_task;
+  decltype(&mla::mla_merge_splits<xsimd::sse2>) mla_merge_splits;
+};
+
+template <class Arch>
+constexpr MlaKernels mla_kernels_of() {
+  return {&mla::mla_prepare_queries<Arch>, &mla::mla_decode_task<Arch>,
+          &mla::mla_merge_splits<Arch>};
+}
+
+/// The kernels of the variant this process runs. The table is constexpr: built at compile
+/// time, read without an initialization guard.
+const MlaKernels& mla_kernels() {
+  static constexpr core::IsaTable<MlaKernels> table = DITOPS_KERNEL_TABLE(mla_kernels_of);
+  return table.get();
+}
 
 /// Floats of one thread's workspace and where each part starts (64-byte aligned parts).
 struct WorkspaceLayout {
@@ -272,9 +289,7 @@ mla::PreparedQueries prepare_queries(const TensorView& q_nope, const TensorView&
   query_inputs.heads = static_cast<int>(heads);
   query_inputs.padded_heads = static_cast<int>(padded_heads);
   const mla::PreparedQueries prepared{q_words, q_pairs, offset_sums, nope_factor, rope_scaled};
-  static const core::IsaTable<PrepareKernel> kPrepareKernels =
-      DITOPS_ISA_TABLE(mla::mla_prepare_queries);
-  const PrepareKernel prepare = kPrepareKernels.get();
+  const auto prepare = mla_kernels().mla_prepare_queries;
   // Work in units of 16 heads of one sequence: a unit writes whole cache lines of the packed
   // arrays, so two threads never share one; one unit runs inline (no team for ~1 us of work).
   const std::int64_t units = batch * (padded_heads / mla::kHeadPadding);
@@ -438,8 +453,7 @@ void order_longest_first(std::vector<mla::MlaTask>& tasks) {
 }
 
 void run_tasks(const mla::MlaProblem& problem, std::span<const mla::MlaTask> tasks, int threads) {
-  static const core::IsaTable<TaskKernel> kTaskKernels = DITOPS_ISA_TABLE(mla::mla_decode_task);
-  const TaskKernel task_kernel = kTaskKernels.get();
+  const auto task_kernel = mla_kernels().mla_decode_task;
   const int workers = static_cast<int>(std::min<std::int64_t>(threads, tasks.size()));
   const WorkspaceLayout layout(
       static_cast<std::size_t>(problem.heads), static_cast<std::size_t>(problem.padded_heads),
@@ -455,8 +469,7 @@ void run_tasks(const mla::MlaProblem& problem, std::span<const mla::MlaTask> tas
 
 /// Merges in units of (sequence, 16 heads), so one long sequence merges on every thread.
 void merge_partials(const mla::MlaProblem& problem, const DecodeTasks& plan, int threads) {
-  static const core::IsaTable<MergeKernel> kMergeKernels = DITOPS_ISA_TABLE(mla::mla_merge_splits);
-  const MergeKernel merge_kernel = kMergeKernels.get();
+  const auto merge_kernel = mla_kernels().mla_merge_splits;
   const std::int64_t heads = problem.heads;
   std::vector<int> merged;
   for (std::size_t b = 0; b < plan.splits_of.size(); ++b) {

@@ -20,6 +20,24 @@ namespace {
 
 using core::Arg;
 
+/// The norm family's kernels of one variant (the member types: any instantiation's).
+struct NormKernels {
+  decltype(&norm::rms_norm_rows<xsimd::sse2>) rms_norm_rows;      ///< rms_norm, add_rms_norm
+  decltype(&norm::layer_norm_rows<xsimd::sse2>) layer_norm_rows;  ///< layer_norm (+ scale, shift)
+};
+
+template <class Arch>
+constexpr NormKernels norm_kernels_of() {
+  return {&norm::rms_norm_rows<Arch>, &norm::layer_norm_rows<Arch>};
+}
+
+/// The kernels of the variant this process runs. The table is constexpr: built at compile
+/// time, read without an initialization guard.
+const NormKernels& norm_kernels() {
+  static constexpr core::IsaTable<NormKernels> table = DITOPS_KERNEL_TABLE(norm_kernels_of);
+  return table.get();
+}
+
 constexpr std::initializer_list<DType> kFloatTypes = {DType::f32, DType::bf16, DType::f16};
 
 void check_eps(const char* call, float eps) {
@@ -63,9 +81,7 @@ void run(norm::NormProblem& problem, const TensorView& weight) {
   // A row whose sum of squares is finite has finite inputs; with a finite weight its outputs
   // hold no NaN, and their rounding to bf16 can skip the NaN case.
   problem.weight_finite = all_finite(problem.weight, problem.dim);
-  static const core::IsaTable<decltype(&norm::rms_norm_rows<xsimd::sse2>)> kernels =
-      DITOPS_ISA_TABLE(norm::rms_norm_rows);
-  const auto kernel = kernels.get();
+  const auto kernel = norm_kernels().rms_norm_rows;
   const int operands = problem.residual ? 4 : 2;  // tensors streamed through memory per element
   const std::int64_t bytes = problem.rows.rows * problem.dim * dtype_size(problem.dtype) * operands;
   const int threads = core::threads_for_bytes(bytes);
@@ -180,9 +196,7 @@ void run_layer_norm(const char* call, const TensorView& x, const TensorView& wei
                                problem.rows.strides[norm::LayerNormProblem::kScale][inner] == 0 &&
                                problem.rows.strides[norm::LayerNormProblem::kShift][inner] == 0;
 
-  static const core::IsaTable<decltype(&norm::layer_norm_rows<xsimd::sse2>)> kernels =
-      DITOPS_ISA_TABLE(norm::layer_norm_rows);
-  const auto kernel = kernels.get();
+  const auto kernel = norm_kernels().layer_norm_rows;
   const std::int64_t written = problem.rows.rows * problem.dim * dtype_size(problem.dtype);
   // x read and out written; per-token scale and shift are streamed as well.
   const std::int64_t bytes =

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "ops/core/check.hpp"
-#include "ops/core/isa.hpp"
 #include "ops/core/threads.hpp"
+#include "ops/rope/kernels.hpp"
 #include "ops/rope/norm_rope_kernel.hpp"
 #include "ops/rope/rope_tables.hpp"
 
@@ -102,9 +102,7 @@ void rms_norm_rotary_position_embedding(const TensorView& x, const TensorView& w
                    : narrow_weight.empty() ? static_cast<const float*>(weight.data)
                                            : narrow_weight.data();
 
-  static const core::IsaTable<decltype(&rope::norm_rope_groups<xsimd::sse2>)> kernels =
-      DITOPS_ISA_TABLE(rope::norm_rope_groups);
-  const auto kernel = kernels.get();
+  const auto kernel = rope::rope_kernels().norm_rope_groups;
   const std::int64_t written = problem.groups.rows * heads * dim * dtype_size(x.dtype);
   problem.stream = core::use_streaming_stores(written);
   core::parallel_ranges(

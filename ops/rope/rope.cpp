@@ -6,10 +6,28 @@
 #include "ops/core/check.hpp"
 #include "ops/core/isa.hpp"
 #include "ops/core/threads.hpp"
+#include "ops/rope/kernels.hpp"
 #include "ops/rope/rope_kernel.hpp"
 #include "ops/rope/rope_tables.hpp"
 
 namespace ditops {
+namespace rope {
+namespace {
+
+template <class Arch>
+constexpr RopeKernels rope_kernels_of() {
+  return {&rope_rows<Arch>, &norm_rope_groups<Arch>};
+}
+
+}  // namespace
+
+const RopeKernels& rope_kernels() noexcept {
+  static constexpr core::IsaTable<RopeKernels> table = DITOPS_KERNEL_TABLE(rope_kernels_of);
+  return table.get();
+}
+
+}  // namespace rope
+
 namespace {
 
 constexpr std::int64_t kCacheLineBytes = 64;
@@ -41,9 +59,7 @@ void rotary_position_embedding(const TensorView& x, const TensorView& cos, const
   problem.sin = sin.data;
   if (problem.rows.rows == 0 || problem.dim == 0) return;
 
-  static const core::IsaTable<decltype(&rope::rope_rows<xsimd::sse2>)> kernels =
-      DITOPS_ISA_TABLE(rope::rope_rows);
-  const auto kernel = kernels.get();
+  const auto kernel = rope::rope_kernels().rope_rows;
   const std::int64_t bytes = problem.rows.rows * problem.dim * dtype_size(x.dtype) * 2;
   // Streaming saves reading each line of out for ownership, decided by the traffic (x read and
   // out written) for f32: rows that fill whole cache lines stream from the threshold of the
