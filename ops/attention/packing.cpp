@@ -23,7 +23,6 @@ class BlockPacker {
 
   BlockPacker(const FlashProblem& p, bool bf16_dot, WidenKernel widen)
       : p_(p),
-        bf16_dot_(bf16_dot),
         widen_(widen),
         element_bytes_(dtype_size(p.dtype)),
         dk_padded_(round_up(p.dk, 32)),
@@ -173,7 +172,6 @@ class BlockPacker {
   }
 
   const FlashProblem& p_;
-  const bool bf16_dot_;
   const WidenKernel widen_;
   const std::int64_t element_bytes_, dk_padded_, k_block_elements_, word_slot_;
   core::AlignedBuffer<float> widened_;
