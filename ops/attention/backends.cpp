@@ -10,6 +10,7 @@
 #include "ops/attention/int8.hpp"
 #include "ops/attention/reference.hpp"
 #include "ops/attention/tuning_slice.hpp"
+#include "ops/core/warn.hpp"
 #include "ops/sparse/block_sparse.hpp"
 
 namespace ditops::attention {
@@ -166,7 +167,7 @@ Forced forced_backend(const Call& call) {
   if (const Backend* backend = find_backend(env)) return {backend, "DITOPS_ATTN_BACKEND"};
   std::string names;
   for (const Backend& b : backends()) names += (names.empty() ? "" : "|") + std::string(b.name);
-  warn_once(std::string("ditops: DITOPS_ATTN_BACKEND=") + env + " is not a backend (" + names +
+  core::warn_once(std::string("ditops: DITOPS_ATTN_BACKEND=") + env + " is not a backend (" + names +
             "|automatic); tuning instead");
   return {};
 }
@@ -215,7 +216,7 @@ Choice choose(const Call& call, int threads, bool run_winner) {
       return choice;
     }
     choice.refused = std::string(forced.source) + "=" + forced.backend->name + ": " + reason;
-    warn_once("ditops: " + choice.refused + "; using the tuned choice");
+    core::warn_once("ditops: " + choice.refused + "; using the tuned choice");
   }
   const std::string key = call.key + " t" + std::to_string(threads);
   // A hand-edited cache may name a backend that refuses this call: then it is a miss.

@@ -14,7 +14,6 @@
 #include <list>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <sstream>
 #include <thread>
 #include <unordered_map>
@@ -22,6 +21,7 @@
 #include "ops/attention/attention_kernel.hpp"
 #include "ops/attention/backends.hpp"
 #include "ops/core/file.hpp"
+#include "ops/core/warn.hpp"
 
 namespace ditops::attention {
 namespace {
@@ -119,7 +119,7 @@ CacheFile read_cache_file(const std::string& path) {
     return file;
   }
   if (!document.contains("entries") || !document["entries"].is_array()) {
-    warn_once("ditops: tuning cache " + path + " has no \"entries\" array; starting it afresh");
+    core::warn_once("ditops: tuning cache " + path + " has no \"entries\" array; starting it afresh");
     return file;
   }
   const nlohmann::json& entries = document["entries"];
@@ -128,7 +128,7 @@ CacheFile read_cache_file(const std::string& path) {
     if (auto entry = parse_entry(entries[index], problem)) {
       file.entries.push_back(std::move(*entry));
     } else {
-      warn_once("ditops: tuning cache " + path + ": entry #" + std::to_string(index) +
+      core::warn_once("ditops: tuning cache " + path + ": entry #" + std::to_string(index) +
                 " dropped (" + problem + ")");
     }
   }
@@ -136,12 +136,12 @@ CacheFile read_cache_file(const std::string& path) {
 }
 
 void warn_not_ours(const std::string& path, const CacheFile& file) {
-  warn_once("ditops: ignoring tuning cache " + path + " (" + file.problem +
+  core::warn_once("ditops: ignoring tuning cache " + path + " (" + file.problem +
             "); it is left as it is and tuning results are not saved");
 }
 
 void warn_unwritable(const std::string& path, const std::string& what) {
-  warn_once("ditops: cannot write tuning cache " + path + " (" + what +
+  core::warn_once("ditops: cannot write tuning cache " + path + " (" + what +
             "); tuning results are kept in this process only");
 }
 
@@ -330,12 +330,5 @@ void store_config(const std::string& key, const Config& config) {
 }
 std::size_t cache_size() { return TuneCache::get().size(); }
 void forget_tuning() { TuneCache::get().clear(); }
-
-void warn_once(const std::string& message) {
-  static std::mutex mutex;
-  static std::set<std::string> shown;
-  std::lock_guard lock(mutex);
-  if (shown.insert(message).second) std::fprintf(stderr, "%s\n", message.c_str());
-}
 
 }  // namespace ditops::attention

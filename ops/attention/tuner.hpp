@@ -32,7 +32,4 @@ void forget_tuning();
 std::size_t cache_size();
 inline constexpr std::size_t kTuneCacheCapacity = 512;
 
-/// Prints `message` to stderr once per process per distinct message.
-void warn_once(const std::string& message);
-
 }  // namespace ditops::attention
