@@ -486,7 +486,7 @@ QuantModel QuantModel::load(const std::string& description_path, QuantModelOptio
                {},
                loader::SafetensorsFile::open(weights_path)};
   loaded.layer_names = layer_names_of(loaded);
-  const auto files = std::make_shared<const Files>(std::move(loaded));
+  auto files = std::make_shared<const Files>(std::move(loaded));
 
   // Every quantized layer's tensors are checked now, so a broken file fails here and not at
   // the first linear(). FLOAT entries name every other tensor of the model too (norms,

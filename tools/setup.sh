@@ -6,8 +6,9 @@ ditops_packages=(g++ cmake make pkg-config libomp-dev libxsimd-dev libhwloc-dev 
 # The asan-ubsan preset: clang, its libFuzzer runtime (libclang_rt.fuzzer, in libclang-rt-14-dev on
 # bookworm, which libclang-rt-dev pulls in) and clang's OpenMP runtime (libomp-dev, above).
 ditops_fuzz_packages=(clang libclang-rt-dev)
-# tools/check_style.sh: the C++ formatter (.clang-format).
-ditops_style_packages=(clang-format)
+# tools/check_style.sh: the C++ formatter (.clang-format); tools/check_tidy.sh (ctest
+# style.clang_tidy): clang-tidy with .clang-tidy.
+ditops_style_packages=(clang-format clang-tidy)
 # The demo's benchmark peer for the int8 linear layers (oneDNN's int8 matmul).
 ditops_demo_packages=(libdnnl-dev)
 # The Python package (python/): the interpreter, its headers for the module, venv for PyPI.

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# clang-tidy with the repository's profile (.clang-tidy) on every translation unit of ops/ and
+# loader/ (the headers they include from ops/, loader/ and include/ditops/ with them): each
+# kernel source once, at one of its ISA variants. Any finding fails; it names the file, the line
+# and the check.
+# Usage: tools/check_tidy.sh BUILD_DIR   (BUILD_DIR configured with CMake, which writes
+#        compile_commands.json)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:?usage: tools/check_tidy.sh BUILD_DIR}
+database=$build/compile_commands.json
+[ -f "$database" ] || { echo "check_tidy: no $database (configure $build first)" >&2; exit 2; }
+# One entry per source file of ops/ and loader/ (a kernel source appears once per variant).
+mapfile -t files < <(sed -n 's/^ *"file": "\(.*\)",\{0,1\}$/\1/p' "$database" |
+  grep -E "^$PWD/(ops|loader)/" | sort -u)
+[ ${#files[@]} -gt 0 ] || { echo "check_tidy: no ops/ or loader/ file in $database" >&2; exit 2; }
+# GCC's warning flags clang lacks (-Wno-restrict) are not findings.
+if printf '%s\0' "${files[@]}" |
+   xargs -0 -n 4 -P 2 clang-tidy -p "$build" --quiet --extra-arg=-Wno-unknown-warning-option \
+     2>/dev/null; then
+  echo "check_tidy: ${#files[@]} files clean (.clang-tidy)"
+else
+  echo "check_tidy: clang-tidy found the problems above (.clang-tidy)" >&2
+  exit 1
+fi
