@@ -167,8 +167,8 @@ Forced forced_backend(const Call& call) {
   if (const Backend* backend = find_backend(env)) return {backend, "DITOPS_ATTN_BACKEND"};
   std::string names;
   for (const Backend& b : backends()) names += (names.empty() ? "" : "|") + std::string(b.name);
-  core::warn_once(std::string("ditops: DITOPS_ATTN_BACKEND=") + env + " is not a backend (" + names +
-            "|automatic); tuning instead");
+  core::warn_once(std::string("ditops: DITOPS_ATTN_BACKEND=") + env + " is not a backend (" +
+                  names + "|automatic); tuning instead");
   return {};
 }
 

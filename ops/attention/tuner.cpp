@@ -119,7 +119,8 @@ CacheFile read_cache_file(const std::string& path) {
     return file;
   }
   if (!document.contains("entries") || !document["entries"].is_array()) {
-    core::warn_once("ditops: tuning cache " + path + " has no \"entries\" array; starting it afresh");
+    core::warn_once("ditops: tuning cache " + path +
+                    " has no \"entries\" array; starting it afresh");
     return file;
   }
   const nlohmann::json& entries = document["entries"];
@@ -129,7 +130,7 @@ CacheFile read_cache_file(const std::string& path) {
       file.entries.push_back(std::move(*entry));
     } else {
       core::warn_once("ditops: tuning cache " + path + ": entry #" + std::to_string(index) +
-                " dropped (" + problem + ")");
+                      " dropped (" + problem + ")");
     }
   }
   return file;
@@ -137,12 +138,12 @@ CacheFile read_cache_file(const std::string& path) {
 
 void warn_not_ours(const std::string& path, const CacheFile& file) {
   core::warn_once("ditops: ignoring tuning cache " + path + " (" + file.problem +
-            "); it is left as it is and tuning results are not saved");
+                  "); it is left as it is and tuning results are not saved");
 }
 
 void warn_unwritable(const std::string& path, const std::string& what) {
   core::warn_once("ditops: cannot write tuning cache " + path + " (" + what +
-            "); tuning results are kept in this process only");
+                  "); tuning results are kept in this process only");
 }
 
 /// An exclusive flock on `path` (a lock file beside the cache), held for the object's life, so
