@@ -51,7 +51,7 @@ void check_head_dim(const Arg& arg, int dim) {
   }
 }
 
-/// Bounds every size pack_operands, Int8Backend and run_flash compute (packed K and V, per-row
+/// Bounds every size PackedKV::pack, Int8Backend and run_flash compute (packed K and V, per-row
 /// outputs, LSE and split partials, per-thread scratch) with overflow checks, before any of them
 /// is computed: where the bound fits int64 they do too, and aligned_array turns a size the
 /// machine cannot hold into an Error. `kv_rows` and `q_rows` count rows over the whole batch.
