@@ -5,11 +5,23 @@
 // NaN or infinite fields are left out with a warning. An entry with no rate counter (a limit
 // this CPU lacks) shows "-" as its rate; its label says why.
 //
-// Usage: bench-summary RESULTS.json [more.json...]
+// Usage: bench-summary [--filter REGEX] [--baseline ARG:VALUE] [--time] RESULTS.json [more.json...]
+//   --filter REGEX      only the entries whose name REGEX matches (ECMAScript, anywhere in the
+//                       name); baselines are still looked up among all entries
+//   --baseline ARG:VAL  each entry's baseline is the entry whose argument ARG is VAL instead
+//                       ("kind:3": Eigen in ditops_linear_bench), in place of the built-in pairs
+//   --time              a time column: real time per iteration, in the entry's unit
+// Repetitions (--benchmark_repetitions): where a run has a median aggregate, its row is that
+// median, its single repetitions and other aggregates (mean, stddev, cv) left out. Names are
+// shown without Google Benchmark's "/real_time" and "_median" suffixes.
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <map>
+#include <optional>
+#include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -64,37 +76,114 @@ std::string baseline_name(const std::string& name) {
   return "";
 }
 
+/// `name` with argument `arg` ("kind:") given `value` instead; "" where `name` has no such
+/// argument or already has that value.
+std::string with_argument(const std::string& name, const std::string& arg,
+                          const std::string& value) {
+  const auto start = name.find("/" + arg);
+  if (start == std::string::npos) return "";
+  const auto first = start + 1 + arg.size();
+  const auto end = name.find_first_not_of("0123456789", first);
+  const auto length = (end == std::string::npos ? name.size() : end) - first;
+  if (name.compare(first, length, value) == 0) return "";
+  return name.substr(0, first) + value + name.substr(first + length);
+}
+
+/// `name` without "_median" and "/real_time" at its end.
+std::string display_name(std::string name) {
+  for (const std::string suffix : {"_median", "/real_time"}) {
+    if (name.size() > suffix.size() && name.ends_with(suffix))
+      name.resize(name.size() - suffix.size());
+  }
+  return name;
+}
+
+/// Real time per iteration with 3 significant digits or more, and its unit.
+std::string time_of(const BenchEntry& entry) {
+  const double t = entry.number("real_time", 0);
+  const char* spec = t >= 100 ? "%.0f " : t >= 10 ? "%.1f " : t >= 1 ? "%.2f " : "%.3g ";
+  return format(t, spec) + entry.text("time_unit", "ns");
+}
+
+[[noreturn]] void usage() {
+  std::fprintf(stderr,
+               "usage: bench-summary [--filter REGEX] [--baseline ARG:VALUE] [--time] "
+               "RESULTS.json [more.json...]\n");
+  std::exit(2);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: bench-summary RESULTS.json [more.json...]\n");
-    return 2;
+  std::optional<std::regex> filter;
+  std::string baseline_arg, baseline_value;
+  bool show_time = false;
+  int i = 1;
+  for (; i < argc && std::string(argv[i]).starts_with("--"); ++i) {
+    const std::string option = argv[i];
+    if (option == "--time") {
+      show_time = true;
+    } else if ((option == "--filter" || option == "--baseline") && i + 1 < argc) {
+      const std::string value = argv[++i];
+      if (option == "--filter") {
+        try {
+          filter.emplace(value);
+        } catch (const std::regex_error& error) {
+          std::fprintf(stderr, "bench-summary: --filter '%s': %s\n", value.c_str(), error.what());
+          return 2;
+        }
+      } else {
+        const auto colon = value.find(':');
+        if (colon == std::string::npos || colon == 0 || colon + 1 == value.size()) usage();
+        baseline_arg = value.substr(0, colon + 1);
+        baseline_value = value.substr(colon + 1);
+      }
+    } else {
+      usage();
+    }
   }
+  if (i >= argc) usage();
   try {
     std::vector<BenchEntry> entries;
     std::map<std::string, double> seconds_by_name;
-    for (int i = 1; i < argc; ++i) {
+    std::set<std::string> runs_with_median;
+    for (; i < argc; ++i) {
       for (BenchEntry& entry :
            ditops::tools::read_bench_json(argv[i], "bench-summary: ", std::cerr)) {
         if (entry.flag("error_occurred", false)) continue;
         seconds_by_name[entry.name()] = entry.number("real_time", 0);
+        if (entry.text("aggregate_name", "") == "median") {
+          runs_with_median.insert(entry.text("run_name", entry.name()));
+        }
         entries.push_back(std::move(entry));
       }
     }
-    std::printf("| benchmark | what | rate | fraction of limit | vs baseline |\n");
-    std::printf("|---|---|---:|---:|---:|\n");
+    std::printf("| benchmark | what |%s rate | fraction of limit | vs baseline |\n",
+                show_time ? " time |" : "");
+    std::printf("|---|---|%s---:|---:|---:|\n", show_time ? "---:|" : "");
     for (const BenchEntry& entry : entries) {
       const std::string& name = entry.name();
-      if (name.find("eigen:1") != std::string::npos) continue;  // shown as the ratio column
+      if (entry.text("run_type", "iteration") == "aggregate") {
+        if (entry.text("aggregate_name", "") != "median") continue;
+      } else if (runs_with_median.contains(entry.text("run_name", name))) {
+        continue;  // one repetition of a run shown by its median
+      }
+      if (filter && !std::regex_search(name, *filter)) continue;
+      if (baseline_arg.empty() && name.find("eigen:1") != std::string::npos) {
+        continue;  // shown as the ratio column
+      }
       const auto [unit, rate] = rate_of(entry);
       const double fraction = fraction_of(entry);
       std::string ratio = "";
-      const std::string baseline = baseline_name(name);
+      const std::string baseline = baseline_arg.empty()
+                                       ? baseline_name(name)
+                                       : with_argument(name, baseline_arg, baseline_value);
       if (!baseline.empty() && seconds_by_name[baseline] > 0 && seconds_by_name[name] > 0) {
         ratio = format(seconds_by_name[baseline] / seconds_by_name[name], "%.2fx");
       }
-      std::printf("| %s | %s | %s | %s | %s |\n", name.c_str(), entry.text("label", "").c_str(),
+      std::printf("| %s | %s |%s %s | %s | %s |\n", display_name(name).c_str(),
+                  entry.text("label", "").c_str(),
+                  show_time ? (" " + time_of(entry) + " |").c_str() : "",
                   unit.empty() ? "-" : (format(rate, "%.1f") + " " + unit).c_str(),
                   fraction >= 0 ? format(100 * fraction, "%.0f%%").c_str() : "", ratio.c_str());
     }
