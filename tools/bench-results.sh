@@ -40,7 +40,7 @@ options[rowwise]=--benchmark_min_time=0.2
 binary[guidance]=ditops_bench
 filter[guidance]='^BM_cfg_combine<'
 options[guidance]=--benchmark_min_time=0.2
-# flash fp32 and flash_bf16 on every shape beside the reference backend (FLUX S = 2048).
+# flash fp32 and flash_bf16 on every shape, the reference backend on FLUX S = 2048 and decode.
 binary[attention]=ditops_bench
 filter[attention]='^attention_flash_(f32|bf16)/'
 binary[int8]=ditops_bench
@@ -50,9 +50,9 @@ filter[sparse]='^sparse_attention/.*/misaligned:0/'
 # The quick decode set, the grid at chunk 2, and chunk 1 / 4 at kv 2048 on 2 threads.
 binary[mla]=ditops_bench
 filter[mla]='^mla_decode/|^mla_grid/.*/chunk:2/|^mla_grid/b:(1|4|16)/kv:2048/h:(16|128)/chunk:[14]/threads:2/'
+options[mla]=--benchmark_min_time=0.2
 binary[linear]=ditops_linear_bench
 filter[linear]='^BM_linear/.*/misaligned:0/'
-options[mla]=--benchmark_min_time=0.2
 repetitions=(--benchmark_repetitions=3 --benchmark_report_aggregates_only=true)
 
 [ $# -ge 1 ] || usage
@@ -194,6 +194,12 @@ render() {
   local summary=$build/tools/bench-summary template=bench/RESULTS.in.md out=bench/RESULTS.md
   [ -x "$summary" ] || {
     echo "tools/bench-results.sh: $summary is not built (cmake --build $build --target bench-summary)" >&2
+    exit 2
+  }
+  local usage_text
+  usage_text=$("$summary" 2>&1 || true)
+  [[ $usage_text == *--filter* ]] || {
+    echo "tools/bench-results.sh: $summary has no --filter: rebuild it (cmake --build $build --target bench-summary)" >&2
     exit 2
   }
   local tmp line spec json words word args table info lineno=0
