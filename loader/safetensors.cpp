@@ -326,6 +326,30 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   return SafetensorsFile(std::move(state));
 }
 
+SafetensorsFile SafetensorsFile::of_memory(std::string label,
+                                           std::vector<SafetensorsTensor> tensors) {
+  auto state = std::make_shared<State>();
+  state->path = std::move(label);
+  for (SafetensorsTensor& tensor : tensors) {
+    const std::int64_t element_bytes = safetensors_dtype_size(tensor.dtype);
+    if (element_bytes == 0) {
+      fail_tensor(state->path, tensor.name, "unknown dtype " + in_quotes(tensor.dtype));
+    }
+    const auto expected = byte_count(tensor.shape, element_bytes);
+    if (!expected || *expected != tensor.bytes || (tensor.bytes > 0 && !tensor.data)) {
+      fail_tensor(state->path, tensor.name,
+                  "shape " + shape_string(tensor.shape) + " of " + tensor.dtype + " does not " +
+                      "match its " + std::to_string(tensor.bytes) + " bytes");
+    }
+    if (tensor.name == "__metadata__" || state->tensors.count(tensor.name)) {
+      fail_tensor(state->path, tensor.name, "named twice or a reserved name");
+    }
+    std::string name = tensor.name;
+    state->tensors.emplace(std::move(name), std::move(tensor));
+  }
+  return SafetensorsFile(std::move(state));
+}
+
 const std::string& SafetensorsFile::path() const noexcept { return state_->path; }
 
 std::vector<std::string> SafetensorsFile::names() const {
@@ -415,27 +439,43 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsEnt
 
 namespace ditops {
 
-void write_safetensors(const std::string& path, std::span<const NamedTensor> tensors) {
-  constexpr const char* kCall = "write_safetensors";
-  std::vector<loader::SafetensorsEntry> entries;
-  for (const NamedTensor& named : tensors) {
-    const TensorView& view = named.tensor;
-    core::check_view({kCall, named.name.c_str(), view}, 0, kMaxRank);
-    // The file holds the elements in row-major order, so the view must already be laid out so.
-    std::int64_t stride = 1;
-    for (int d = view.rank - 1; d >= 0; --d) {
-      if (view.shape[d] > 1 && view.strides[d] != stride) {
-        core::fail(kCall, path + ": tensor \"" + named.name + "\" of shape " +
-                              core::shape_string(view) + " is not contiguous (strides " +
-                              "must be row-major)");
-      }
-      stride *= view.shape[d];
+namespace loader {
+
+SafetensorsTensor tensor_of_view(const char* call, const std::string& where,
+                                 const NamedTensor& named) {
+  const TensorView& view = named.tensor;
+  core::check_view({call, named.name.c_str(), view}, 0, kMaxRank);
+  // The format holds the elements in row-major order, so the view must already be laid out so.
+  std::int64_t stride = 1;
+  for (int d = view.rank - 1; d >= 0; --d) {
+    if (view.shape[d] > 1 && view.strides[d] != stride) {
+      core::fail(call, where + ": tensor \"" + named.name + "\" of shape " +
+                           core::shape_string(view) + " is not contiguous (strides " +
+                           "must be row-major)");
     }
-    const auto bytes = static_cast<std::size_t>(core::numel(view) * dtype_size(view.dtype));
-    entries.push_back(
-        {named.name, loader::safetensors_dtype_name(view.dtype),
-         std::vector<std::int64_t>(view.shape.begin(), view.shape.begin() + view.rank),
-         std::string_view(static_cast<const char*>(view.data), bytes)});
+    stride *= view.shape[d];
+  }
+  SafetensorsTensor tensor;
+  tensor.name = named.name;
+  tensor.dtype = safetensors_dtype_name(view.dtype);
+  tensor.shape.assign(view.shape.begin(), view.shape.begin() + view.rank);
+  tensor.bytes = core::numel(view) * dtype_size(view.dtype);
+  tensor.data = static_cast<const std::byte*>(view.data);
+  return tensor;
+}
+
+}  // namespace loader
+
+void write_safetensors(const std::string& path, std::span<const NamedTensor> tensors) {
+  std::vector<loader::SafetensorsTensor> views;
+  for (const NamedTensor& named : tensors) {
+    views.push_back(loader::tensor_of_view("write_safetensors", path, named));
+  }
+  std::vector<loader::SafetensorsEntry> entries;
+  for (const loader::SafetensorsTensor& view : views) {
+    entries.push_back({view.name, view.dtype, view.shape,
+                       std::string_view(reinterpret_cast<const char*>(view.data),
+                                        static_cast<std::size_t>(view.bytes))});
   }
   loader::write_safetensors(path, entries);
 }

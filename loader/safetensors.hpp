@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <ditops/quant_model.hpp>
 #include <ditops/tensor.hpp>
 #include <map>
 #include <memory>
@@ -64,6 +65,11 @@ class SafetensorsFile {
   /// Maps and validates `path`, a regular file (FIFOs, devices and directories are refused
   /// without being opened for a blocking read).
   static SafetensorsFile open(const std::string& path);
+  /// Tensors another owner holds in memory (a torch model's state dict), under the same checks
+  /// as a file's: every dtype is one the format defines, every byte count matches its shape,
+  /// no name repeats. `label` stands for the path in messages. The bytes must outlive the
+  /// result and its copies.
+  static SafetensorsFile of_memory(std::string label, std::vector<SafetensorsTensor> tensors);
 
   const std::string& path() const noexcept;
   /// Tensor names, sorted.
@@ -99,5 +105,10 @@ struct SafetensorsEntry {
 /// alone), or a failed write.
 void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+/// A named view as a tensor of the format (its bytes the view's): Error naming `call`, `where`
+/// and the tensor for a malformed view or one that is not contiguous row-major.
+SafetensorsTensor tensor_of_view(const char* call, const std::string& where,
+                                 const NamedTensor& named);
 
 }  // namespace ditops::loader

@@ -2,7 +2,7 @@
 // written as msmodelslim's file pair (quant_model_description_{algo}.json and
 // quant_model_weight_{algo}.safetensors) that QuantModel::load and MindIE-SD read.
 //
-//   ditops-quantize --weights FILE --out DIR [--algo W8A8|W8A8_DYNAMIC]
+//   ditops-quantize --weights FILE --out DIR [--algo W8A8|W8A8_DYNAMIC|W8A8_TIMESTEP]
 //                   [--calibration FILE] [--float PATTERN]... [--smooth ALPHA] [--rank N]
 //
 // Bad arguments: one line on stderr and exit 2; a file that cannot be read or written: exit 1.
@@ -25,7 +25,7 @@
 namespace {
 
 const char* kUsage =
-    "usage: ditops-quantize --weights FILE --out DIR [--algo W8A8|W8A8_DYNAMIC] "
+    "usage: ditops-quantize --weights FILE --out DIR [--algo W8A8|W8A8_DYNAMIC|W8A8_TIMESTEP] "
     "[--calibration FILE] [--float PATTERN]... [--smooth ALPHA] [--rank N]";
 
 const char* kHelp = R"(
@@ -37,9 +37,11 @@ with msmodelslim's tensor names. Other tensors are copied unchanged and describe
 
   --weights FILE      the floating-point model
   --out DIR           an existing directory; files of the same names in it are replaced
-  --algo ALGO         W8A8 (static activations, the default) or W8A8_DYNAMIC (per token)
-  --calibration FILE  safetensors with <layer>.input [rows, in] activations per layer:
-                      required for W8A8 and for --smooth
+  --algo ALGO         W8A8 (static activations, the default), W8A8_DYNAMIC (per token) or
+                      W8A8_TIMESTEP (static per denoising step, dynamic after the last)
+  --calibration FILE  safetensors with, per layer, <layer>.input [rows, in] activations or
+                      <layer>.input_range [steps, 2, in] (each channel's max, then min, per
+                      step): required for W8A8, W8A8_TIMESTEP and --smooth
   --float PATTERN     keep layers whose name matches the shell pattern in floating point
                       (repeatable), e.g. --float 'blocks.*.ff.net.2'
   --smooth ALPHA      SmoothQuant with migration strength ALPHA in [0, 1] (e.g. 0.5)
@@ -54,7 +56,7 @@ struct UsageError {
 
 struct Arguments {
   std::string weights, calibration, out;
-  ditops::loader::QuantizeOptions options;
+  ditops::QuantizeOptions options;
 };
 
 Arguments parse(int argc, char** argv) {
@@ -80,8 +82,8 @@ Arguments parse(int argc, char** argv) {
       args.options.float_patterns.push_back(value);
     } else if (flag == "--algo") {
       const auto algo = ditops::loader::quant_algo_from_name(value);
-      if (algo != ditops::QuantAlgo::w8a8_static && algo != ditops::QuantAlgo::w8a8_dynamic) {
-        usage_error("--algo '" + value + "' is not W8A8 or W8A8_DYNAMIC");
+      if (!algo || *algo == ditops::QuantAlgo::float_linear) {
+        usage_error("--algo '" + value + "' is not W8A8, W8A8_DYNAMIC or W8A8_TIMESTEP");
       }
       args.options.algo = *algo;
     } else if (flag == "--smooth") {
@@ -106,8 +108,9 @@ Arguments parse(int argc, char** argv) {
   }
   if (args.weights.empty()) usage_error("--weights is required");
   if (args.out.empty()) usage_error("--out is required");
-  if (args.calibration.empty() && args.options.algo == ditops::QuantAlgo::w8a8_static) {
-    usage_error("--algo W8A8 (static) needs --calibration (or use --algo W8A8_DYNAMIC)");
+  if (args.calibration.empty() && args.options.algo != ditops::QuantAlgo::w8a8_dynamic) {
+    usage_error("--algo " + std::string(ditops::quant_algo_name(args.options.algo)) +
+                " needs --calibration (or use --algo W8A8_DYNAMIC)");
   }
   if (args.calibration.empty() && args.options.smooth_alpha) {
     usage_error("--smooth needs --calibration (the activations' per-channel ranges)");

@@ -6,6 +6,7 @@
 
 #include <ditops/linear.hpp>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -74,5 +75,34 @@ struct NamedTensor {
 /// or not contiguous, a name that is empty or repeated, an existing `path` that is not a
 /// regular file, or a failed write.
 void write_safetensors(const std::string& path, std::span<const NamedTensor> tensors);
+
+struct QuantizeOptions {
+  QuantAlgo algo = QuantAlgo::w8a8_static;  ///< any but float_linear
+  /// Layers whose name matches one of these shell patterns (fnmatch) stay FLOAT.
+  std::vector<std::string> float_patterns;
+  /// SmoothQuant's migration strength alpha in [0, 1]; none: no smoothing.
+  std::optional<float> smooth_alpha;
+  /// Card index of a multi-card export (the _{rank} file-name suffix); < 0: none.
+  int rank = -1;
+};
+
+struct QuantizeReport {
+  std::string description_path;
+  std::string weights_path;
+  std::vector<std::string> quantized_layers;  ///< sorted
+  std::vector<std::string> float_layers;      ///< linear layers kept FLOAT, sorted
+};
+
+/// Post-training quantization of a model held in memory (a state dict's tensors, contiguous,
+/// F32, F16 or BF16) into msmodelslim's file pair in `out_dir`, as tools/ditops-quantize does
+/// with files (docs/quantization.md gives the arithmetic): every `<layer>.weight` of rank 2
+/// (with an optional `<layer>.bias`) is a linear layer, every other tensor is written as it is
+/// and described FLOAT. `calibration` holds per quantized layer `<layer>.input` [rows, in] or
+/// `<layer>.input_range` [steps, 2, in] (each input channel's maximum, then minimum, per
+/// denoising step); empty: none (W8A8_DYNAMIC without smoothing only). Error naming the call,
+/// the layer and the tensor before anything is written.
+QuantizeReport quantize_export(std::span<const NamedTensor> weights,
+                               std::span<const NamedTensor> calibration, const std::string& out_dir,
+                               const QuantizeOptions& options);
 
 }  // namespace ditops

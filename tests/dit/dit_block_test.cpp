@@ -549,7 +549,7 @@ std::string quantized_checkpoint(const TempDir& dir, const dit::DitBlockConfig& 
   const std::string checkpoint = dir / "block.safetensors";
   dit::write_weights(checkpoint, fp32_config, dit::make_synthetic_weights(fp32_config),
                      dit::default_layer_prefix(config.stream));
-  loader::QuantizeOptions options;
+  QuantizeOptions options;
   options.algo = QuantAlgo::w8a8_dynamic;
   options.float_patterns = std::move(float_patterns);
   return loader::quantize_model(loader::SafetensorsFile::open(checkpoint), nullptr, dir.path(),

@@ -105,8 +105,9 @@ std::vector<float> floats(const SafetensorsFile& file, const std::string& name) 
 
 /// The layer of linear.hpp computed from the written tensors (as QuantLinear must compute it).
 /// A smoothed layer has its factors at `<name>.div.mul_scale`, its tensors at `<name>.linear.*`.
+/// A W8A8_TIMESTEP layer is emulated at denoising step `step` with that step's static parameters.
 std::vector<double> emulate(const SafetensorsFile& file, const std::string& name, QuantAlgo algo,
-                            const std::vector<float>& x) {
+                            const std::vector<float>& x, std::size_t step = 0) {
   std::vector<float> smooth;
   RefQuant quant;
   std::string layer = name;
@@ -120,8 +121,8 @@ std::vector<double> emulate(const SafetensorsFile& file, const std::string& name
   const std::vector<std::int8_t> weight(weight_data, weight_data + weight_tensor.bytes);
   quant.dynamic = algo == QuantAlgo::w8a8_dynamic;
   if (!quant.dynamic) {
-    quant.scale = floats(file, layer + ".input_scale")[0];
-    quant.offset = floats(file, layer + ".input_offset")[0];
+    quant.scale = floats(file, layer + ".input_scale").at(step);
+    quant.offset = floats(file, layer + ".input_offset").at(step);
   }
   const auto rows = static_cast<std::int64_t>(x.size()) / kIn;
   std::vector<std::int32_t> q;
@@ -135,6 +136,13 @@ std::vector<double> emulate(const SafetensorsFile& file, const std::string& name
     const auto at = static_cast<std::size_t>(n);
     if (quant.dynamic) {
       column_scale[at] = floats(file, layer + ".weight_scale")[at];
+    } else if (algo == QuantAlgo::w8a8_timestep) {
+      // x · Wᵀ ≈ scale · weight_scale · (x_q - offset) · W_qᵀ
+      column_scale[at] = floats(file, layer + ".weight_scale")[at];
+      std::int64_t row_sum = 0;
+      for (std::int64_t k = 0; k < kIn; ++k)
+        row_sum += weight[static_cast<std::size_t>(n * kIn + k)];
+      column_offset[at] = -static_cast<double>(quant.offset) * static_cast<double>(row_sum);
     } else {
       // deq_scale = input_scale · weight_scale as fp32 bits in an int64, so the row scale is 1.
       std::int64_t bits;
@@ -156,12 +164,12 @@ struct Quantized {
   TempDir dir{"ditops_quantize"};
   std::mt19937 rng{2024};
   FloatModel fp32{dir, rng};
-  loader::QuantizeReport report;
+  QuantizeReport report;
   std::vector<float> x = activations(kRows, rng);  // inputs the calibration never saw
 
   explicit Quantized(QuantAlgo algo, std::optional<float> smooth = 0.5f,
                      std::vector<std::string> float_patterns = {}) {
-    loader::QuantizeOptions options;
+    QuantizeOptions options;
     options.algo = algo;
     options.smooth_alpha = smooth;
     options.float_patterns = std::move(float_patterns);
@@ -250,18 +258,18 @@ TEST(Quantize, RefusesStaticWithoutCalibration) {
   const FloatModel fp32(dir, rng);
   const SafetensorsFile weights = SafetensorsFile::open(fp32.weights_path);
   for (const QuantAlgo algo : {QuantAlgo::w8a8_static, QuantAlgo::w8a8_dynamic}) {
-    loader::QuantizeOptions options;
+    QuantizeOptions options;
     options.algo = algo;
     if (algo == QuantAlgo::w8a8_dynamic) options.smooth_alpha = 0.5f;
     try {
       loader::quantize_model(weights, nullptr, dir.path(), options);
       ADD_FAILURE();
     } catch (const Error& error) {
-      EXPECT_NE(std::string(error.what()).find("needs a calibration file"), std::string::npos)
+      EXPECT_NE(std::string(error.what()).find("needs calibration"), std::string::npos)
           << error.what();
     }
   }
-  loader::QuantizeOptions dynamic;
+  QuantizeOptions dynamic;
   dynamic.algo = QuantAlgo::w8a8_dynamic;
   EXPECT_NO_THROW(loader::quantize_model(weights, nullptr, dir.path(), dynamic));
 }
@@ -272,7 +280,7 @@ TEST(Quantize, RefusesNonFiniteWeights) {
   weight[4] = std::nanf("");
   loader::write_safetensors(dir / "model.safetensors",
                             {{"l.weight", "F32", {2, 3}, FloatModel::view_bytes(weight)}});
-  loader::QuantizeOptions options;
+  QuantizeOptions options;
   options.algo = QuantAlgo::w8a8_dynamic;
   try {
     loader::quantize_model(SafetensorsFile::open(dir / "model.safetensors"), nullptr, dir.path(),
@@ -324,7 +332,7 @@ TEST(Quantize, FusedQkvEqualsTheThreeLayers) {
           {layer + ".input", "F32", {kCalibrationRows, kIn}, FloatModel::view_bytes(shared)});
     }
     loader::write_safetensors(dir / "shared.safetensors", calibration);
-    loader::QuantizeOptions options;
+    QuantizeOptions options;
     options.algo = algo;
     const SafetensorsFile weights = SafetensorsFile::open(fp32.weights_path);
     const SafetensorsFile inputs = SafetensorsFile::open(dir / "shared.safetensors");
@@ -348,6 +356,232 @@ TEST(Quantize, FusedQkvEqualsTheThreeLayers) {
       ++part;
     }
   }
+}
+
+/// Each channel's maximum, then its minimum, over the rows of `x` [rows, kIn]: [2, kIn].
+std::vector<float> channel_ranges(const std::vector<float>& x) {
+  std::vector<float> ranges(2 * kIn);
+  for (std::int64_t k = 0; k < kIn; ++k) {
+    ranges[static_cast<std::size_t>(k)] = -INFINITY;
+    ranges[static_cast<std::size_t>(kIn + k)] = INFINITY;
+  }
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const std::size_t k = i % kIn;
+    ranges[k] = std::max(ranges[k], x[i]);
+    ranges[kIn + k] = std::min(ranges[kIn + k], x[i]);
+  }
+  return ranges;
+}
+
+/// Every tensor of two files has the same dtype, shape and bytes.
+void expect_same_tensors(const SafetensorsFile& a, const SafetensorsFile& b) {
+  ASSERT_EQ(a.names(), b.names());
+  for (const std::string& name : a.names()) {
+    const auto &x = a.get(name), &y = b.get(name);
+    EXPECT_EQ(x.dtype, y.dtype) << name;
+    EXPECT_EQ(x.shape, y.shape) << name;
+    ASSERT_EQ(x.bytes, y.bytes) << name;
+    EXPECT_EQ(std::memcmp(x.data, y.data, static_cast<std::size_t>(x.bytes)), 0) << name;
+  }
+}
+
+TEST(Quantize, RecordedRangesGiveTheExportOfTheInputs) {
+  // A calibration run keeps per-channel ranges, not activations: [2, in] and [1, 2, in] must
+  // write what the activations themselves write (SmoothQuant and the static range included).
+  for (const QuantAlgo algo : {QuantAlgo::w8a8_static, QuantAlgo::w8a8_dynamic}) {
+    SCOPED_TRACE(quant_algo_name(algo));
+    const Quantized from_inputs(algo, 0.5f);
+    const SafetensorsFile inputs = SafetensorsFile::open(from_inputs.fp32.calibration_path);
+    for (const bool with_step_axis : {false, true}) {
+      const TempDir dir("ditops_quantize");
+      std::map<std::string, std::vector<float>> ranges;
+      std::vector<SafetensorsEntry> entries;
+      for (const std::string& layer : kLayers) {
+        ranges[layer] = channel_ranges(floats(inputs, layer + ".input"));
+        std::vector<std::int64_t> shape = {2, kIn};
+        if (with_step_axis) shape.insert(shape.begin(), 1);
+        entries.push_back(
+            {layer + ".input_range", "F32", shape, FloatModel::view_bytes(ranges[layer])});
+      }
+      loader::write_safetensors(dir / "ranges.safetensors", entries);
+      QuantizeOptions options;
+      options.algo = algo;
+      options.smooth_alpha = 0.5f;
+      const SafetensorsFile range_file = SafetensorsFile::open(dir / "ranges.safetensors");
+      const auto report = loader::quantize_model(
+          SafetensorsFile::open(from_inputs.fp32.weights_path), &range_file, dir.path(), options);
+      expect_same_tensors(SafetensorsFile::open(report.weights_path),
+                          SafetensorsFile::open(from_inputs.report.weights_path));
+    }
+  }
+}
+
+TEST(Quantize, TimestepExportHoldsEachStepsStaticParameters) {
+  // Three denoising steps whose activations differ in scale (x1, x4, x20): each step gets the
+  // parameters of its own range, the loaded layer runs step t's, and another step's would
+  // clip (the check that the step is the one read).
+  const TempDir dir("ditops_quantize");
+  std::mt19937 rng(11);
+  const FloatModel fp32(dir, rng);
+  constexpr float kStepScale[] = {1.f, 4.f, 20.f};
+  std::map<std::string, std::vector<float>> ranges;
+  std::vector<SafetensorsEntry> entries;
+  for (const std::string& layer : kLayers) {
+    for (const float scale : kStepScale) {
+      std::vector<float> x = activations(kCalibrationRows, rng);
+      for (float& value : x) value *= scale;
+      const std::vector<float> step = channel_ranges(x);
+      ranges[layer].insert(ranges[layer].end(), step.begin(), step.end());
+    }
+    entries.push_back(
+        {layer + ".input_range", "F32", {3, 2, kIn}, FloatModel::view_bytes(ranges[layer])});
+  }
+  loader::write_safetensors(dir / "ranges.safetensors", entries);
+  const SafetensorsFile range_file = SafetensorsFile::open(dir / "ranges.safetensors");
+  QuantizeOptions options;
+  options.algo = QuantAlgo::w8a8_timestep;
+  options.float_patterns = {"*.ff"};
+  const auto report = loader::quantize_model(SafetensorsFile::open(fp32.weights_path), &range_file,
+                                             dir.path(), options);
+  EXPECT_EQ(report.description_path, dir / "quant_model_description_w8a8_timestep.json");
+  const SafetensorsFile file = SafetensorsFile::open(report.weights_path);
+
+  const std::string to_q = "blocks.0.attn.to_q";
+  EXPECT_EQ(file.get(to_q + ".input_scale").shape, std::vector<std::int64_t>{3});
+  EXPECT_EQ(file.get(to_q + ".input_offset").shape, std::vector<std::int64_t>{3});
+  EXPECT_EQ(floats(file, to_q + ".weight_offset"), std::vector<float>(kOut, 0.f));
+  EXPECT_EQ(file.find(to_q + ".deq_scale"), nullptr);
+  const std::vector<float> scales = floats(file, to_q + ".input_scale");
+  const std::vector<float> offsets = floats(file, to_q + ".input_offset");
+  for (std::size_t t = 0; t < 3; ++t) {
+    // The range holds 0; computed here in double from the recorded ranges.
+    double max = 0, min = 0;
+    for (std::int64_t k = 0; k < kIn; ++k) {
+      max = std::max(max, double{ranges[to_q][t * 2 * kIn + k]});
+      min = std::min(min, double{ranges[to_q][t * 2 * kIn + kIn + k]});
+    }
+    const double scale = (max - min) / 255;
+    EXPECT_NEAR(scales[t], scale, 1e-6 * scale) << "step " << t;
+    EXPECT_EQ(offsets[t], std::clamp(std::nearbyint(-128 - min / scale), -128.0, 127.0))
+        << "step " << t;
+  }
+
+  QuantModelOptions load_options;
+  load_options.timestep_policy.set(0, 2, TimestepMode::static_params);
+  QuantModel model = QuantModel::load(report.description_path, load_options);
+  EXPECT_EQ(model.layer_algo(to_q), QuantAlgo::w8a8_timestep);
+  std::vector<float> x = activations(kRows, rng);
+  for (float& value : x) value *= kStepScale[2];
+  model.set_timestep_step(2);
+  const std::vector<float> y = forward(model.linear(to_q), x);
+  const std::vector<double> reference = fp32.reference(to_q, x);
+  // Per-tensor static without SmoothQuant: the outlier channels stretch the range (about
+  // 0.999, as in WrittenLayersMatchFp32ByTheLayerMath's unsmoothed layers).
+  EXPECT_GE(cosine(y, reference), 0.998);
+  EXPECT_GE(cosine(y, emulate(file, to_q, QuantAlgo::w8a8_timestep, x, 2)), 0.999999);
+  EXPECT_LT(cosine(emulate(file, to_q, QuantAlgo::w8a8_timestep, x, 0), reference), 0.99);
+}
+
+TEST(Quantize, RefusesBadRanges) {
+  const TempDir dir("ditops_quantize");
+  std::mt19937 rng(5);
+  const FloatModel fp32(dir, rng);
+  const SafetensorsFile weights = SafetensorsFile::open(fp32.weights_path);
+  const SafetensorsFile inputs = SafetensorsFile::open(fp32.calibration_path);
+  const std::string layer = kLayers[0];
+  const std::vector<float> good = channel_ranges(floats(inputs, layer + ".input"));
+  std::vector<float> swapped = good, infinite = good;
+  std::swap(swapped[3], swapped[kIn + 3]);
+  infinite[kIn] = -INFINITY;
+  const std::vector<float> input = floats(inputs, layer + ".input");
+  struct Case {
+    std::vector<std::int64_t> shape;   ///< of `<layer>.input_range`, the first values of `values`
+    const std::vector<float>* values;  ///< null: the layer has no calibration tensor
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {{2, kIn - 1}, &good, "expected [2, 96] or [steps, 2, 96]"},
+      {{3, kIn}, &input, "expected [2, 96] or [steps, 2, 96]"},
+      {{2, kIn}, &swapped, "step 0 channel 3 has its minimum above its maximum"},
+      {{2, kIn}, &infinite, "holds a non-finite value"},
+      {{}, nullptr, "has neither \"" + layer + ".input\" [rows, 96] nor"},
+  };
+  for (const Case& bad : cases) {
+    SCOPED_TRACE(bad.expected);
+    const TempDir out("ditops_quantize");
+    std::vector<SafetensorsEntry> entries;
+    for (const std::string& other : kLayers) {
+      if (other == layer) continue;
+      const auto& tensor = inputs.get(other + ".input");
+      entries.push_back(
+          {tensor.name,
+           "F32",
+           tensor.shape,
+           {reinterpret_cast<const char*>(tensor.data), static_cast<std::size_t>(tensor.bytes)}});
+    }
+    if (bad.values) {
+      std::int64_t count = 1;
+      for (const std::int64_t extent : bad.shape) count *= extent;
+      entries.push_back({layer + ".input_range", "F32", bad.shape,
+                         FloatModel::view_bytes(*bad.values).substr(0, 4 * count)});
+    }
+    loader::write_safetensors(out / "calibration.safetensors", entries);
+    const SafetensorsFile calibration = SafetensorsFile::open(out / "calibration.safetensors");
+    QuantizeOptions options;
+    options.algo = QuantAlgo::w8a8_timestep;
+    try {
+      loader::quantize_model(weights, &calibration, out.path(), options);
+      ADD_FAILURE();
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find(bad.expected), std::string::npos) << error.what();
+    }
+    EXPECT_EQ(out.names(), std::vector<std::string>{"calibration.safetensors"});
+  }
+}
+
+TEST(QuantizeExport, InMemoryTensorsWriteTheFilesExport) {
+  const Quantized from_files(QuantAlgo::w8a8_static, 0.5f, {"*.ff"});
+  const SafetensorsFile inputs = SafetensorsFile::open(from_files.fp32.calibration_path);
+  std::vector<NamedTensor> weights, calibration;
+  for (const std::string& layer : kLayers) {
+    weights.push_back(
+        {layer + ".weight",
+         view(const_cast<float*>(from_files.fp32.weight.at(layer).data()), {kOut, kIn})});
+    weights.push_back(
+        {layer + ".bias", view(const_cast<float*>(from_files.fp32.bias.at(layer).data()), {kOut})});
+    calibration.push_back({layer + ".input", inputs.get(layer + ".input").view(inputs.path())});
+  }
+  std::vector<float> norm = from_files.fp32.norm;
+  weights.push_back({"blocks.0.norm.weight", view(norm.data(), {kIn})});
+  const TempDir dir("ditops_quantize");
+  QuantizeOptions options;
+  options.algo = QuantAlgo::w8a8_static;
+  options.smooth_alpha = 0.5f;
+  options.float_patterns = {"*.ff"};
+  const QuantizeReport report = quantize_export(weights, calibration, dir.path(), options);
+  EXPECT_EQ(report.quantized_layers, from_files.report.quantized_layers);
+  EXPECT_EQ(report.float_layers, from_files.report.float_layers);
+  expect_same_tensors(SafetensorsFile::open(report.weights_path),
+                      SafetensorsFile::open(from_files.report.weights_path));
+
+  // A view that is not row-major (every other column block) is refused, naming the call and
+  // the tensor; nothing written.
+  const TempDir empty("ditops_quantize");
+  std::vector<NamedTensor> strided = weights;
+  strided[0].tensor = view(const_cast<float*>(from_files.fp32.weight.at(kLayers[0]).data()),
+                           {kOut / 2, kIn}, {2 * kIn, 1});
+  try {
+    quantize_export(strided, calibration, empty.path(), options);
+    ADD_FAILURE();
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("quantize_export"), std::string::npos);
+    EXPECT_NE(std::string(error.what())
+                  .find(kLayers[0] + ".weight\" of shape [20, 96] is not "
+                                     "contiguous"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_TRUE(empty.names().empty());
 }
 
 }  // namespace

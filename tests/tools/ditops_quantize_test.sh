@@ -45,6 +45,22 @@ expect_status rank 0 --weights "$work/model.safetensors" --out "$work/out" --alg
   --rank 3
 [ -s "$work/out/quant_model_weight_w8a8_dynamic_3.safetensors" ] || fail "rank 3 not written"
 
+# W8A8_TIMESTEP from ranges a calibration run recorded: l.input_range [2 steps, 2, 2 channels],
+# step 0 max [1, 2] min [-1, -2], step 1 max [4, 4] min [0, -4].
+header='{"l.input_range":{"dtype":"F32","shape":[2,2,2],"data_offsets":[0,32]}}'
+{
+  printf "\\x$(printf '%02x' ${#header})\\x00\\x00\\x00\\x00\\x00\\x00\\x00"
+  printf '%s' "$header"
+  printf '\x00\x00\x80\x3f\x00\x00\x00\x40\x00\x00\x80\xbf\x00\x00\x00\xc0'
+  printf '\x00\x00\x80\x40\x00\x00\x80\x40\x00\x00\x00\x00\x00\x00\x80\xc0'
+} >"$work/ranges.safetensors"
+expect_status timestep 0 --weights "$work/model.safetensors" --out "$work/out" \
+  --algo W8A8_TIMESTEP --calibration "$work/ranges.safetensors"
+grep -q '"l.input_scale": "W8A8_TIMESTEP"' "$work/out/quant_model_description_w8a8_timestep.json" ||
+  fail "the timestep description lacks l.input_scale"
+expect_status timestep-without-calibration 2 --weights "$work/model.safetensors" --out "$work/out" \
+  --algo W8A8_TIMESTEP
+
 expect_status unknown-flag 2 --weights "$work/model.safetensors" --out "$work/out" --bogus 1
 expect_status no-value 2 --weights
 expect_status bad-algo 2 --weights "$work/model.safetensors" --out "$work/out" --algo W4A16
