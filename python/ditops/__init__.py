@@ -34,6 +34,7 @@ __all__ = ["Error", "backend_names", "cpu_info", "forget_attention_tuning", "num
            "rotary_position_embedding", "scaled_dot_product_attention", "select_attention"]
 
 if _arrays.torch is not None:
+    from .calibration import Calibration, calibrate
     from .quant import QuantLinear, set_timestep
     from ._op import register_torch_ops
 
@@ -54,7 +55,7 @@ if _arrays.torch is not None:
     )
 
     _torch_library = register_torch_ops()
-    __all__ += ["QuantLinear", "set_timestep", "CacheAgent", "CacheConfig", "OnlineQuantConfig",
+    __all__ += ["Calibration", "calibrate", "QuantLinear", "set_timestep", "CacheAgent", "CacheConfig", "OnlineQuantConfig",
                 "QuantConfig", "RMSNorm", "TimestepManager", "TimestepPolicyConfig",
                 "fast_layernorm", "get_activation_layer", "layernorm_scale_shift", "quantize",
                 "sparse_attention"]

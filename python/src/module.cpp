@@ -75,6 +75,13 @@ std::span<const std::int32_t> as_int32_span(const Array& array, const char* name
   return {static_cast<const std::int32_t*>(view.data), static_cast<std::size_t>(view.shape[0])};
 }
 
+/// Named arrays as NamedTensors: views of their memory, which the caller keeps alive.
+std::vector<NamedTensor> named_views(const std::vector<std::tuple<std::string, Array>>& arrays) {
+  std::vector<NamedTensor> named;
+  for (const auto& [name, array] : arrays) named.push_back({name, as_view(array, name.c_str())});
+  return named;
+}
+
 AttentionBackend backend_from_name(const std::string& name) {
   for (const AttentionBackend backend :
        {AttentionBackend::automatic, AttentionBackend::reference, AttentionBackend::flash,
@@ -457,6 +464,38 @@ NB_MODULE(_ditops, m) {
           nb::arg("input_scale").none() = nb::none(), nb::arg("input_offset").none() = nb::none(),
           nb::arg("bias").none() = nb::none(), nb::arg("smooth_scale").none() = nb::none(),
           release);
+
+  // An msmodelslim export of a model in memory: (description path, weights path, quantized
+  // layers, layers kept FLOAT).
+  m.def(
+      "quantize_export",
+      [](const std::vector<std::tuple<std::string, Array>>& weights,
+         const std::vector<std::tuple<std::string, Array>>& calibration, const std::string& out_dir,
+         const std::string& algo, const std::vector<std::string>& float_patterns,
+         std::optional<float> smooth_alpha, int rank) {
+        QuantizeOptions options;
+        std::optional<QuantAlgo> parsed;
+        for (const QuantAlgo known :
+             {QuantAlgo::w8a8_static, QuantAlgo::w8a8_dynamic, QuantAlgo::w8a8_timestep}) {
+          if (algo == quant_algo_name(known)) parsed = known;
+        }
+        if (!parsed) {
+          throw Error("quantize_export: algo \"" + algo +
+                      "\" is not W8A8, W8A8_DYNAMIC or W8A8_TIMESTEP");
+        }
+        options.algo = *parsed;
+        options.float_patterns = float_patterns;
+        options.smooth_alpha = smooth_alpha;
+        options.rank = rank;
+        const std::vector<NamedTensor> weight_views = named_views(weights);
+        const std::vector<NamedTensor> calibration_views = named_views(calibration);
+        nb::gil_scoped_release unlocked;
+        QuantizeReport report = quantize_export(weight_views, calibration_views, out_dir, options);
+        return std::make_tuple(std::move(report.description_path), std::move(report.weights_path),
+                               std::move(report.quantized_layers), std::move(report.float_layers));
+      },
+      nb::arg("weights"), nb::arg("calibration"), nb::arg("out_dir"), nb::arg("algo"),
+      nb::arg("float_patterns"), nb::arg("smooth_alpha").none(), nb::arg("rank"));
 
   nb::class_<QuantModel>(m, "QuantModel")
       .def_static(
