@@ -12,6 +12,13 @@ import torch
 import torch.distributed as dist
 
 
+def finish():
+    """Every rank done before any tears its connections down: a rank that destroys the group
+    while its peer still has a call in flight can bring the peer's gloo threads down with it."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def init(rank, world, store_path, timeout=60):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank,
@@ -112,7 +119,7 @@ def attention_cases(rank, world, store_path):
             assert "every rank must pass shards of one attention" in str(error), str(error)
         else:
             raise AssertionError(f"{name} accepted ranks passing different heads")
-    dist.destroy_process_group()
+    finish()
 
 
 def block_mask_cases(rank, world, strategies):
@@ -185,7 +192,7 @@ def diffusers_case(rank, world, store_path, model_name, ring, ulysses):
     error = (parallel - single).abs().max().item()
     scale = single.abs().max().item()
     assert error <= 1e-4 * scale, f"{model_name} ring {ring} ulysses {ulysses}: {error:.3g}"
-    dist.destroy_process_group()
+    finish()
 
 
 def failure_case(rank, world, store_path, mode, result_path):
