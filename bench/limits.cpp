@@ -61,9 +61,9 @@ int copies_to_defeat_cache(std::int64_t bytes) {
 PeakProbe fma_probe() {
   switch (core::active_isa()) {
     case core::Isa::avx512:
-      return {fma_loop_avx512, "zmm vfmadd231ps"};
+      return {fma_loop_avx512, "zmm vfmadd231ps", 32};
     case core::Isa::avx2:
-      return {fma_loop_avx2, "ymm vfmadd231ps"};
+      return {fma_loop_avx2, "ymm vfmadd231ps", 16};
     default:
       return {};  // the scalar and sse4.2 kernels have no FMA
   }
@@ -71,15 +71,16 @@ PeakProbe fma_probe() {
 
 PeakProbe bf16_probe() {
   if (core::kernel_variant() != core::kAvx512Bf16Variant) return {};
-  return {bf16_loop_avx512, "zmm vdpbf16ps"};
+  return {bf16_loop_avx512, "zmm vdpbf16ps", 64};
 }
 
 PeakProbe int8_probe() {
   if (core::kernel_variant() == core::kAvx512Bf16Variant) {
-    return {vnni_loop_avx512, "zmm vpdpbusd"};
+    return {vnni_loop_avx512, "zmm vpdpbusd", 128};
   }
   if (core::active_isa() >= core::Isa::avx2) {
-    return {int8_loop_avx2, "ymm vpmaddubsw + vpmaddwd + vpaddd"};
+    // Counted per vpmaddubsw (with its vpmaddwd and vpaddd): 32 multiply-adds.
+    return {int8_loop_avx2, "ymm vpmaddubsw + vpmaddwd + vpaddd", 64};
   }
   return {};
 }
@@ -135,6 +136,32 @@ double probe_triad(int threads) {
     best = std::max(best, median(rates));
   }
   return best;
+}
+
+namespace {
+
+/// `iterations` x 16 dependent adds: 16 cycles per iteration (the loop's own increment and
+/// branch run beside the chain).
+double add_chain_loop(std::int64_t iterations) {
+  std::uint64_t value = 0;
+  for (std::int64_t i = 0; i < iterations; ++i) {
+    __asm__ volatile(
+        "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
+        "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
+        "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
+        "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0"
+        : "+r"(value));
+  }
+  return 16.0 * static_cast<double>(iterations);
+}
+
+}  // namespace
+
+double probe_clock(int threads) { return compute_probe(threads, add_chain_loop) / threads; }
+
+double instructions_per_cycle(const PeakProbe& probe, double rate, int threads, double clock) {
+  if (probe.loop == nullptr || clock <= 0) return 0;
+  return rate / (threads * clock * probe.ops_per_instruction);
 }
 
 const Limits& measured_limits(int threads) {

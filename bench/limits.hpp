@@ -28,6 +28,7 @@ const Limits& measured_limits(int threads);
 struct PeakProbe {
   double (*loop)(std::int64_t iterations) = nullptr;
   const char* instructions = "";
+  int ops_per_instruction = 0;  ///< FLOP or OP of one instruction (zmm vfmadd231ps: 32)
 };
 PeakProbe fma_probe();
 PeakProbe bf16_probe();
@@ -37,6 +38,16 @@ PeakProbe int8_probe();
 double run_probe(const PeakProbe& probe, int threads);
 /// STREAM-triad bytes per second on `threads` threads.
 double probe_triad(int threads);
+/// One core's clock, cycles per second, while `threads` threads each run a chain of dependent
+/// integer adds (one cycle of latency on every x86 core): with it, a peak becomes instructions
+/// per cycle per core, which says how many vector units of that kind a core has (two 512-bit
+/// FMA ports on Sapphire Rapids and later Xeons, one on Zen 4, whose 256-bit units take two
+/// cycles per zmm). The clock of scalar code: a CPU that slows down for wide vectors would show
+/// a fraction below its unit count.
+double probe_clock(int threads);
+/// `probe`'s instructions per cycle per core at `rate` (operations per second on `threads`
+/// threads) and `clock` (probe_clock); 0 without a probe.
+double instructions_per_cycle(const PeakProbe& probe, double rate, int threads, double clock);
 
 /// Bytes of the last-level cache (sysconf), at least 32 MiB.
 std::int64_t last_level_cache_bytes();

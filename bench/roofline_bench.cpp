@@ -6,6 +6,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <cstdio>
 #include <ditops/runtime.hpp>
 #include <string>
 
@@ -14,18 +15,28 @@
 namespace ditops::bench {
 namespace {
 
+/// The peak, and in the label its instructions per cycle per core at the clock measured beside
+/// it (the number of such units a core has, see probe_clock).
 void report_peak(benchmark::State& state, PeakProbe (*choose)(), const char* unit) {
   const int threads = static_cast<int>(state.range(0));
   const PeakProbe probe = choose();
-  double rate = 0;
-  for (auto _ : state) rate = run_probe(probe, threads);
+  double rate = 0, clock = 0;
+  for (auto _ : state) {
+    rate = run_probe(probe, threads);
+    clock = probe.loop ? probe_clock(threads) : 0;
+  }
   state.counters["threads"] = threads;
   if (probe.loop == nullptr) {
     state.SetLabel("not on this CPU (isa " + cpu_info().isa + ")");
     return;
   }
-  state.SetLabel(probe.instructions);
+  const double per_cycle = instructions_per_cycle(probe, rate, threads, clock);
+  char label[160];
+  std::snprintf(label, sizeof label, "%s, %.2f per cycle per core at %.2f GHz", probe.instructions,
+                per_cycle, clock / 1e9);
+  state.SetLabel(label);
   state.counters[unit] = rate / 1e9;
+  state.counters["per_cycle"] = per_cycle;
 }
 
 void BM_peak_fp32_fma(benchmark::State& s) { report_peak(s, fma_probe, "GFLOP/s"); }
