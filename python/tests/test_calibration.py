@@ -216,3 +216,23 @@ def test_export_refuses_what_it_cannot_write(tmp_path):
     report = calibration.export(tmp_path, algo="W8A8_DYNAMIC", keep_float=("unused",))
     assert report.quantized_layers == ["a", "b"] and report.float_layers == {
         "table": "not an nn.Linear", "unused": "keep_float"}
+
+
+def test_a_whole_wan_pipeline_calibrates_one_step_per_denoising_step(tmp_path):
+    """WanPipeline with classifier-free guidance calls the transformer twice per step (the
+    two calls share a step); the W8A8_TIMESTEP export then holds one parameter pair per
+    step."""
+    pytest.importorskip("transformers")
+    pipe = models.wan_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    calls = []
+    pipe.transformer.register_forward_pre_hook(lambda module, args: calls.append(1))
+    with torch.inference_mode(), ditops.calibrate(pipe.transformer) as calibration:
+        pipe("a red fox in the snow", negative_prompt="blurry", num_inference_steps=3,
+             guidance_scale=5.0, max_sequence_length=16, height=64, width=64, num_frames=5,
+             generator=torch.Generator().manual_seed(0), output_type="latent")
+    assert len(calls) == 6 and calibration.steps == 3
+    report = calibration.export(tmp_path, algo="W8A8_TIMESTEP")
+    files = load_file(report.weights_path)
+    name = report.quantized_layers[0]
+    assert files[f"{name}.input_scale"].shape == (3,)
