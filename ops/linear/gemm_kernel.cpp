@@ -15,15 +15,14 @@
 
 #include <algorithm>
 #include <cstring>
-#include <limits>
 
 #include "ops/core/arch.hpp"
-#include "ops/core/log2_domain.hpp"
 #include "ops/core/simd/convert.hpp"
 #include "ops/core/simd/gaps.hpp"
 #include "ops/core/simd/int8_dot.hpp"
 #include "ops/core/simd/partial.hpp"
 #include "ops/core/simd/row_chunks.hpp"
+#include "ops/linear/gemm_epilogue.hpp"
 
 namespace ditops::linear {
 namespace {
@@ -144,72 +143,6 @@ void pack_f32_slice(const GemmProblem& p, const std::int64_t* x_rows, std::int64
   }
 }
 
-/// 1 / (1 + e^-t) from e = e^-|t| <= 1, the one exponential simd::exp2_nonpositive computes and
-/// one that never overflows: 1 / (1 + e) for t >= 0, e / (1 + e) below (0 once e < 2^-126).
-template <class Arch>
-F32<Arch> sigmoid(F32<Arch> t) noexcept {
-  using B = F32<Arch>;
-  const B e = simd::exp2_nonpositive<Arch>(xsimd::abs(t) * B(-core::kLog2e));
-  return xsimd::select(t >= B(0.f), B(1.f), e) / (B(1.f) + e);
-}
-
-/// The epilogue's activation (linear.hpp) as v · sigmoid: gelu_tanh(v) = 0.5 v (1 + tanh(u)) =
-/// v · sigmoid(2u), silu(v) = v · sigmoid(v). -inf is taken as the lowest float, whose sigmoid
-/// is 0, so it gives the limit -0 rather than -inf · 0 = NaN; NaN multiplies through as NaN.
-template <class Arch>
-F32<Arch> activate(Activation activation, F32<Arch> v) noexcept {
-  using B = F32<Arch>;
-  if (activation == Activation::none) return v;
-  const B finite =
-      xsimd::select(v == B(core::kMinusInf), B(std::numeric_limits<float>::lowest()), v);
-  if (activation == Activation::silu) return finite * sigmoid<Arch>(finite);
-  // 2u = v · (2 sqrt(2 / pi) + 2 sqrt(2 / pi) · 0.044715 · v^2)
-  constexpr float kLinear = 1.5957691216057308f, kCubic = 0.07135481627260025f;
-  const B two_u = finite * simd::fmadd<Arch>(B(kCubic), finite * finite, B(kLinear));
-  return finite * sigmoid<Arch>(two_u);
-}
-
-/// Element offsets in y of the rows [begin, min(end, m)) a block stores: walked once per block,
-/// not once per tile (starting a walk costs a division per leading dimension).
-void y_row_offsets(const GemmProblem& p, std::int64_t begin, std::int64_t end,
-                   std::int64_t* offsets) noexcept {
-  core::RowWalker<kY + 1> walker(p.rows, begin);
-  for (std::int64_t r = begin; r < std::min(end, p.m); ++r, walker.next()) {
-    offsets[r - begin] = walker.offset(kY);
-  }
-}
-
-/// Writes the tile rows that exist (row0 + r < m) of y's columns [n0, n0 + cols), row r at
-/// element offset y_rows[r], value(r, c) giving vector c of row r before the activation. A
-/// partial vector (the last columns) is activated whole, like any other, and stored in part.
-template <class Arch, int R, int V, class Value>
-void store_tile(const GemmProblem& p, const std::int64_t* y_rows, std::int64_t row0,
-                std::int64_t n0, const Value& value) {
-  constexpr int kLanes = F32<Arch>::size;
-  const int rows = static_cast<int>(std::min<std::int64_t>(R, p.m - row0));
-  const std::int64_t columns = std::min<std::int64_t>(kCols<Arch, V>, p.n - n0);
-  for (int r = 0; r < rows; ++r) {
-    for (int c = 0; c < V; ++c) {
-      const std::int64_t first = n0 + c * kLanes;
-      const std::int64_t count = std::min<std::int64_t>(kLanes, p.n - first);
-      if (count <= 0) break;
-      const F32<Arch> v = activate<Arch>(p.activation, value(r, c));
-      const std::int64_t at = y_rows[r] + first;
-      if (p.y_dtype == DType::f32) {
-        float* y = static_cast<float*>(p.y) + at;
-        columns == kCols<Arch, V>
-            ? v.store_unaligned(y)
-            : simd::store_partial<Arch>(y, v, static_cast<std::size_t>(count));
-      } else {
-        bf16* y = static_cast<bf16*>(p.y) + at;
-        columns == kCols<Arch, V>
-            ? simd::store<Arch>(y, v)
-            : simd::store_partial<Arch>(y, v, static_cast<std::size_t>(count));
-      }
-    }
-  }
-}
-
 }  // namespace
 
 template <class Arch>
@@ -253,14 +186,7 @@ void gemm_int8_tiles(const GemmProblem& p, const std::uint8_t* a, const float* r
   for (std::int64_t panel = panel_begin; panel < panel_end; ++panel) {
     const auto* weights = static_cast<const std::int8_t*>(p.panels) + panel * p.panel_bytes;
     const std::int64_t n0 = panel * kColumns;
-    I32<Arch> offset[V];
-    F32<Arch> scale[V], bias[V];
-    for (int c = 0; c < V; ++c) {
-      // Unaligned: a timestep layer's static step passes offsets from a std::vector.
-      offset[c] = I32<Arch>::load_unaligned(p.column_offset + n0 + c * kLanes);
-      scale[c] = F32<Arch>::load_aligned(p.column_scale + n0 + c * kLanes);
-      bias[c] = p.bias ? F32<Arch>::load_aligned(p.bias + n0 + c * kLanes) : F32<Arch>(0.f);
-    }
+    const Int8Epilogue<Arch, V> epilogue(p, n0);
     // k in chunks whose slice of the panel (16 KiB) stays in L1 while every row tile of the
     // block passes over it; a whole-k panel (48 KiB at k = 3072 on AVX2) would be re-read from
     // L2 by each tile. Sums of the earlier chunks wait in `partial` (L1 too).
@@ -290,10 +216,8 @@ void gemm_int8_tiles(const GemmProblem& p, const std::uint8_t* a, const float* r
           }
           continue;
         }
-        store_tile<Arch, R, V>(p, y_rows + (row0 - row_begin), row0, n0, [&](int r, int c) {
-          const F32<Arch> sum = xsimd::to_float(I32<Arch>(acc[r][c]) + offset[c]);
-          return simd::fmadd<Arch>(sum, scale[c] * F32<Arch>(row_scale[row0 - row_begin + r]),
-                                   bias[c]);
+        store_tile<Arch, V>(p, y_rows + (row0 - row_begin), row0, R, n0, [&](int r, int c) {
+          return epilogue(I32<Arch>(acc[r][c]), c, row_scale[row0 - row_begin + r]);
         });
       }
     }
@@ -403,8 +327,8 @@ void gemm_f32_tiles(const GemmProblem& p, std::int64_t row_begin, std::int64_t r
           }
           continue;
         }
-        store_tile<Arch, R, V>(p, y_rows + (row0 - row_begin), row0, n0,
-                               [&](int r, int c) { return F32<Arch>(acc[r][c]) + bias[c]; });
+        store_tile<Arch, V>(p, y_rows + (row0 - row_begin), row0, R, n0,
+                            [&](int r, int c) { return F32<Arch>(acc[r][c]) + bias[c]; });
       }
     }
   }
