@@ -3,10 +3,16 @@
 #include <cpuid.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ditops/runtime.hpp>
+#include <string>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "ops/core/isa.hpp"
 #include "ops/core/threads.hpp"
@@ -53,14 +59,66 @@ Isa detect_active() {
   const char* cap = std::getenv("DITOPS_ISA");
   if (cap == nullptr || *cap == '\0') return supported;
   if (plain_avx512_requested()) return std::min(Isa::avx512, supported);
+  if (std::strcmp(cap, "amx") == 0) return supported;
   for (int level = 0; level < kIsaCount; ++level) {
     if (std::strcmp(cap, isa_name(static_cast<Isa>(level))) == 0) {
       return static_cast<Isa>(std::min(level, static_cast<int>(supported)));
     }
   }
-  std::fprintf(stderr, "ditops: ignoring DITOPS_ISA=%s (expected scalar, sse4.2, avx2 or avx512)\n",
+  std::fprintf(stderr,
+               "ditops: ignoring DITOPS_ISA=%s (expected scalar, sse4.2, avx2, avx512bw, avx512 "
+               "or amx)\n",
                cap);
   return supported;
+}
+
+/// Whether DITOPS_ISA names a level below AMX (one detect_active obeys): every value it takes
+/// but amx.
+bool caps_below_amx(const char* cap) {
+  if (cap == nullptr || *cap == '\0' || std::strcmp(cap, "amx") == 0) return false;
+  if (std::strcmp(cap, "avx512bw") == 0) return true;
+  for (int level = 0; level < kIsaCount; ++level) {
+    if (std::strcmp(cap, isa_name(static_cast<Isa>(level))) == 0) return true;
+  }
+  return false;  // ignored, as by detect_active
+}
+
+#if defined(DITOPS_AMX_COMPILED) && DITOPS_AMX_COMPILED
+constexpr bool kAmxCompiled = true;
+#else
+constexpr bool kAmxCompiled = false;
+#endif
+
+/// Linux keeps the tile data (8 KiB of state) off until a process asks for it; the first tile
+/// instruction of a process that did not ask faults. "" when granted.
+std::string request_tile_permission() {
+#if defined(__linux__)
+  constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) {
+    return std::string("Linux refused the tile data (arch_prctl ARCH_REQ_XCOMP_PERM: ") +
+           std::strerror(errno) + ")";
+  }
+#endif
+  return "";
+}
+
+struct AmxDecision {
+  bool usable = false;
+  std::string reason;
+};
+
+AmxDecision decide_amx() {
+  AmxDecision decision;
+  decision.reason =
+      amx_blocker(amx_support(), std::getenv("DITOPS_ISA"), kernel_variant(), kAmxCompiled);
+  if (decision.reason.empty()) decision.reason = request_tile_permission();
+  decision.usable = decision.reason.empty();
+  return decision;
+}
+
+const AmxDecision& amx_decision() noexcept {
+  static const AmxDecision decision = decide_amx();  // thread-safe, once per process
+  return decision;
 }
 
 }  // namespace
@@ -86,6 +144,44 @@ int kernel_variant() noexcept {
 }
 
 const char* kernel_variant_name() noexcept { return kVariantNames[kernel_variant()]; }
+
+AmxSupport amx_support() noexcept {
+  AmxSupport support;
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) {
+    support.tile = (edx & (1u << 24)) != 0;
+    support.int8 = (edx & (1u << 25)) != 0;
+    support.bf16 = (edx & (1u << 22)) != 0;
+  }
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx)) support.osxsave = (ecx & (1u << 27)) != 0;
+  if (support.osxsave) {
+    unsigned low = 0, high = 0;
+    __asm__ volatile("xgetbv" : "=a"(low), "=d"(high) : "c"(0));  // XCR0
+    support.xcr0 = (static_cast<std::uint64_t>(high) << 32) | low;
+  }
+  return support;
+}
+
+std::string amx_blocker(const AmxSupport& support, const char* isa_env, int variant,
+                        bool compiled) {
+  if (!compiled) return "this build has no AMX kernel (no avx512+bf16+vnni variant compiled)";
+  if (!support.tile) return "the CPU has no AMX-TILE";
+  if (!support.int8) return "the CPU has no AMX-INT8";
+  const std::uint64_t tile_state = kXcr0TileConfig | kXcr0TileData;
+  if (!support.osxsave || (support.xcr0 & tile_state) != tile_state) {
+    return "the OS does not enable the tile state (XCR0 XTILECFG and XTILEDATA)";
+  }
+  if (caps_below_amx(isa_env)) return std::string("DITOPS_ISA=") + isa_env + " caps it";
+  if (variant != kAvx512Bf16Variant) {
+    return std::string("the avx512+bf16+vnni kernel variant does not run (") +
+           kVariantNames[variant] + " does)";
+  }
+  return "";
+}
+
+bool amx_int8_usable() noexcept { return amx_decision().usable; }
+
+const char* amx_int8_reason() noexcept { return amx_decision().reason.c_str(); }
 
 const char* isa_name(Isa isa) noexcept {
   const int level = static_cast<int>(isa);

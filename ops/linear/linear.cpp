@@ -12,6 +12,7 @@
 #include "ops/core/isa.hpp"
 #include "ops/core/scratch.hpp"
 #include "ops/core/threads.hpp"
+#include "ops/linear/amx_gemm.hpp"
 #include "ops/linear/gemm_kernel.hpp"
 
 namespace ditops {
@@ -80,6 +81,19 @@ constexpr LinearKernels linear_kernels_of() {
 const LinearKernels& linear_kernels(int variant) {
   static constexpr core::IsaTable<LinearKernels> table = DITOPS_KERNEL_TABLE(linear_kernels_of);
   return table.of(variant);
+}
+
+using GemmInt8 = decltype(&linear::gemm_int8<xsimd::sse2>);
+
+/// The int8 GEMM of a layer packed for `variant`: on AMX tiles where the CPU, the OS and
+/// DITOPS_ISA allow them (they take the avx512+bf16+vnni variant's panels), else the variant's.
+GemmInt8 int8_gemm(int variant) {
+#if defined(DITOPS_AMX_COMPILED) && DITOPS_AMX_COMPILED
+  if (variant == core::kAvx512Bf16Variant && core::amx_int8_usable()) {
+    return &linear::amx::gemm_int8_amx<avx512_bf16>;
+  }
+#endif
+  return linear_kernels(variant).gemm_int8;
 }
 
 std::int64_t round_up(std::int64_t value, std::int64_t multiple) {
@@ -593,7 +607,7 @@ void zero_padding_rows(std::uint8_t* a, float* row_scale, std::int64_t rows,
 /// rows never go to memory (the GEMM is short beside that traffic). Wider layers quantize
 /// first: at 3072 outputs, 1 thread, the fused tasks measured 5 % slower (x streamed through
 /// L2 between the panels).
-void forward_int8_fused(const LinearKernels& kernels, const GemmProblem& problem,
+void forward_int8_fused(const LinearKernels& kernels, GemmInt8 gemm, const GemmProblem& problem,
                         const linear::ActivationQuant& quant, const Int8Tasks& tasks, int threads) {
   const std::int64_t m = problem.m, row_bytes = tasks.row_bytes, block_rows = tasks.block_rows;
   const std::int64_t thread_bytes = block_rows * (row_bytes + 4);
@@ -608,12 +622,12 @@ void forward_int8_fused(const LinearKernels& kernels, const GemmProblem& problem
     kernels.quantize_rows(problem, quant, row_begin, stored_end, a, row_scale);
     zero_padding_rows(a + (stored_end - row_begin) * row_bytes,
                       row_scale + (stored_end - row_begin), row_end - stored_end, row_bytes);
-    kernels.gemm_int8(problem, a, row_scale, row_begin, row_end, 0, tasks.panels);
+    gemm(problem, a, row_scale, row_begin, row_end, 0, tasks.panels);
   });
 }
 
 /// Every row quantized first, for the tasks to share.
-void forward_int8_shared(const LinearKernels& kernels, const GemmProblem& problem,
+void forward_int8_shared(const LinearKernels& kernels, GemmInt8 gemm, const GemmProblem& problem,
                          const linear::ActivationQuant& quant, const Int8Tasks& tasks,
                          int threads) {
   const std::int64_t m = problem.m, padded_m = tasks.padded_m, row_bytes = tasks.row_bytes;
@@ -633,8 +647,8 @@ void forward_int8_shared(const LinearKernels& kernels, const GemmProblem& proble
     const std::int64_t row_end = std::min(padded_m, row_begin + tasks.block_rows);
     const std::int64_t panel_begin = (task % tasks.panel_chunks) * tasks.panels_per_chunk;
     const std::int64_t panel_end = std::min(tasks.panels, panel_begin + tasks.panels_per_chunk);
-    kernels.gemm_int8(problem, scratch + row_begin * row_bytes, row_scale + row_begin, row_begin,
-                      row_end, panel_begin, panel_end);
+    gemm(problem, scratch + row_begin * row_bytes, row_scale + row_begin, row_begin, row_end,
+         panel_begin, panel_end);
   });
 }
 
@@ -665,10 +679,11 @@ void QuantLinear::forward(const TensorView& x, const TensorView& y, Activation a
     return;
   }
   const Int8Tasks tasks = int8_tasks(layer, padded_m, threads);
+  const GemmInt8 gemm = int8_gemm(layer.variant);
   if (tasks.panel_chunks == 1 && weights_fit_l2(layer.panels, layer.panel_bytes)) {
-    forward_int8_fused(kernels, problem, quant, tasks, threads);
+    forward_int8_fused(kernels, gemm, problem, quant, tasks, threads);
   } else {
-    forward_int8_shared(kernels, problem, quant, tasks, threads);
+    forward_int8_shared(kernels, gemm, problem, quant, tasks, threads);
   }
 }
 

@@ -29,11 +29,13 @@ class IsaEnvironment : public ::testing::Environment {
     const char* env = std::getenv("DITOPS_ISA");
     const std::string active = cpu_info().isa;
     std::printf(
-        "[ ditops ] dispatch isa: %s, kernel variant: %s, threads: %d, streaming from %lld "
-        "bytes\n",
-        active.c_str(), core::kernel_variant_name(), num_threads(),
+        "[ ditops ] dispatch isa: %s, kernel variant: %s, amx int8: %s, threads: %d, streaming "
+        "from %lld bytes\n",
+        active.c_str(), core::kernel_variant_name(),
+        core::amx_int8_usable() ? "used" : core::amx_int8_reason(), num_threads(),
         static_cast<long long>(core::streaming_store_bytes()));
-    if (env == nullptr) return;
+    // amx: the best the CPU has, as when unset.
+    if (env == nullptr || std::string(env) == "amx") return;
     // avx512bw is the avx512 level without its BF16/VNNI kernel variant.
     const bool plain_avx512 = std::string(env) == "avx512bw";
     const std::string requested = plain_avx512 ? "avx512" : env;

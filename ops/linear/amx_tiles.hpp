@@ -1,0 +1,209 @@
+#pragma once
+// The AMX tile instructions the int8 GEMM uses (amx_gemm.cpp), in one of two implementations
+// chosen by DITOPS_AMX_MODEL:
+//   0 (default): the instructions themselves, from <immintrin.h> (-mamx-tile -mamx-int8), in
+//      namespace ditops::linear::amx. Only the AMX kernel object of the library includes it.
+//   1: a software model of them, in namespace ditops::linear::amx_model, with the ISA's
+//      semantics and its legality checks: the test suite runs the whole tile program on CPUs
+//      without AMX, and a program that would fault on the hardware (a tile used before
+//      LDTILECFG, shapes TDPBUSD does not accept, a configuration LDTILECFG rejects) aborts
+//      naming the instruction.
+// Tile registers are immediates of the instructions: the macros take them as literal numbers,
+//   DITOPS_TILE_ZERO(tile)
+//   DITOPS_TILE_LOAD(tile, base, stride)     (TILELOADD: rows x colsb bytes, rows stride apart)
+//   DITOPS_TILE_STORE(tile, base, stride)    (TILESTORED)
+//   DITOPS_TILE_DPBUSD(c, a, b)              (TDPBUSD: C[m][n] += Σ_k,i u8 A[m][4k+i] s8
+//   B[k][4n+i])
+// and the configuration goes through tile_load_config / tile_release of the namespace.
+
+#include <cstdint>
+
+#ifndef DITOPS_AMX_MODEL
+#define DITOPS_AMX_MODEL 0
+#endif
+// The namespace of the tile functions and of the kernel compiled on them: the two builds never
+// share a symbol.
+#if DITOPS_AMX_MODEL
+#define DITOPS_AMX_NAMESPACE amx_model
+#else
+#define DITOPS_AMX_NAMESPACE amx
+#endif
+
+namespace ditops::linear {
+
+/// LDTILECFG's 64-byte operand, palette 1: 8 tiles of at most 16 rows of 64 bytes.
+struct TileConfig {
+  std::uint8_t palette = 0;    ///< 1: the AMX palette; 0: no tiles (as after TILERELEASE)
+  std::uint8_t start_row = 0;  ///< restart point of an interrupted load or store; 0
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};  ///< bytes per row of each tile (only 0-7 exist in palette 1)
+  std::uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64, "LDTILECFG reads 64 bytes");
+
+inline constexpr int kTiles = 8;          ///< palette 1
+inline constexpr int kTileRows = 16;      ///< most rows of a tile
+inline constexpr int kTileRowBytes = 64;  ///< most bytes of a tile row
+
+}  // namespace ditops::linear
+
+#if DITOPS_AMX_MODEL
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace ditops::linear::amx_model {
+
+/// One thread's tile state, as the hardware keeps it per thread.
+struct TileState {
+  bool configured = false;
+  TileConfig config;
+  alignas(64) std::uint8_t data[kTiles][kTileRows][kTileRowBytes] = {};
+};
+inline thread_local TileState tile_state;
+
+[[noreturn]] inline void tile_fault(const char* instruction, const char* what, int tile = -1) {
+  if (tile >= 0) {
+    std::fprintf(stderr, "ditops AMX tile model: %s tmm%d: %s\n", instruction, tile, what);
+  } else {
+    std::fprintf(stderr, "ditops AMX tile model: %s: %s\n", instruction, what);
+  }
+  std::abort();
+}
+
+/// The tile an instruction names, which must be configured (rows and colsb both non-zero).
+inline void check_tile(const char* instruction, int tile) {
+  if (tile < 0 || tile >= kTiles) tile_fault(instruction, "no such tile in palette 1", tile);
+  if (!tile_state.configured) tile_fault(instruction, "used before LDTILECFG", tile);
+  if (tile_state.config.rows[tile] == 0) tile_fault(instruction, "tile not configured", tile);
+}
+
+/// LDTILECFG: checks the configuration as the instruction does (#GP otherwise) and zeroes
+/// every tile; palette 0 leaves the tiles unconfigured, as TILERELEASE does.
+inline void tile_load_config(const TileConfig& config) {
+  constexpr const char* kName = "LDTILECFG";
+  if (config.palette > 1) tile_fault(kName, "palette is neither 0 nor 1");
+  if (config.start_row != 0) tile_fault(kName, "start_row is not 0");
+  for (std::uint8_t byte : config.reserved) {
+    if (byte != 0) tile_fault(kName, "reserved bytes are not 0");
+  }
+  if (config.palette == 0) {
+    tile_state.configured = false;
+    return;
+  }
+  for (int t = 0; t < 16; ++t) {
+    const int rows = config.rows[t], colsb = config.colsb[t];
+    if (t >= kTiles && (rows != 0 || colsb != 0)) {
+      tile_fault(kName, "configures a tile palette 1 does not have", t);
+    }
+    if (rows > kTileRows) tile_fault(kName, "more than 16 rows", t);
+    if (colsb > kTileRowBytes) tile_fault(kName, "more than 64 bytes per row", t);
+    if ((rows == 0) != (colsb == 0)) tile_fault(kName, "rows and colsb not both 0 or non-0", t);
+  }
+  tile_state.config = config;
+  tile_state.configured = true;
+  std::memset(tile_state.data, 0, sizeof tile_state.data);
+}
+
+/// TILERELEASE: back to the initial state (no configuration).
+inline void tile_release() { tile_state.configured = false; }
+
+inline void tile_zero(int tile) {
+  check_tile("TILEZERO", tile);
+  std::memset(tile_state.data[tile], 0, sizeof tile_state.data[tile]);
+}
+
+/// TILELOADD: the configured rows x colsb bytes from base + row · stride; the rest of the tile
+/// becomes 0.
+inline void tile_load(int tile, const void* base, std::int64_t stride) {
+  check_tile("TILELOADD", tile);
+  const int rows = tile_state.config.rows[tile], colsb = tile_state.config.colsb[tile];
+  std::memset(tile_state.data[tile], 0, sizeof tile_state.data[tile]);
+  for (int r = 0; r < rows; ++r) {
+    std::memcpy(tile_state.data[tile][r], static_cast<const std::uint8_t*>(base) + r * stride,
+                static_cast<std::size_t>(colsb));
+  }
+}
+
+/// TILESTORED: the configured rows x colsb bytes to base + row · stride.
+inline void tile_store(int tile, void* base, std::int64_t stride) {
+  check_tile("TILESTORED", tile);
+  const int rows = tile_state.config.rows[tile], colsb = tile_state.config.colsb[tile];
+  for (int r = 0; r < rows; ++r) {
+    std::memcpy(static_cast<std::uint8_t*>(base) + r * stride, tile_state.data[tile][r],
+                static_cast<std::size_t>(colsb));
+  }
+}
+
+/// TDPBUSD: C[m][n] += Σ_k Σ_i u8 A[m][4k + i] · s8 B[k][4n + i] in int32 (wrapping), for the
+/// configured shapes, which must agree: A.rows = C.rows, A.colsb = 4 · B.rows, B.colsb = C.colsb
+/// (each a multiple of 4 bytes), three distinct tiles. C's rows and bytes past its configured
+/// ones become 0.
+inline void tile_dpbusd(int c, int a, int b) {
+  constexpr const char* kName = "TDPBUSD";
+  check_tile(kName, c);
+  check_tile(kName, a);
+  check_tile(kName, b);
+  if (c == a || c == b || a == b) tile_fault(kName, "C, A and B are not three distinct tiles");
+  const TileConfig& config = tile_state.config;
+  const int m_rows = config.rows[c], n_bytes = config.colsb[c], k_bytes = config.colsb[a];
+  if (config.rows[a] != m_rows) tile_fault(kName, "A's rows differ from C's", a);
+  if (k_bytes != 4 * config.rows[b]) tile_fault(kName, "A's colsb is not 4 x B's rows", a);
+  if (config.colsb[b] != n_bytes) tile_fault(kName, "B's colsb differs from C's", b);
+  if (n_bytes % 4 != 0 || k_bytes % 4 != 0) tile_fault(kName, "colsb not whole dwords", c);
+  auto& dst = tile_state.data[c];
+  const auto& lhs = tile_state.data[a];
+  const auto& rhs = tile_state.data[b];
+  alignas(64) std::uint8_t result[kTileRows][kTileRowBytes] = {};
+  for (int m = 0; m < m_rows; ++m) {
+    for (int n = 0; n < n_bytes / 4; ++n) {
+      std::uint32_t sum;
+      std::memcpy(&sum, &dst[m][4 * n], 4);
+      for (int k = 0; k < k_bytes / 4; ++k) {
+        for (int i = 0; i < 4; ++i) {
+          const int product = static_cast<int>(lhs[m][4 * k + i]) *
+                              static_cast<int>(static_cast<std::int8_t>(rhs[k][4 * n + i]));
+          sum += static_cast<std::uint32_t>(product);
+        }
+      }
+      std::memcpy(&result[m][4 * n], &sum, 4);
+    }
+  }
+  std::memcpy(dst, result, sizeof result);
+}
+
+}  // namespace ditops::linear::amx_model
+
+#define DITOPS_TILE_ZERO(tile) ::ditops::linear::amx_model::tile_zero(tile)
+#define DITOPS_TILE_LOAD(tile, base, stride) \
+  ::ditops::linear::amx_model::tile_load(tile, base, stride)
+#define DITOPS_TILE_STORE(tile, base, stride) \
+  ::ditops::linear::amx_model::tile_store(tile, base, stride)
+#define DITOPS_TILE_DPBUSD(c, a, b) ::ditops::linear::amx_model::tile_dpbusd(c, a, b)
+
+#else  // the instructions
+
+#if !defined(__AMX_TILE__) || !defined(__AMX_INT8__)
+#error "the AMX kernel is compiled with -mamx-tile -mamx-int8 (or DITOPS_AMX_MODEL=1)"
+#endif
+#include <immintrin.h>
+
+namespace ditops::linear::amx {
+
+inline void tile_load_config(const TileConfig& config) {
+  // GCC's _tile_loadconfig tells the compiler it reads 8 bytes of the 64: make every store to
+  // the configuration happen before it.
+  __asm__ volatile("" : : "m"(config) : "memory");
+  _tile_loadconfig(&config);
+}
+inline void tile_release() { _tile_release(); }
+
+}  // namespace ditops::linear::amx
+
+#define DITOPS_TILE_ZERO(tile) _tile_zero(tile)
+#define DITOPS_TILE_LOAD(tile, base, stride) _tile_loadd(tile, base, stride)
+#define DITOPS_TILE_STORE(tile, base, stride) _tile_stored(tile, base, stride)
+#define DITOPS_TILE_DPBUSD(c, a, b) _tile_dpbusd(c, a, b)
+
+#endif

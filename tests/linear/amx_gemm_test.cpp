@@ -1,0 +1,398 @@
+// The AMX int8 GEMM (ops/linear/amx_gemm.cpp) compiled on the tile model (ops/linear/amx_tiles.hpp,
+// DITOPS_AMX_MODEL=1) at the baseline, so the whole tile program runs on every machine: bit for
+// bit against the scalar variant's gemm_int8 (both sum exactly in int32 and both epilogues are
+// the baseline's). Then the model's own checks, and when the library uses AMX.
+
+#define DITOPS_AMX_MODEL 1
+
+#include "ops/linear/amx_gemm.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <ditops/linear.hpp>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ops/core/isa.hpp"
+#include "ops/linear/amx_tiles.hpp"
+#include "ops/linear/gemm_kernel.hpp"
+
+namespace ditops::test {
+namespace {
+
+using linear::GemmProblem;
+
+std::int64_t round_up(std::int64_t value, std::int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+/// 64-byte aligned, zeroed storage (the kernels load column scales and biases aligned).
+template <class T>
+struct Aligned {
+  explicit Aligned(std::int64_t count)
+      : data(static_cast<T*>(std::aligned_alloc(64, round_up(count * sizeof(T) + 1, 64)))) {
+    std::memset(data.get(), 0, static_cast<std::size_t>(round_up(count * sizeof(T) + 1, 64)));
+  }
+  T* get() const { return data.get(); }
+  T& operator[](std::int64_t i) const { return data.get()[i]; }
+  struct Free {
+    void operator()(T* p) const { std::free(p); }
+  };
+  std::unique_ptr<T, Free> data;
+};
+
+/// W [n, k] packed as make_layer packs it for panels of `cols` columns, with the column
+/// epilogue (offset, scale, bias) padded to whole panels.
+struct Packed {
+  int cols;
+  std::int64_t k_padded, panels, panel_bytes;
+  Aligned<std::int8_t> panel_data;
+  Aligned<std::int32_t> offset;
+  Aligned<float> scale, bias;
+
+  Packed(const std::vector<std::int8_t>& w, std::int64_t n, std::int64_t k, int columns,
+         int activation_offset, const std::vector<std::int32_t>& column_offset,
+         const std::vector<float>& column_scale, const std::vector<float>& column_bias)
+      : cols(columns),
+        k_padded(round_up(k, 64)),
+        panels((n + columns - 1) / columns),
+        panel_bytes(k_padded * columns),
+        panel_data(panels * panel_bytes),
+        offset(panels * columns),
+        scale(panels * columns),
+        bias(panels * columns) {
+    for (std::int64_t row = 0; row < n; ++row) {
+      std::int8_t* panel = panel_data.get() + (row / cols) * panel_bytes + (row % cols) * 4;
+      std::int32_t sum = 0;
+      for (std::int64_t i = 0; i < k; ++i) {
+        panel[(i / 4) * cols * 4 + i % 4] = w[row * k + i];
+        sum += w[row * k + i];
+      }
+      offset[row] = column_offset[row] - activation_offset * sum;
+      scale[row] = column_scale[row];
+      bias[row] = column_bias[row];
+    }
+  }
+};
+
+struct Case {
+  std::int64_t m, k, n;
+  bool dynamic;
+  DType y_dtype;
+  Activation activation;
+  bool bias;
+};
+
+std::string describe(const Case& c) {
+  return "m " + std::to_string(c.m) + " k " + std::to_string(c.k) + " n " + std::to_string(c.n) +
+         (c.dynamic ? " dynamic" : " static") + (c.y_dtype == DType::f32 ? " f32" : " bf16") +
+         " activation " + std::to_string(static_cast<int>(c.activation)) + (c.bias ? " bias" : "");
+}
+
+/// y of the model-compiled AMX kernel and of gemm_int8<xsimd::sse2>, from the same int8 data.
+void expect_amx_equals_scalar(const Case& c, std::mt19937& rng) {
+  SCOPED_TRACE(describe(c));
+  const std::int64_t m = c.m, k = c.k, n = c.n;
+  // x: mostly normal, with rows and elements that saturate (0 and 255 after the +128).
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> x(static_cast<std::size_t>(m * k));
+  for (std::int64_t i = 0; i < m * k; ++i) {
+    const std::uint32_t pick = rng() % 16;
+    x[i] = pick == 0 ? 1e4f : pick == 1 ? -1e4f : normal(rng);
+  }
+  if (k >= 2) x[0] = 1e4f, x[1] = -1e4f;  // both ends of the bytes in every case
+  // W: uniform bytes, a third of them at the extremes -127, 127 and -128.
+  std::vector<std::int8_t> w(static_cast<std::size_t>(n * k));
+  for (auto& value : w) {
+    const std::uint32_t pick = rng() % 9;
+    value = static_cast<std::int8_t>(pick == 0   ? -127
+                                     : pick == 1 ? 127
+                                     : pick == 2 ? -128
+                                                 : static_cast<int>(rng() % 256) - 128);
+  }
+  std::uniform_real_distribution<float> positive(1e-4f, 2e-3f), signed_value(-2.f, 2.f);
+  std::vector<std::int32_t> column_offset(static_cast<std::size_t>(n));
+  std::vector<float> column_scale(static_cast<std::size_t>(n)), bias(static_cast<std::size_t>(n));
+  for (std::int64_t j = 0; j < n; ++j) {
+    column_offset[j] = c.dynamic ? 0 : static_cast<std::int32_t>(rng() % 20001) - 10000;
+    column_scale[j] = positive(rng);
+    bias[j] = c.bias ? signed_value(rng) : 0.f;
+  }
+
+  const linear::Int8Layout scalar_layout = linear::int8_layout<xsimd::sse2>(n);
+  ASSERT_EQ(scalar_layout.activation_offset, 0);
+  const int amx_columns = n <= 16 ? 16 : 32;  // the avx512+bf16+vnni variant's panels
+  const Packed scalar(w, n, k, scalar_layout.tile.cols, 0, column_offset, column_scale, bias);
+  const Packed amx(w, n, k, amx_columns, 128, column_offset, column_scale, bias);
+
+  // y rows 5 elements apart past n: the kernels address rows by the problem's row layout.
+  const std::int64_t y_stride = n + 5;
+  GemmProblem p;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.x_dtype = DType::f32;
+  p.y_dtype = c.y_dtype;
+  p.x = x.data();
+  p.rows.dims = 1;
+  p.rows.shape[0] = m;
+  p.rows.rows = m;
+  p.rows.strides[linear::kX][0] = k;
+  p.rows.strides[linear::kY][0] = y_stride;
+  p.k_padded = scalar.k_padded;
+  p.activation = c.activation;
+
+  // x quantized once (the scalar variant's s8); the AMX kernel reads it as u8 = s8 + 128.
+  linear::ActivationQuant quant;
+  quant.dynamic = c.dynamic;
+  quant.scale = 0.02f;
+  quant.offset = 3.f;
+  quant.row_scale = 0.02f;
+  const std::int64_t padded_m = round_up(m, 8);  // whole tiles of both kernels
+  Aligned<std::uint8_t> a_s8(padded_m * p.k_padded), a_u8(padded_m * p.k_padded);
+  std::vector<float> row_scale(static_cast<std::size_t>(padded_m), 0.f);
+  linear::quantize_rows<xsimd::sse2>(p, quant, 0, m, a_s8.get(), row_scale.data());
+  for (std::int64_t i = 0; i < m * p.k_padded; ++i) a_u8[i] = a_s8[i] ^ 0x80;
+  if (k >= 2) {  // static: 0 and 255; dynamic (symmetric, -127 to 127): 1 and 255
+    EXPECT_EQ(a_u8[0], 255);
+    EXPECT_EQ(a_u8[1], c.dynamic ? 1 : 0);
+  }
+
+  const std::int64_t y_bytes = m * y_stride * static_cast<std::int64_t>(dtype_size(c.y_dtype));
+  std::vector<std::uint8_t> y_scalar(static_cast<std::size_t>(y_bytes), 0xA5);
+  std::vector<std::uint8_t> y_amx(static_cast<std::size_t>(y_bytes), 0xA5);
+
+  p.columns = scalar.cols;
+  p.panels = scalar.panel_data.get();
+  p.panel_bytes = scalar.panel_bytes;
+  p.column_offset = scalar.offset.get();
+  p.column_scale = scalar.scale.get();
+  p.bias = c.bias ? scalar.bias.get() : nullptr;
+  p.y = y_scalar.data();
+  linear::gemm_int8<xsimd::sse2>(p, a_s8.get(), row_scale.data(), 0, padded_m, 0, scalar.panels);
+
+  // The AMX kernel as the layer calls it: blocks of rows that are whole 8-row tiles but not
+  // whole 32-row blocks (short last blocks), and the panels in two chunks.
+  p.columns = amx.cols;
+  p.panels = amx.panel_data.get();
+  p.panel_bytes = amx.panel_bytes;
+  p.column_offset = amx.offset.get();
+  p.column_scale = amx.scale.get();
+  p.bias = c.bias ? amx.bias.get() : nullptr;
+  p.y = y_amx.data();
+  const std::int64_t split = (amx.panels + 1) / 2;
+  for (std::int64_t row0 = 0; row0 < padded_m; row0 += 40) {
+    const std::int64_t row_end = std::min(padded_m, row0 + 40);
+    for (const auto& [first, last] :
+         {std::pair{std::int64_t{0}, split}, std::pair{split, amx.panels}}) {
+      linear::amx_model::gemm_int8_amx<xsimd::sse2>(
+          p, a_u8.get() + row0 * p.k_padded, row_scale.data() + row0, row0, row_end, first, last);
+    }
+  }
+  const auto first_difference = std::mismatch(y_scalar.begin(), y_scalar.end(), y_amx.begin());
+  EXPECT_TRUE(first_difference.first == y_scalar.end())
+      << "y differs from byte " << (first_difference.first - y_scalar.begin());
+}
+
+TEST(AmxGemmModel, EqualsTheScalarKernelBitForBit) {
+  std::mt19937 rng(20261128);
+  const Activation activations[] = {Activation::none, Activation::gelu_tanh, Activation::silu};
+  int index = 0;
+  for (std::int64_t m : {1, 15, 16, 17, 33, 100}) {
+    for (std::int64_t k : {64, 100, 3, 129, 321}) {
+      for (std::int64_t n : {1, 16, 17, 32, 33, 77}) {
+        ++index;
+        const Case c{m,
+                     k,
+                     n,
+                     index % 2 == 0,
+                     index % 3 == 0 ? DType::bf16 : DType::f32,
+                     activations[index % 3],
+                     index % 4 != 0};
+        expect_amx_equals_scalar(c, rng);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+TEST(AmxGemmModel, EqualsTheScalarKernelAtDiTWidths) {
+  // k = 3072 (a DiT's hidden size: 48 steps of 64 bytes), both quantizations, both outputs.
+  std::mt19937 rng(3072);
+  for (bool dynamic : {false, true}) {
+    for (DType y_dtype : {DType::f32, DType::bf16}) {
+      expect_amx_equals_scalar({33, 3072, 77, dynamic, y_dtype, Activation::gelu_tanh, true}, rng);
+      expect_amx_equals_scalar({17, 3072, 16, dynamic, y_dtype, Activation::silu, false}, rng);
+    }
+  }
+}
+
+// ---- the tile model's checks --------------------------------------------------------------------
+
+namespace model = linear::amx_model;
+
+linear::TileConfig config_of(std::initializer_list<std::array<int, 3>> tiles) {
+  linear::TileConfig config;
+  config.palette = 1;
+  for (const auto& [tile, rows, colsb] : tiles) {
+    config.rows[tile] = static_cast<std::uint8_t>(rows);
+    config.colsb[tile] = static_cast<std::uint16_t>(colsb);
+  }
+  return config;
+}
+
+TEST(AmxTileModel, Dpbusd) {
+  // C (2 x 2 int32) += A (2 x 8 bytes, u8) . B (2 words x 2 columns, s8), wrapping in int32.
+  model::tile_load_config(config_of({{0, 2, 8}, {1, 2, 8}, {2, 2, 8}}));
+  const std::uint8_t a[2][8] = {{255, 255, 255, 255, 1, 2, 3, 4}, {0, 0, 0, 0, 0, 0, 0, 0}};
+  const std::int8_t b[2][8] = {{-128, -128, -128, -128, 1, 1, 1, 1}, {1, 2, 3, 4, -1, -1, -1, -1}};
+  const std::int32_t c0[2][2] = {{2147483647, 5}, {-7, 0}};
+  DITOPS_TILE_LOAD(0, c0, 8);
+  DITOPS_TILE_LOAD(1, a, 8);
+  DITOPS_TILE_LOAD(2, b, 8);
+  DITOPS_TILE_DPBUSD(0, 1, 2);
+  std::int32_t c[2][2] = {};
+  DITOPS_TILE_STORE(0, c, 8);
+  model::tile_release();
+  // C[0][0] = 2^31 - 1 + 255 · -128 · 4 + 1 · 1 + 2 · 2 + 3 · 3 + 4 · 4
+  EXPECT_EQ(c[0][0], 2147483647 - 4 * 255 * 128 + 30);
+  EXPECT_EQ(c[0][1], 5 + 4 * 255 - 10);
+  EXPECT_EQ(c[1][0], -7);
+  EXPECT_EQ(c[1][1], 0);
+  // Wraparound: 2^31 - 1 + 4 * 255 overflows to the negative end.
+  model::tile_load_config(config_of({{0, 1, 4}, {1, 1, 4}, {2, 1, 4}}));
+  const std::int32_t top = 2147483647;
+  const std::uint8_t ones[4] = {255, 255, 255, 255};
+  const std::int8_t plus[4] = {1, 1, 1, 1};
+  DITOPS_TILE_LOAD(0, &top, 4);
+  DITOPS_TILE_LOAD(1, ones, 4);
+  DITOPS_TILE_LOAD(2, plus, 4);
+  DITOPS_TILE_DPBUSD(0, 1, 2);
+  std::int32_t wrapped = 0;
+  DITOPS_TILE_STORE(0, &wrapped, 4);
+  model::tile_release();
+  EXPECT_EQ(wrapped, static_cast<std::int32_t>(2147483647u + 4u * 255u));
+}
+
+class AmxTileModelDeath : public ::testing::Test {
+ protected:
+  void SetUp() override { GTEST_FLAG_SET(death_test_style, "threadsafe"); }
+};
+
+TEST_F(AmxTileModelDeath, RejectsIllegalPrograms) {
+  alignas(64) std::uint8_t buffer[16 * 64] = {};
+  EXPECT_DEATH(DITOPS_TILE_ZERO(0), "TILEZERO tmm0: used before LDTILECFG");
+  EXPECT_DEATH(
+      {
+        model::tile_load_config(config_of({{0, 16, 64}, {4, 16, 64}, {6, 8, 64}}));
+        DITOPS_TILE_DPBUSD(0, 4, 6);
+      },
+      "TDPBUSD tmm4: A's colsb is not 4 x B's rows");
+  EXPECT_DEATH(
+      {
+        model::tile_load_config(config_of({{0, 8, 64}, {4, 16, 64}, {6, 16, 64}}));
+        DITOPS_TILE_DPBUSD(0, 4, 6);
+      },
+      "TDPBUSD tmm4: A's rows differ from C's");
+  EXPECT_DEATH(
+      {
+        model::tile_load_config(config_of({{0, 16, 32}, {4, 16, 64}, {6, 16, 64}}));
+        DITOPS_TILE_DPBUSD(0, 4, 6);
+      },
+      "TDPBUSD tmm6: B's colsb differs from C's");
+  EXPECT_DEATH(
+      {
+        model::tile_load_config(config_of({{0, 16, 64}, {4, 16, 64}}));
+        DITOPS_TILE_DPBUSD(0, 4, 4);
+      },
+      "TDPBUSD");
+  EXPECT_DEATH(
+      {
+        model::tile_load_config(config_of({{0, 16, 64}}));
+        DITOPS_TILE_LOAD(1, buffer, 64);
+      },
+      "TILELOADD tmm1: tile not configured");
+  EXPECT_DEATH(model::tile_load_config(config_of({{0, 17, 64}})),
+               "LDTILECFG tmm0: more than 16 rows");
+  EXPECT_DEATH(model::tile_load_config(config_of({{3, 16, 65}})),
+               "LDTILECFG tmm3: more than 64 bytes per row");
+  EXPECT_DEATH(
+      {
+        model::tile_load_config(config_of({{0, 16, 64}}));
+        model::tile_release();
+        DITOPS_TILE_STORE(0, buffer, 64);
+      },
+      "TILESTORED tmm0: used before LDTILECFG");
+}
+
+// ---- when the library uses AMX ------------------------------------------------------------------
+
+core::AmxSupport amx_cpu() {
+  core::AmxSupport support;
+  support.tile = support.int8 = support.bf16 = support.osxsave = true;
+  support.xcr0 = 0x607e7 | core::kXcr0TileConfig | core::kXcr0TileData;
+  return support;
+}
+
+TEST(AmxDetection, DitopsIsaCapsItLikeTheLevels) {
+  const int bf16 = core::kAvx512Bf16Variant;
+  EXPECT_EQ(core::amx_blocker(amx_cpu(), nullptr, bf16, true), "");
+  EXPECT_EQ(core::amx_blocker(amx_cpu(), "", bf16, true), "");
+  EXPECT_EQ(core::amx_blocker(amx_cpu(), "amx", bf16, true), "");
+  EXPECT_EQ(core::amx_blocker(amx_cpu(), "avx512", bf16, true), "DITOPS_ISA=avx512 caps it");
+  EXPECT_EQ(core::amx_blocker(amx_cpu(), "avx512bw", static_cast<int>(core::Isa::avx512), true),
+            "DITOPS_ISA=avx512bw caps it");
+  EXPECT_EQ(core::amx_blocker(amx_cpu(), "scalar", 0, true), "DITOPS_ISA=scalar caps it");
+  // A value detect_active ignores does not cap it either.
+  EXPECT_EQ(core::amx_blocker(amx_cpu(), "avx1024", bf16, true), "");
+}
+
+TEST(AmxDetection, NamesWhatIsMissing) {
+  const int bf16 = core::kAvx512Bf16Variant;
+  core::AmxSupport support = amx_cpu();
+  EXPECT_NE(core::amx_blocker(support, nullptr, bf16, false).find("no AMX kernel"),
+            std::string::npos);
+  EXPECT_NE(core::amx_blocker(support, nullptr, 2, true).find("avx512+bf16+vnni"),
+            std::string::npos);
+  support.xcr0 &= ~core::kXcr0TileData;
+  EXPECT_NE(core::amx_blocker(support, nullptr, bf16, true).find("XTILEDATA"), std::string::npos);
+  support.osxsave = false;
+  EXPECT_NE(core::amx_blocker(support, nullptr, bf16, true).find("XCR0"), std::string::npos);
+  support.int8 = false;
+  EXPECT_EQ(core::amx_blocker(support, nullptr, bf16, true), "the CPU has no AMX-INT8");
+  support.tile = false;
+  EXPECT_EQ(core::amx_blocker(support, nullptr, bf16, true), "the CPU has no AMX-TILE");
+}
+
+TEST(AmxDetection, ThisProcess) {
+  const bool usable = core::amx_int8_usable();
+  const std::string reason = core::amx_int8_reason();
+  EXPECT_EQ(usable, reason.empty()) << reason;
+  const char* cap = std::getenv("DITOPS_ISA");
+  const std::string level = cap != nullptr ? cap : "";
+  if (level == "scalar" || level == "sse4.2" || level == "avx2" || level == "avx512bw" ||
+      level == "avx512") {
+    // The suite's runs per level: none of them uses AMX.
+    EXPECT_FALSE(usable) << "DITOPS_ISA=" << level;
+    if (core::amx_support().tile && core::amx_support().int8) {
+      EXPECT_NE(reason.find("DITOPS_ISA=" + level), std::string::npos) << reason;
+    }
+  }
+  if (!core::amx_support().tile) {
+    EXPECT_FALSE(usable);
+    EXPECT_EQ(reason.find("DITOPS_ISA"), std::string::npos) << reason;
+  }
+  if (usable) {
+    EXPECT_EQ(core::kernel_variant(), core::kAvx512Bf16Variant);
+  }
+  std::printf("[ ditops ] amx int8: %s\n", usable ? "used" : reason.c_str());
+}
+
+}  // namespace
+}  // namespace ditops::test
