@@ -45,14 +45,16 @@ binary[attention]=ditops_bench
 filter[attention]='^attention_flash_(f32|bf16)/'
 binary[int8]=ditops_bench
 filter[int8]='^attention_int8/'
+# Aligned rows, and dense / RainFusion 0.75 / block-sparse on buffers as allocators place them.
 binary[sparse]=ditops_bench
-filter[sparse]='^sparse_attention/.*/misaligned:0/'
+filter[sparse]='^sparse_attention/'
 # The quick decode set, the grid at chunk 2, and chunk 1 / 4 at kv 2048 on 2 threads.
 binary[mla]=ditops_bench
 filter[mla]='^mla_decode/|^mla_grid/.*/chunk:2/|^mla_grid/b:(1|4|16)/kv:2048/h:(16|128)/chunk:[14]/threads:2/'
 options[mla]=--benchmark_min_time=0.2
+# Every kind aligned; ditops' W8A8 and W8A8_DYNAMIC on 2 threads on misaligned x and y too.
 binary[linear]=ditops_linear_bench
-filter[linear]='^BM_linear/.*/misaligned:0/'
+filter[linear]='^BM_linear/.*/misaligned:0/|^BM_linear/shape:[0-4]/kind:[01]/threads:2/misaligned:1/'
 repetitions=(--benchmark_repetitions=3 --benchmark_report_aggregates_only=true)
 
 [ $# -ge 1 ] || usage
