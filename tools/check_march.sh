@@ -17,9 +17,10 @@ if [ "${targets[*]}" = "--other-side" ]; then
   if grep -qw avx512f /proc/cpuinfo; then targets=(x86-64-v3); else targets=(sapphirerapids); fi
 fi
 # The default targets are the x86 servers users run: AVX2 (x86-64-v3, as on Zen 3), Zen 4, Ice
-# Lake and Sapphire / Emerald Rapids. x86-64-v2 and x86-64-v4 enable nothing that these and the
+# Lake, Sapphire / Emerald Rapids and Granite Rapids (the last two with AMX: the AMX kernel's
+# compile sees their tile macros). x86-64-v2 and x86-64-v4 enable nothing that these and the
 # build's own compiles (the scalar and SSE4.2 kernels) do not: name them to check them too.
-[ ${#targets[@]} -gt 0 ] || targets=(x86-64-v3 znver4 icelake-server sapphirerapids)
+[ ${#targets[@]} -gt 0 ] || targets=(x86-64-v3 znver4 icelake-server sapphirerapids graniterapids)
 database=$build/compile_commands.json
 [ -f "$database" ] || { echo "check_march: no $database (configure $build first)" >&2; exit 2; }
 
@@ -46,6 +47,10 @@ march_flags() {
       echo "-march=znver3 -mavx512f -mavx512vl -mavx512bw -mavx512dq -mavx512cd -mavx512vbmi" \
         "-mavx512ifma -mavx512vpopcntdq -mavx512vbmi2 -mavx512vnni -mavx512bitalg -mavx512bf16"
       echo "check_march: $compiler has no -march=znver4; checking znver3 + Zen 4's AVX-512" >&2 ;;
+    graniterapids)
+      # Sapphire Rapids' ISA plus AMX-FP16 and PREFETCHI, which GCC 12 has no flags for.
+      echo "-march=sapphirerapids"
+      echo "check_march: $compiler has no -march=graniterapids; checking sapphirerapids" >&2 ;;
     *) echo "check_march: $compiler has no -march=$march" >&2; exit 2 ;;
   esac
 }

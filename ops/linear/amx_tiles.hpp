@@ -184,7 +184,9 @@ inline void tile_dpbusd(int c, int a, int b) {
 
 #else  // the instructions
 
-#if !defined(__AMX_TILE__) || !defined(__AMX_INT8__)
+// GCC's macros, then clang's.
+#if !(defined(__AMX_TILE__) && defined(__AMX_INT8__)) && \
+    !(defined(__AMXTILE__) && defined(__AMXINT8__))
 #error "the AMX kernel is compiled with -mamx-tile -mamx-int8 (or DITOPS_AMX_MODEL=1)"
 #endif
 #include <immintrin.h>
