@@ -85,13 +85,20 @@ const LinearKernels& linear_kernels(int variant) {
 
 using GemmInt8 = decltype(&linear::gemm_int8<xsimd::sse2>);
 
-/// The int8 GEMM of a layer packed for `variant`: on AMX tiles where the CPU, the OS and
-/// DITOPS_ISA allow them (they take the avx512+bf16+vnni variant's panels), else the variant's.
+/// Whether a layer packed for `variant` runs its int8 GEMM on AMX tiles: where the CPU, the OS
+/// and DITOPS_ISA allow them, for the variant whose panels they take (avx512+bf16+vnni).
+bool uses_amx(int variant) {
+#if defined(DITOPS_AMX_COMPILED) && DITOPS_AMX_COMPILED
+  return variant == core::kAvx512Bf16Variant && core::amx_int8_usable();
+#else
+  return false;
+#endif
+}
+
+/// The int8 GEMM of a layer packed for `variant`: on AMX tiles (uses_amx), else the variant's.
 GemmInt8 int8_gemm(int variant) {
 #if defined(DITOPS_AMX_COMPILED) && DITOPS_AMX_COMPILED
-  if (variant == core::kAvx512Bf16Variant && core::amx_int8_usable()) {
-    return &linear::amx::gemm_int8_amx<avx512_bf16>;
-  }
+  if (uses_amx(variant)) return &linear::amx::gemm_int8_amx<avx512_bf16>;
 #endif
   return linear_kernels(variant).gemm_int8;
 }
@@ -584,9 +591,22 @@ struct Int8Tasks {
   std::int64_t padded_m, row_bytes, block_rows, row_blocks, panels, panel_chunks, panels_per_chunk;
 };
 
-Int8Tasks int8_tasks(const QuantLinear::Impl& layer, std::int64_t padded_m, int threads) {
+/// Rows of x per task on AMX: whole blocks of 32 rows (the kernel's; a shorter block has half
+/// the tile reuse), as many as fill 1 MiB, half of the 2 MiB L2 every CPU with AMX has, up to
+/// linear::kMaxAmxRows (256 rows at k = 3072): each task streams the packed weights once, and
+/// at the tiles' speed blocks of vpdpbusd size (80 rows there) would need 25 GB/s of weights per
+/// core.
+std::int64_t amx_rows_per_block(std::int64_t row_bytes) {
+  constexpr std::int64_t kBlockBytes = 1024 * 1024, kAmxBlock = 32;
+  return std::clamp<std::int64_t>(kBlockBytes / row_bytes / kAmxBlock, 1,
+                                  linear::kMaxAmxRows / kAmxBlock) *
+         kAmxBlock;
+}
+
+Int8Tasks int8_tasks(const QuantLinear::Impl& layer, std::int64_t padded_m, int threads, bool amx) {
   const std::int64_t row_bytes = layer.k_padded;
-  const std::int64_t block_rows = rows_per_block(row_bytes, layer.tile.rows);
+  const std::int64_t block_rows =
+      amx ? amx_rows_per_block(row_bytes) : rows_per_block(row_bytes, layer.tile.rows);
   const std::int64_t row_blocks = (padded_m + block_rows - 1) / block_rows;
   const std::int64_t panel_chunks =
       std::clamp<std::int64_t>((4 * threads + row_blocks - 1) / row_blocks, 1, layer.panels);
@@ -678,8 +698,8 @@ void QuantLinear::forward(const TensorView& x, const TensorView& y, Activation a
     forward_f32(kernels, problem, layer.panels, padded_m, tile_rows, threads);
     return;
   }
-  const Int8Tasks tasks = int8_tasks(layer, padded_m, threads);
   const GemmInt8 gemm = int8_gemm(layer.variant);
+  const Int8Tasks tasks = int8_tasks(layer, padded_m, threads, uses_amx(layer.variant));
   if (tasks.panel_chunks == 1 && weights_fit_l2(layer.panels, layer.panel_bytes)) {
     forward_int8_fused(kernels, gemm, problem, quant, tasks, threads);
   } else {
