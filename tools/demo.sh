@@ -12,9 +12,16 @@
 #                    beside them at S=2048 (about a minute more). The DiT block example
 #                    (examples/dit_block) at a small shape (CFG fused and two passes, two
 #                    instances, each attention and linear kind) and at FLUX's (one CFG block).
+#                    With the Python module built (a build tree configured with -DDITOPS_PYTHON=ON,
+#                    as tools/test.sh configures build/release) and torch, diffusers and
+#                    transformers in the venv: a whole FLUX pipeline at full width (two blocks)
+#                    at 256 x 256, 4 steps, diffusers' default beside ditops.diffusers.optimize
+#                    (about a minute more).
 #   --full           the long grids as well (about 5 more minutes): RMSNorm and RoPE on every
 #                    shape and dtype at 1 and 2 threads, int8 attention at chunk 1/2/4 on three
-#                    FLUX shapes, and the CPU chunk ratios over the simulator sweep's whole grid.
+#                    FLUX shapes, and the CPU chunk ratios over the simulator sweep's whole grid;
+#                    the FLUX and Wan pipelines at the bench's default size (FLUX 512 x 512, Wan
+#                    9 frames at 320 x 192), 20 steps (about 10 minutes more).
 #   --tiny           one small case per family with minimal times: checks that the pipeline
 #                    works (tests/tools/demo_pipeline_test.sh runs it); its figures mean little.
 #   --out DIR        where the report goes (default: out/ in the repository). DIR must be new,
@@ -23,10 +30,10 @@
 #   --build-dir DIR  a build tree already built (ditops-info, ditops_bench, ditops-sim and
 #                    bench-summary): no package install, no configure, no build.
 #
-# The sections (build, machine, benchmarks, sparse, simulator, cpu-vs-simulator, peers, summary) run
-# one after the other, each with its log in DIR/logs/. A section that fails is recorded at the end of
-# DIR/summary.md (its name, exit status and the last lines of its log), the sections after it
-# still run where they can, and the script exits 1 at the end if any failed.
+# The sections (build, machine, benchmarks, sparse, simulator, cpu-vs-simulator, peers, pipeline,
+# summary) run one after the other, each with its log in DIR/logs/. A section that fails is
+# recorded at the end of DIR/summary.md (its name, exit status and the last lines of its log), the
+# sections after it still run where they can, and the script exits 1 at the end if any failed.
 set -euo pipefail
 
 usage() {
@@ -77,7 +84,7 @@ mkdir -p "$out/logs"
 echo "tools/demo.sh output directory: each run replaces the demo's own files here" >"$out/$marker"
 rm -f -- "$out"/{machine.txt,bench.json,bench.txt,mla_chunks.json,mla_chunks.txt} \
   "$out"/{sparse.json,sparse.txt,sparse.md,linear.json,linear.txt,linear.md} \
-  "$out"/{dit.json,dit.txt,dit.md} \
+  "$out"/{dit.json,dit.txt,dit.md} "$out"/{pipeline.json,pipeline.md,{flux,wan}_{outputs,time}.png} \
   "$out"/{sim_sweep.txt,sim_vs_cpu.txt,summary.md} "$out"/sim_chunk[124]* "$out"/logs/*.{log,notes}
 
 # What each mode measures. Attention on 2 threads: flash fp32 and flash_bf16 on FLUX S=2048
@@ -98,6 +105,7 @@ case "$mode" in
     linear_filter='BM_linear/shape:[01]/kind:[0-4]/threads:2/'
     dit_small=(--hidden 768 --heads 12 --image 1024 --text 128 --frames 4 --steps 2 --instances 2 --compare)
     dit_flux=(--cfg fused --warmup 0 --steps 1)
+    pipeline=(--model flux --size tiny --steps 4 --text 64 --runs 1)
     ;;
   full)
     attention='attention_(flash_(f32|bf16)/shape:[01]|int8/shape:[0-2])/threads:2/'
@@ -109,6 +117,7 @@ case "$mode" in
     linear_filter='BM_linear/'
     dit_small=(--hidden 768 --heads 12 --image 1024 --text 128 --frames 4 --steps 3 --instances 2 --compare)
     dit_flux=(--cfg both --warmup 1 --steps 1 --instances 2)
+    pipeline=(--steps 20 --runs 1)
     ;;
   tiny)
     bench_filter='peak|triad|BM_rms_norm<float>/shape:1/threads:2/eigen:./misaligned:0|BM_rope<float>/seq:0/interleaved:0/threads:2/|attention_flash_f32/shape:5/threads:2/|mla_decode/b:1/kv:2048/h:16/chunk:2/threads:2/splits:0'
@@ -119,6 +128,7 @@ case "$mode" in
     chunk_filter='mla_grid/b:1/kv:512/h:16/chunk:[124]/threads:2/'
     dit_small=(--hidden 256 --heads 4 --image 256 --text 64 --steps 1)
     dit_flux=()
+    pipeline=(--narrow --size tiny --height 64 --width 64 --frames 5 --steps 2 --text 16 --runs 1)
     ;;
 esac
 
@@ -128,6 +138,11 @@ section_build() {
   # One target for the four tools: make builds the targets named on its command line one after
   # the other, but the dependencies of one target in parallel.
   cmake --build --preset release --target demo-tools
+  # The Python module too where the tree was configured with it (tools/test.sh configures
+  # build/release so): the pipeline section runs on it.
+  if grep -q '^DITOPS_PYTHON:BOOL=ON' build/release/CMakeCache.txt; then
+    cmake --build --preset release --target _ditops
+  fi
 }
 
 section_check_build() {
@@ -227,6 +242,29 @@ section_peers() {
   DITOPS_PEERS_VENV=$peers_venv tools/bench-peers.sh --quick --out "$out" --build-dir "$build"
 }
 
+# Whole diffusers pipelines (bench/python/pipeline_speed.py: FLUX and Wan assembled from random
+# components, the transformers at full width with two blocks; --tiny at the test suite's small
+# widths), diffusers' default beside ditops.diffusers.optimize: pipeline.md (times, where they go,
+# drift), pipeline.json, and per model MODEL_outputs.png (the outputs side by side) and
+# MODEL_time.png (where the time goes). Runs where the build tree has the Python module and the
+# venv has torch, diffusers and transformers; otherwise the summary says why not.
+section_pipeline() {
+  local python=$ditops_venv/bin/python
+  if ! "$python" -c 'import torch, diffusers, transformers, tokenizers, PIL' 2>/dev/null; then
+    note "skipped: torch, diffusers and transformers are not installed in $ditops_venv" \
+      "(tools/test.sh installs them)"
+    return 0
+  fi
+  if ! compgen -G "$build/python/ditops/_ditops*.so" >/dev/null; then
+    note "skipped: $build has no Python module (configure it with -DDITOPS_PYTHON=ON," \
+      "as tools/test.sh does)"
+    return 0
+  fi
+  PYTHONPATH=$build/python DITOPS_TOOLS_DIR=$build/tools OMP_NUM_THREADS=2 \
+    "$python" bench/python/pipeline_speed.py "${pipeline[@]}" --threads 2 \
+    --json "$out/pipeline.json" --png "$out" --markdown "$out/pipeline.md"
+}
+
 # A line for the summary's list of sections: what part of this section did not run, and why.
 note() {
   echo "$*" | tee -a "$out/logs/$current_section.notes"
@@ -290,6 +328,11 @@ section_summary() {
     echo "## Attention beside PyTorch SDPA and ONNX Runtime (tools/bench-peers.sh --quick)"
     echo
     if [ -f "$out/peers.md" ]; then sed '1,2d' "$out/peers.md"; else echo "(not run)"; fi
+    echo
+    echo "## Whole diffusers pipelines: diffusers' default beside ditops.diffusers.optimize" \
+      "(pipeline.md; outputs side by side: MODEL_outputs.png; where the time goes: MODEL_time.png)"
+    echo
+    if [ -f "$out/pipeline.md" ]; then cat "$out/pipeline.md"; else echo "(not run)"; fi
   } >"$out/summary.md"
 }
 
@@ -345,6 +388,7 @@ if [ "$mode" = tiny ]; then
 else
   run_section peers section_peers
 fi
+run_section pipeline section_pipeline
 run_section summary section_summary
 
 {
