@@ -176,6 +176,7 @@ def generate(pipe, timer, name, args):
                    steady_step=statistics.median(steps[1:]) if len(steps) > 1 else steps[0],
                    **{part.replace(" ", "_"): timer.seconds[part] for part in Timer.PARTS})
     figures["other"] = total - sum(timer.seconds.values())
+    figures["steps"] = steps
     image = out.frames[0] if name == "wan" else out.images[0]
     return figures, np.asarray(image, dtype=np.float32), timer.latents
 
@@ -221,7 +222,7 @@ def bench(name, args):
     results = []
     for label, options in configs:
         medians = {key: statistics.median(run[key] for run in runs[label])
-                   for key in runs[label][0] if key != "optimize"}
+                   for key in runs[label][0] if key not in ("optimize", "steps")}
         optimize_times = [run["optimize"] for run in runs[label] if run["optimize"] is not None]
         results.append(dict(
             configuration=label, **medians,
@@ -230,6 +231,7 @@ def bench(name, args):
             psnr=None if options is None else psnr(outputs[label], outputs[configs[0][0]]),
             rel_l2=None if options is None else rel_l2(latents[label], latents[configs[0][0]]),
             totals=[run["total"] for run in runs[label]],
+            step_times=[run["steps"] for run in runs[label]],
             report=str(reports[label]) if label in reports else None))
     return dict(model=name, shape=list(args.shape), steps=args.steps, text=args.text,
                 restored=restored if args.runs > 1 else None, results=results), outputs
