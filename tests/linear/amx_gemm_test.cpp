@@ -87,6 +87,7 @@ struct Case {
   DType y_dtype;
   Activation activation;
   bool bias;
+  std::int64_t amx_rows = 40;  ///< rows per call of the AMX kernel (whole 8-row tiles)
 };
 
 std::string describe(const Case& c) {
@@ -175,10 +176,13 @@ void expect_amx_equals_scalar(const Case& c, std::mt19937& rng) {
   p.column_scale = scalar.scale.get();
   p.bias = c.bias ? scalar.bias.get() : nullptr;
   p.y = y_scalar.data();
-  linear::gemm_int8<xsimd::sse2>(p, a_s8.get(), row_scale.data(), 0, padded_m, 0, scalar.panels);
+  for (std::int64_t row0 = 0; row0 < padded_m; row0 += 128) {  // its most rows per call
+    linear::gemm_int8<xsimd::sse2>(p, a_s8.get() + row0 * p.k_padded, row_scale.data() + row0, row0,
+                                   std::min(padded_m, row0 + 128), 0, scalar.panels);
+  }
 
-  // The AMX kernel as the layer calls it: blocks of rows that are whole 8-row tiles but not
-  // whole 32-row blocks (short last blocks), and the panels in two chunks.
+  // The AMX kernel as the layer calls it: blocks of rows that are whole 8-row tiles, by
+  // default not whole 32-row blocks (short last blocks), and the panels in two chunks.
   p.columns = amx.cols;
   p.panels = amx.panel_data.get();
   p.panel_bytes = amx.panel_bytes;
@@ -187,8 +191,8 @@ void expect_amx_equals_scalar(const Case& c, std::mt19937& rng) {
   p.bias = c.bias ? amx.bias.get() : nullptr;
   p.y = y_amx.data();
   const std::int64_t split = (amx.panels + 1) / 2;
-  for (std::int64_t row0 = 0; row0 < padded_m; row0 += 40) {
-    const std::int64_t row_end = std::min(padded_m, row0 + 40);
+  for (std::int64_t row0 = 0; row0 < padded_m; row0 += c.amx_rows) {
+    const std::int64_t row_end = std::min(padded_m, row0 + c.amx_rows);
     for (const auto& [first, last] :
          {std::pair{std::int64_t{0}, split}, std::pair{split, amx.panels}}) {
       linear::amx_model::gemm_int8_amx<xsimd::sse2>(
@@ -231,6 +235,14 @@ TEST(AmxGemmModel, EqualsTheScalarKernelAtDiTWidths) {
       expect_amx_equals_scalar({17, 3072, 16, dynamic, y_dtype, Activation::silu, false}, rng);
     }
   }
+}
+
+TEST(AmxGemmModel, EqualsTheScalarKernelInTheLayersAmxBlocks) {
+  // Calls of 256 rows (linear::kMaxAmxRows, the layer's AMX tasks at k <= 4096) and a last one
+  // of 48 (a block of 32, then one of 16).
+  std::mt19937 rng(256);
+  expect_amx_equals_scalar({300, 192, 33, true, DType::bf16, Activation::none, true, 256}, rng);
+  expect_amx_equals_scalar({300, 64, 16, false, DType::f32, Activation::silu, true, 256}, rng);
 }
 
 // ---- the tile model's checks --------------------------------------------------------------------
