@@ -19,7 +19,8 @@ int main() {
   std::printf("  avx512 %d  avx512_vnni %d  avx512_bf16 %d  avx2 %d  f16c %d\n", info.avx512,
               info.avx512_vnni, info.avx512_bf16, info.avx2, info.f16c);
   const ditops::core::AmxSupport amx = ditops::core::amx_support();
-  std::printf("  amx_tile %d  amx_int8 %d  amx_bf16 %d\n", amx.tile, amx.int8, amx.bf16);
+  std::printf("  amx_tile %d  amx_int8 %d  amx_bf16 %d  bf16_dot_full_rate %d\n", amx.tile,
+              amx.int8, amx.bf16, info.bf16_dot_full_rate);
   if (ditops::core::amx_int8_usable()) {
     std::printf("  amx                 int8 GEMM of W8A8 linear layers on AMX tiles\n");
   } else {

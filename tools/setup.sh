@@ -47,12 +47,13 @@ ditops_ensure_packages() {
 # diffusers: the newest release in the range ditops.diffusers supports (pyproject.toml's).
 ditops_diffusers_range=$(sed -n 's/.*"diffusers\(>=[0-9.]*,<[0-9.]*\)".*/\1/p' pyproject.toml)
 # ruff: tools/check_style.sh's Python linter.
+# transformers: the text encoders of the whole-pipeline tests and benchmark.
 ditops_python_requirements=(numpy safetensors torch "diffusers$ditops_diffusers_range" nanobind
-                            scikit-build-core pytest "cache-dit==1.5.3" ruff)
+                            scikit-build-core pytest "cache-dit==1.5.3" transformers ruff)
 ditops_venv=${DITOPS_VENV:-build/venv}
 ditops_ensure_venv() {
   [ -x "$ditops_venv/bin/python" ] || python3 -m venv "$ditops_venv"
-  local modules="numpy, safetensors, torch, diffusers, nanobind, scikit_build_core, pytest, cache_dit, ruff"
+  local modules="numpy, safetensors, torch, diffusers, nanobind, scikit_build_core, pytest, cache_dit, transformers, ruff"
   if ! "$ditops_venv/bin/python" -c "import $modules" 2>/dev/null; then
     echo "ditops: installing ${ditops_python_requirements[*]} into $ditops_venv"
     "$ditops_venv/bin/pip" install -q "${ditops_python_requirements[@]}"

@@ -18,6 +18,11 @@ void release_thread_scratch() noexcept;
 struct CpuInfo {
   std::string isa;  ///< level dispatch uses: "scalar", "sse4.2", "avx2", "avx512"
   bool avx512, avx512_vnni, avx512_bf16, avx2, f16c;
+  /// bf16 GEMMs run at twice the fp32 FMA rate or more: vdpbf16ps at the FMA's instruction rate
+  /// (AMD Zen 4 and later; Intel's Xeons run it at half that), or AMX-BF16 tiles the OS has
+  /// enabled. There, a bf16 GEMM on them (PyTorch's, through oneDNN) beats ditops' FLOAT layers,
+  /// which widen bf16 weights to fp32.
+  bool bf16_dot_full_rate;
   int physical_cores;
 };
 /// Features of the running CPU; `isa` is capped by DITOPS_ISA.

@@ -202,6 +202,10 @@ CpuInfo cpu_info() {
   info.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   info.f16c = core::has_f16c();
   info.physical_cores = core::physical_cores();
+  const core::AmxSupport amx = core::amx_support();
+  const std::uint64_t tile_state = core::kXcr0TileConfig | core::kXcr0TileData;
+  info.bf16_dot_full_rate = (info.avx512_bf16 && __builtin_cpu_is("amd")) ||
+                            (amx.tile && amx.bf16 && (amx.xcr0 & tile_state) == tile_state);
   return info;
 }
 

@@ -766,7 +766,22 @@ def _transformers(pipe_or_transformer):
     return models
 
 
-def _linear_layer(name, linear, quantize, keep_float):
+_BF16_LINEARS = ("auto", "ditops", "torch")
+
+
+def _bf16_on_torch(bf16_linears):
+    """Whether optimize leaves FLOAT layers of bf16 weights to torch: "auto" where the CPU
+    runs bf16 GEMMs at twice the fp32 rate or more (cpu_info's bf16_dot_full_rate: torch's bf16
+    linears use those units, ditops' FLOAT layers widen bf16 to fp32)."""
+    if bf16_linears not in _BF16_LINEARS:
+        raise ValueError(f"ditops.diffusers.optimize: bf16_linears {bf16_linears!r} is not one "
+                         f"of {_BF16_LINEARS}")
+    if bf16_linears == "auto":
+        return bool(_ditops.cpu_info()["bf16_dot_full_rate"])
+    return bf16_linears == "torch"
+
+
+def _linear_layer(name, linear, quantize, keep_float, bf16_on_torch):
     """The ditops layer for nn.Linear `linear` and its kind, or (None, why it stays)."""
     weight = linear.weight
     if weight.device.type != "cpu":
@@ -774,6 +789,10 @@ def _linear_layer(name, linear, quantize, keep_float):
     if quantize == "w8a8_dynamic" and not any(match_layer_pattern(name, pattern)
                                               for pattern in keep_float):
         return quant.w8a8_dynamic_layer(linear), "w8a8_dynamic linears"
+    if weight.dtype == torch.bfloat16 and bf16_on_torch:
+        return None, ("bf16 weights: torch's bf16 GEMM is faster on this CPU (full-rate bf16 "
+                      "dot products or AMX), ditops' FLOAT layers widen them to fp32 "
+                      "(bf16_linears=\"ditops\" puts them on ditops)")
     # FLOAT: float32 or bfloat16 weights as they are (bf16 widened to fp32 in the packed
     # panels); float16 weights in float32.
     weight = weight.detach()
@@ -785,7 +804,7 @@ def _linear_layer(name, linear, quantize, keep_float):
 
 
 def optimize(pipe_or_transformer, quantize=None, attention="dense", keep_float=KEEP_FLOAT,
-             cache=None, **options):
+             cache=None, bf16_linears="auto", **options):
     """Runs a diffusers pipeline's transformer(s) (or a transformer) on ditops in one call:
     enable(model, backend=attention, **options) (attention, q/k RMSNorms, rotary embeddings),
     then every nn.Linear on ditops' GEMM: with quantize=None as a FLOAT layer of its own
@@ -794,6 +813,11 @@ def optimize(pipe_or_transformer, quantize=None, attention="dense", keep_float=K
     which run as FLOAT layers. Returns an OptimizeReport; disable(model) undoes all of it (the
     original modules come back, bit for bit). The packed weights are held beside the model's
     own (fp32 panels: twice a bf16 model's weight memory, a quarter for w8a8).
+
+    bf16_linears: where FLOAT layers of bf16 weights run. "auto" (default): on torch where the
+    CPU runs bf16 GEMMs at twice its fp32 rate or more (ditops.cpu_info()["bf16_dot_full_rate"]:
+    AMD Zen 4 and later, AMX-BF16), whose bf16 linears beat ditops' fp32 panels there; on ditops
+    elsewhere. "ditops" or "torch" decide it; the report says which layers stay and why.
 
     cache: None, or a ditops.mindiesd.CacheConfig (MindIE-SD's step caching): one CacheAgent
     for the transformer, which "dit_block_cache" puts on every block's call (FLUX:
@@ -809,6 +833,7 @@ def optimize(pipe_or_transformer, quantize=None, attention="dense", keep_float=K
                          f"{list(_QUANTIZE)}")
     if isinstance(keep_float, str):
         keep_float = (keep_float,)
+    bf16_on_torch = _bf16_on_torch(bf16_linears)
     models = _transformers(pipe_or_transformer)
     check_diffusers_version()
     agent = None
@@ -836,7 +861,7 @@ def optimize(pipe_or_transformer, quantize=None, attention="dense", keep_float=K
         linears = [(name, module) for name, module in model.named_modules()
                    if type(module) is torch.nn.Linear]
         for name, linear in linears:
-            layer, kind = _linear_layer(name, linear, quantize, keep_float)
+            layer, kind = _linear_layer(name, linear, quantize, keep_float, bf16_on_torch)
             if layer is None:
                 report.on_torch[prefix + name] = kind
                 continue

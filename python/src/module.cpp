@@ -176,6 +176,7 @@ NB_MODULE(_ditops, m) {
     result["avx512_bf16"] = info.avx512_bf16;
     result["avx2"] = info.avx2;
     result["f16c"] = info.f16c;
+    result["bf16_dot_full_rate"] = info.bf16_dot_full_rate;
     result["physical_cores"] = info.physical_cores;
     return result;
   });

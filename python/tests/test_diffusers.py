@@ -210,7 +210,7 @@ def test_optimize_runs_every_linear_on_ditops_and_disable_restores_the_model(
     model, inputs = models.MODELS[name](dtype)
     linears = {n: m for n, m in model.named_modules() if type(m) is torch.nn.Linear}
     want = model(**inputs)[0]
-    report = ditops.diffusers.optimize(model, quantize=quantize)
+    report = ditops.diffusers.optimize(model, quantize=quantize, bf16_linears="ditops")
     got = model(**inputs)[0]
     assert got.dtype == dtype and counted["attention_forward"] > 0
     assert rel_l2(got, want) < tolerance
@@ -237,6 +237,28 @@ def test_optimize_runs_every_linear_on_ditops_and_disable_restores_the_model(
     assert torch.equal(model(**inputs)[0], want)
 
 
+@pytest.mark.parametrize("bf16_linears", ["auto", "torch"])
+def test_optimize_leaves_bf16_float_linears_to_torch_where_its_bf16_gemm_is_faster(bf16_linears):
+    """"torch", and "auto" on a CPU with full-rate bf16 dot products or AMX (cpu_info), keep
+    the FLOAT layers of a bf16 model on torch, saying why; W8A8 layers still go to ditops, and
+    an fp32 model's FLOAT layers too."""
+    on_torch = bf16_linears == "torch" or ditops.cpu_info()["bf16_dot_full_rate"]
+    for dtype, quantize in ((torch.bfloat16, None), (torch.bfloat16, "w8a8_dynamic"),
+                            (torch.float32, None)):
+        model, inputs = models.MODELS["flux"](dtype)
+        want = model(**inputs)[0]
+        report = ditops.diffusers.optimize(model, quantize=quantize, bf16_linears=bf16_linears)
+        stays = [name for name, why in report.on_torch.items() if "bf16 weights" in why]
+        if dtype == torch.bfloat16 and on_torch:
+            assert stays and "float linears" not in report.on_ditops
+            assert all(type(model.get_submodule(name)) is torch.nn.Linear for name in stays)
+            assert ("w8a8_dynamic linears" in report.on_ditops) == (quantize is not None)
+        else:
+            assert not stays and report.on_ditops["float linears"]
+        assert rel_l2(model(**inputs)[0], want) < 3e-2
+        ditops.diffusers.disable(model)
+
+
 def test_optimize_takes_a_pipeline_and_refuses_bad_arguments():
     model, inputs = models.MODELS["flux"](torch.float32)
 
@@ -252,6 +274,8 @@ def test_optimize_takes_a_pipeline_and_refuses_bad_arguments():
     ditops.diffusers.disable(model)
     with pytest.raises(ValueError, match="quantize 'int4' is not one of"):
         ditops.diffusers.optimize(model, quantize="int4")
+    with pytest.raises(ValueError, match="bf16_linears 'cpu' is not one of"):
+        ditops.diffusers.optimize(model, bf16_linears="cpu")
     with pytest.raises(ValueError, match="expected a diffusers transformer or a pipeline"):
         ditops.diffusers.optimize(object())
     assert getattr(model, "_ditops_state", None) is None

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 
+#include "ops/core/isa.hpp"
 #include "ops/core/threads.hpp"
 #include "tests/support/test_tensor.hpp"
 
@@ -96,6 +97,13 @@ TEST(Runtime, CpuInfoIsConsistent) {
   }
   if (info.avx512_vnni || info.avx512_bf16) {
     EXPECT_TRUE(info.avx512);
+  }
+  // Full-rate bf16 dot products are AVX512-BF16 on AMD or AMX-BF16, whose CPUs have AVX512-BF16.
+  if (info.bf16_dot_full_rate) {
+    EXPECT_TRUE(info.avx512_bf16 || core::amx_support().bf16);
+  }
+  if (info.avx512_bf16 && __builtin_cpu_is("amd")) {
+    EXPECT_TRUE(info.bf16_dot_full_rate);
   }
 }
 
