@@ -169,13 +169,17 @@ void expect_amx_equals_scalar(const Case& c, std::mt19937& rng) {
   std::vector<std::uint8_t> y_scalar(static_cast<std::size_t>(y_bytes), 0xA5);
   std::vector<std::uint8_t> y_amx(static_cast<std::size_t>(y_bytes), 0xA5);
 
-  p.columns = scalar.cols;
-  p.panels = scalar.panel_data.get();
-  p.panel_bytes = scalar.panel_bytes;
-  p.column_offset = scalar.offset.get();
-  p.column_scale = scalar.scale.get();
-  p.bias = c.bias ? scalar.bias.get() : nullptr;
-  p.y = y_scalar.data();
+  // The problem's weights and epilogue from one packing, its output to y.
+  const auto use = [&](const auto& packed, std::vector<std::uint8_t>& y) {
+    p.columns = packed.cols;
+    p.panels = packed.panel_data.get();
+    p.panel_bytes = packed.panel_bytes;
+    p.column_offset = packed.offset.get();
+    p.column_scale = packed.scale.get();
+    p.bias = c.bias ? packed.bias.get() : nullptr;
+    p.y = y.data();
+  };
+  use(scalar, y_scalar);
   for (std::int64_t row0 = 0; row0 < padded_m; row0 += 128) {  // its most rows per call
     linear::gemm_int8<xsimd::sse2>(p, a_s8.get() + row0 * p.k_padded, row_scale.data() + row0, row0,
                                    std::min(padded_m, row0 + 128), 0, scalar.panels);
@@ -183,13 +187,7 @@ void expect_amx_equals_scalar(const Case& c, std::mt19937& rng) {
 
   // The AMX kernel as the layer calls it: blocks of rows that are whole 8-row tiles, by
   // default not whole 32-row blocks (short last blocks), and the panels in two chunks.
-  p.columns = amx.cols;
-  p.panels = amx.panel_data.get();
-  p.panel_bytes = amx.panel_bytes;
-  p.column_offset = amx.offset.get();
-  p.column_scale = amx.scale.get();
-  p.bias = c.bias ? amx.bias.get() : nullptr;
-  p.y = y_amx.data();
+  use(amx, y_amx);
   const std::int64_t split = (amx.panels + 1) / 2;
   for (std::int64_t row0 = 0; row0 < padded_m; row0 += c.amx_rows) {
     const std::int64_t row_end = std::min(padded_m, row0 + c.amx_rows);
