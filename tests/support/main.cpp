@@ -34,8 +34,8 @@ class IsaEnvironment : public ::testing::Environment {
         active.c_str(), core::kernel_variant_name(),
         core::amx_int8_usable() ? "used" : core::amx_int8_reason(), num_threads(),
         static_cast<long long>(core::streaming_store_bytes()));
-    // amx: the best the CPU has, as when unset.
-    if (env == nullptr || std::string(env) == "amx") return;
+    // amx, or empty: the best the CPU has, as when unset (dispatch reads them so too).
+    if (env == nullptr || *env == '\0' || std::string(env) == "amx") return;
     // avx512bw is the avx512 level without its BF16/VNNI kernel variant.
     const bool plain_avx512 = std::string(env) == "avx512bw";
     const std::string requested = plain_avx512 ? "avx512" : env;
