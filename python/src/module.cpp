@@ -75,6 +75,23 @@ std::span<const std::int32_t> as_int32_span(const Array& array, const char* name
   return {static_cast<const std::int32_t*>(view.data), static_cast<std::size_t>(view.shape[0])};
 }
 
+/// The algorithm `name` spells (quant_algo_name's spelling), one of `allowed`; Error naming
+/// `call` and the allowed names otherwise.
+QuantAlgo quant_algo_named(const char* call, const std::string& name,
+                           std::initializer_list<QuantAlgo> allowed) {
+  std::string names;  // "W8A8, W8A8_DYNAMIC or W8A8_TIMESTEP"
+  std::size_t index = 0;
+  for (const QuantAlgo known : allowed) {
+    if (name == quant_algo_name(known)) return known;
+    names += std::string(index == 0                    ? ""
+                         : index + 1 == allowed.size() ? " or "
+                                                       : ", ") +
+             quant_algo_name(known);
+    ++index;
+  }
+  throw Error(std::string(call) + "algo \"" + name + "\" is not " + names);
+}
+
 /// Named arrays as NamedTensors: views of their memory, which the caller keeps alive.
 std::vector<NamedTensor> named_views(const std::vector<std::tuple<std::string, Array>>& arrays) {
   std::vector<NamedTensor> named;
@@ -445,11 +462,8 @@ NB_MODULE(_ditops, m) {
              const OptionalArray& deq_scale, const OptionalArray& quant_bias,
              const OptionalArray& input_scale, const OptionalArray& input_offset,
              const OptionalArray& bias, const OptionalArray& smooth_scale) {
-            std::optional<QuantAlgo> parsed;
-            for (const QuantAlgo known : {QuantAlgo::w8a8_static, QuantAlgo::w8a8_dynamic}) {
-              if (algo == quant_algo_name(known)) parsed = known;
-            }
-            if (!parsed) throw Error("algo \"" + algo + "\" is not W8A8 or W8A8_DYNAMIC");
+            const QuantAlgo parsed =
+                quant_algo_named("", algo, {QuantAlgo::w8a8_static, QuantAlgo::w8a8_dynamic});
             const W8A8Tensors tensors{as_view(weight, "weight"),
                                       as_view(weight_scale, "weight_scale"),
                                       as_view(deq_scale, "deq_scale"),
@@ -458,7 +472,7 @@ NB_MODULE(_ditops, m) {
                                       as_view(input_offset, "input_offset"),
                                       as_view(bias, "bias"),
                                       as_view(smooth_scale, "smooth_scale")};
-            return QuantLinear::w8a8(*parsed, tensors);
+            return QuantLinear::w8a8(parsed, tensors);
           },
           nb::arg("algo"), nb::arg("weight"), nb::arg("weight_scale").none() = nb::none(),
           nb::arg("deq_scale").none() = nb::none(), nb::arg("quant_bias").none() = nb::none(),
@@ -475,16 +489,9 @@ NB_MODULE(_ditops, m) {
          const std::string& algo, const std::vector<std::string>& float_patterns,
          std::optional<float> smooth_alpha, int rank) {
         QuantizeOptions options;
-        std::optional<QuantAlgo> parsed;
-        for (const QuantAlgo known :
-             {QuantAlgo::w8a8_static, QuantAlgo::w8a8_dynamic, QuantAlgo::w8a8_timestep}) {
-          if (algo == quant_algo_name(known)) parsed = known;
-        }
-        if (!parsed) {
-          throw Error("quantize_export: algo \"" + algo +
-                      "\" is not W8A8, W8A8_DYNAMIC or W8A8_TIMESTEP");
-        }
-        options.algo = *parsed;
+        options.algo = quant_algo_named(
+            "quantize_export: ", algo,
+            {QuantAlgo::w8a8_static, QuantAlgo::w8a8_dynamic, QuantAlgo::w8a8_timestep});
         options.float_patterns = float_patterns;
         options.smooth_alpha = smooth_alpha;
         options.rank = rank;
