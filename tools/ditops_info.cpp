@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <ditops/runtime.hpp>
+#include <tuple>
 
 #include "ops/core/isa.hpp"
 
@@ -21,10 +22,15 @@ int main() {
   const ditops::core::AmxSupport amx = ditops::core::amx_support();
   std::printf("  amx_tile %d  amx_int8 %d  amx_bf16 %d  bf16_dot_full_rate %d\n", amx.tile,
               amx.int8, amx.bf16, info.bf16_dot_full_rate);
-  if (ditops::core::amx_int8_usable()) {
-    std::printf("  amx                 int8 GEMM of W8A8 linear layers on AMX tiles\n");
-  } else {
-    std::printf("  amx                 not used: %s\n", ditops::core::amx_int8_reason());
+  using ditops::core::AmxUnit;
+  for (const auto& [unit, name, use] :
+       {std::tuple{AmxUnit::int8, "amx int8", "int8 GEMM of W8A8 linear layers on AMX tiles"},
+        std::tuple{AmxUnit::bf16, "amx bf16", "bf16 kernels on AMX tiles"}}) {
+    if (ditops::core::amx_usable(unit)) {
+      std::printf("  %-19s %s\n", name, use);
+    } else {
+      std::printf("  %-19s not used: %s\n", name, ditops::core::amx_reason(unit));
+    }
   }
   std::printf("  physical cores      %d\n", info.physical_cores);
   std::printf("  threads             %d\n", ditops::num_threads());

@@ -107,18 +107,22 @@ struct AmxDecision {
   std::string reason;
 };
 
-AmxDecision decide_amx() {
+AmxDecision decide_amx(AmxUnit unit) {
   AmxDecision decision;
   decision.reason =
-      amx_blocker(amx_support(), std::getenv("DITOPS_ISA"), kernel_variant(), kAmxCompiled);
-  if (decision.reason.empty()) decision.reason = request_tile_permission();
+      amx_blocker(amx_support(), unit, std::getenv("DITOPS_ISA"), kernel_variant(), kAmxCompiled);
+  if (decision.reason.empty()) {
+    static const std::string permission = request_tile_permission();  // once per process
+    decision.reason = permission;
+  }
   decision.usable = decision.reason.empty();
   return decision;
 }
 
-const AmxDecision& amx_decision() noexcept {
-  static const AmxDecision decision = decide_amx();  // thread-safe, once per process
-  return decision;
+const AmxDecision& amx_decision(AmxUnit unit) noexcept {
+  // thread-safe, once per process and unit
+  static const AmxDecision int8 = decide_amx(AmxUnit::int8), bf16 = decide_amx(AmxUnit::bf16);
+  return unit == AmxUnit::int8 ? int8 : bf16;
 }
 
 }  // namespace
@@ -162,11 +166,12 @@ AmxSupport amx_support() noexcept {
   return support;
 }
 
-std::string amx_blocker(const AmxSupport& support, const char* isa_env, int variant,
+std::string amx_blocker(const AmxSupport& support, AmxUnit unit, const char* isa_env, int variant,
                         bool compiled) {
-  if (!compiled) return "this build has no AMX kernel (no avx512+bf16+vnni variant compiled)";
+  if (!compiled) return "this build has no AMX kernels (no avx512+bf16+vnni variant compiled)";
   if (!support.tile) return "the CPU has no AMX-TILE";
-  if (!support.int8) return "the CPU has no AMX-INT8";
+  if (unit == AmxUnit::int8 && !support.int8) return "the CPU has no AMX-INT8";
+  if (unit == AmxUnit::bf16 && !support.bf16) return "the CPU has no AMX-BF16";
   const std::uint64_t tile_state = kXcr0TileConfig | kXcr0TileData;
   if (!support.osxsave || (support.xcr0 & tile_state) != tile_state) {
     return "the OS does not enable the tile state (XCR0 XTILECFG and XTILEDATA)";
@@ -179,9 +184,9 @@ std::string amx_blocker(const AmxSupport& support, const char* isa_env, int vari
   return "";
 }
 
-bool amx_int8_usable() noexcept { return amx_decision().usable; }
+bool amx_usable(AmxUnit unit) noexcept { return amx_decision(unit).usable; }
 
-const char* amx_int8_reason() noexcept { return amx_decision().reason.c_str(); }
+const char* amx_reason(AmxUnit unit) noexcept { return amx_decision(unit).reason.c_str(); }
 
 const char* isa_name(Isa isa) noexcept {
   const int level = static_cast<int>(isa);

@@ -42,32 +42,34 @@ int kernel_variant() noexcept;
 /// "avx512+bf16+vnni" for the extension variant, else isa_name of the level.
 const char* kernel_variant_name() noexcept;
 
-/// AMX int8 (Intel's tile units) for the W8A8 linear layers' int8 GEMM: not a level of its own
-/// (no other kernel has a tile variant) but an alternative GEMM of the avx512+bf16+vnni variant.
-/// Used when the CPU has AMX-TILE and AMX-INT8, the OS saves the tile state (XCR0 bits 17 and 18)
-/// and, on Linux, grants this process the tile data (arch_prctl ARCH_REQ_XCOMP_PERM, asked once),
-/// the avx512+bf16+vnni variant runs, and DITOPS_ISA is unset or `amx` (any level, `avx512`
-/// included, caps it off). Resolved once, at first use.
-bool amx_int8_usable() noexcept;
-/// Why AMX int8 is not used ("" when it is), e.g. "the CPU has no AMX-TILE" or
+/// AMX (Intel's tile units): not a level of its own but alternative kernels of the
+/// avx512+bf16+vnni variant, one per unit (AMX-INT8: the W8A8 linear layers' int8 GEMM;
+/// AMX-BF16: the bf16 kernels). A unit is used when the CPU has AMX-TILE and it, the OS saves the
+/// tile state (XCR0 bits 17 and 18) and, on Linux, grants this process the tile data (arch_prctl
+/// ARCH_REQ_XCOMP_PERM, asked once), the avx512+bf16+vnni variant runs, and DITOPS_ISA is unset or
+/// `amx` (any level, `avx512` included, caps it off). Resolved once per unit, at first use.
+enum class AmxUnit : int { int8 = 0, bf16 = 1 };
+bool amx_usable(AmxUnit unit) noexcept;
+/// Why the unit is not used ("" when it is), e.g. "the CPU has no AMX-TILE" or
 /// "DITOPS_ISA=avx512 caps it".
-const char* amx_int8_reason() noexcept;
+const char* amx_reason(AmxUnit unit) noexcept;
 
 /// What the CPU and OS say about AMX: CPUID.(EAX=7, ECX=0):EDX and XCR0.
 struct AmxSupport {
   bool tile = false;     ///< AMX-TILE (EDX bit 24)
   bool int8 = false;     ///< AMX-INT8 (EDX bit 25)
-  bool bf16 = false;     ///< AMX-BF16 (EDX bit 22), reported only
+  bool bf16 = false;     ///< AMX-BF16 (EDX bit 22)
   bool osxsave = false;  ///< CPUID.1:ECX bit 27: XGETBV reads XCR0
   std::uint64_t xcr0 = 0;
 };
 inline constexpr std::uint64_t kXcr0TileConfig = 1ull << 17, kXcr0TileData = 1ull << 18;
 /// This CPU's.
 AmxSupport amx_support() noexcept;
-/// The decision before the permission request: why AMX int8 is not used with this support,
-/// DITOPS_ISA (null when unset), kernel variant, and whether the library has the AMX kernel;
+/// The decision before the permission request: why the unit is not used with this support,
+/// DITOPS_ISA (null when unset), kernel variant, and whether the library has the AMX kernels;
 /// "" when nothing but the permission stands in the way.
-std::string amx_blocker(const AmxSupport& support, const char* isa_env, int variant, bool compiled);
+std::string amx_blocker(const AmxSupport& support, AmxUnit unit, const char* isa_env, int variant,
+                        bool compiled);
 
 /// One entry per kernel variant, in level order. An operator family keeps one table, of a
 /// struct of its kernels (one function pointer per kernel template), built once at compile time

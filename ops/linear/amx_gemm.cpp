@@ -18,8 +18,8 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "ops/core/amx_tiles.hpp"
 #include "ops/core/arch.hpp"
-#include "ops/linear/amx_tiles.hpp"
 #include "ops/linear/gemm_epilogue.hpp"
 
 #if !DITOPS_AMX_MODEL
@@ -29,6 +29,10 @@ static_assert(std::is_same_v<ditops::KernelArch, ditops::avx512_bf16>,
 
 namespace ditops::linear::DITOPS_AMX_NAMESPACE {
 namespace {
+
+using core::kTileRowBytes;
+using core::kTileRows;
+using core::TileConfig;
 
 // Tile registers: C (i, j) = A tile i times B tile j is tile 2i + j (0-3); A tiles 4-5; B 6-7.
 constexpr int kBlockRows = 2 * kTileRows;
@@ -123,7 +127,7 @@ void gemm_tiles(const GemmProblem& p, const std::uint8_t* a, const float* row_sc
       const std::int64_t row0 = row_begin + block * kBlockRows;
       const int rows = block == blocks - 1 ? last_rows : kBlockRows;
       if (rows != configured) {
-        tile_load_config(rows == kBlockRows ? full : last);
+        DITOPS_TILE_CONFIG(rows == kBlockRows ? full : last);
         configured = rows;
       }
       const std::uint8_t* block_a = a + (row0 - row_begin) * p.k_padded;
@@ -138,7 +142,7 @@ void gemm_tiles(const GemmProblem& p, const std::uint8_t* a, const float* row_sc
       });
     }
   }
-  tile_release();
+  DITOPS_TILE_RELEASE();
 }
 
 }  // namespace

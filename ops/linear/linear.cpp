@@ -89,7 +89,7 @@ using GemmInt8 = decltype(&linear::gemm_int8<xsimd::sse2>);
 /// and DITOPS_ISA allow them, for the variant whose panels they take (avx512+bf16+vnni).
 bool uses_amx(int variant) {
 #if defined(DITOPS_AMX_COMPILED) && DITOPS_AMX_COMPILED
-  return variant == core::kAvx512Bf16Variant && core::amx_int8_usable();
+  return variant == core::kAvx512Bf16Variant && core::amx_usable(core::AmxUnit::int8);
 #else
   return false;
 #endif

@@ -1,7 +1,7 @@
-// The AMX int8 GEMM (ops/linear/amx_gemm.cpp) compiled on the tile model (ops/linear/amx_tiles.hpp,
+// The AMX int8 GEMM (ops/linear/amx_gemm.cpp) compiled on the tile model (ops/core/amx_tiles.hpp,
 // DITOPS_AMX_MODEL=1) at the baseline, so the whole tile program runs on every machine: bit for
 // bit against the scalar variant's gemm_int8 (both sum exactly in int32 and both epilogues are
-// the baseline's). Then the model's own checks, and when the library uses AMX.
+// the baseline's).
 
 #define DITOPS_AMX_MODEL 1
 
@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "ops/core/isa.hpp"
-#include "ops/linear/amx_tiles.hpp"
 #include "ops/linear/gemm_kernel.hpp"
 
 namespace ditops::test {
@@ -241,167 +240,6 @@ TEST(AmxGemmModel, EqualsTheScalarKernelInTheLayersAmxBlocks) {
   std::mt19937 rng(256);
   expect_amx_equals_scalar({300, 192, 33, true, DType::bf16, Activation::none, true, 256}, rng);
   expect_amx_equals_scalar({300, 64, 16, false, DType::f32, Activation::silu, true, 256}, rng);
-}
-
-// ---- the tile model's checks --------------------------------------------------------------------
-
-namespace model = linear::amx_model;
-
-linear::TileConfig config_of(std::initializer_list<std::array<int, 3>> tiles) {
-  linear::TileConfig config;
-  config.palette = 1;
-  for (const auto& [tile, rows, colsb] : tiles) {
-    config.rows[tile] = static_cast<std::uint8_t>(rows);
-    config.colsb[tile] = static_cast<std::uint16_t>(colsb);
-  }
-  return config;
-}
-
-TEST(AmxTileModel, Dpbusd) {
-  // C (2 x 2 int32) += A (2 x 8 bytes, u8) . B (2 words x 2 columns, s8), wrapping in int32.
-  model::tile_load_config(config_of({{0, 2, 8}, {1, 2, 8}, {2, 2, 8}}));
-  const std::uint8_t a[2][8] = {{255, 255, 255, 255, 1, 2, 3, 4}, {0, 0, 0, 0, 0, 0, 0, 0}};
-  const std::int8_t b[2][8] = {{-128, -128, -128, -128, 1, 1, 1, 1}, {1, 2, 3, 4, -1, -1, -1, -1}};
-  const std::int32_t c0[2][2] = {{2147483647, 5}, {-7, 0}};
-  DITOPS_TILE_LOAD(0, c0, 8);
-  DITOPS_TILE_LOAD(1, a, 8);
-  DITOPS_TILE_LOAD(2, b, 8);
-  DITOPS_TILE_DPBUSD(0, 1, 2);
-  std::int32_t c[2][2] = {};
-  DITOPS_TILE_STORE(0, c, 8);
-  model::tile_release();
-  // C[0][0] = 2^31 - 1 + 255 · -128 · 4 + 1 · 1 + 2 · 2 + 3 · 3 + 4 · 4
-  EXPECT_EQ(c[0][0], 2147483647 - 4 * 255 * 128 + 30);
-  EXPECT_EQ(c[0][1], 5 + 4 * 255 - 10);
-  EXPECT_EQ(c[1][0], -7);
-  EXPECT_EQ(c[1][1], 0);
-  // Wraparound: 2^31 - 1 + 4 * 255 overflows to the negative end.
-  model::tile_load_config(config_of({{0, 1, 4}, {1, 1, 4}, {2, 1, 4}}));
-  const std::int32_t top = 2147483647;
-  const std::uint8_t ones[4] = {255, 255, 255, 255};
-  const std::int8_t plus[4] = {1, 1, 1, 1};
-  DITOPS_TILE_LOAD(0, &top, 4);
-  DITOPS_TILE_LOAD(1, ones, 4);
-  DITOPS_TILE_LOAD(2, plus, 4);
-  DITOPS_TILE_DPBUSD(0, 1, 2);
-  std::int32_t wrapped = 0;
-  DITOPS_TILE_STORE(0, &wrapped, 4);
-  model::tile_release();
-  EXPECT_EQ(wrapped, static_cast<std::int32_t>(2147483647u + 4u * 255u));
-}
-
-class AmxTileModelDeath : public ::testing::Test {
- protected:
-  void SetUp() override { GTEST_FLAG_SET(death_test_style, "threadsafe"); }
-};
-
-TEST_F(AmxTileModelDeath, RejectsIllegalPrograms) {
-  alignas(64) std::uint8_t buffer[16 * 64] = {};
-  EXPECT_DEATH(DITOPS_TILE_ZERO(0), "TILEZERO tmm0: used before LDTILECFG");
-  EXPECT_DEATH(
-      {
-        model::tile_load_config(config_of({{0, 16, 64}, {4, 16, 64}, {6, 8, 64}}));
-        DITOPS_TILE_DPBUSD(0, 4, 6);
-      },
-      "TDPBUSD tmm4: A's colsb is not 4 x B's rows");
-  EXPECT_DEATH(
-      {
-        model::tile_load_config(config_of({{0, 8, 64}, {4, 16, 64}, {6, 16, 64}}));
-        DITOPS_TILE_DPBUSD(0, 4, 6);
-      },
-      "TDPBUSD tmm4: A's rows differ from C's");
-  EXPECT_DEATH(
-      {
-        model::tile_load_config(config_of({{0, 16, 32}, {4, 16, 64}, {6, 16, 64}}));
-        DITOPS_TILE_DPBUSD(0, 4, 6);
-      },
-      "TDPBUSD tmm6: B's colsb differs from C's");
-  EXPECT_DEATH(
-      {
-        model::tile_load_config(config_of({{0, 16, 64}, {4, 16, 64}}));
-        DITOPS_TILE_DPBUSD(0, 4, 4);
-      },
-      "TDPBUSD");
-  EXPECT_DEATH(
-      {
-        model::tile_load_config(config_of({{0, 16, 64}}));
-        DITOPS_TILE_LOAD(1, buffer, 64);
-      },
-      "TILELOADD tmm1: tile not configured");
-  EXPECT_DEATH(model::tile_load_config(config_of({{0, 17, 64}})),
-               "LDTILECFG tmm0: more than 16 rows");
-  EXPECT_DEATH(model::tile_load_config(config_of({{3, 16, 65}})),
-               "LDTILECFG tmm3: more than 64 bytes per row");
-  EXPECT_DEATH(
-      {
-        model::tile_load_config(config_of({{0, 16, 64}}));
-        model::tile_release();
-        DITOPS_TILE_STORE(0, buffer, 64);
-      },
-      "TILESTORED tmm0: used before LDTILECFG");
-}
-
-// ---- when the library uses AMX ------------------------------------------------------------------
-
-core::AmxSupport amx_cpu() {
-  core::AmxSupport support;
-  support.tile = support.int8 = support.bf16 = support.osxsave = true;
-  support.xcr0 = 0x607e7 | core::kXcr0TileConfig | core::kXcr0TileData;
-  return support;
-}
-
-TEST(AmxDetection, DitopsIsaCapsItLikeTheLevels) {
-  const int bf16 = core::kAvx512Bf16Variant;
-  EXPECT_EQ(core::amx_blocker(amx_cpu(), nullptr, bf16, true), "");
-  EXPECT_EQ(core::amx_blocker(amx_cpu(), "", bf16, true), "");
-  EXPECT_EQ(core::amx_blocker(amx_cpu(), "amx", bf16, true), "");
-  EXPECT_EQ(core::amx_blocker(amx_cpu(), "avx512", bf16, true), "DITOPS_ISA=avx512 caps it");
-  EXPECT_EQ(core::amx_blocker(amx_cpu(), "avx512bw", static_cast<int>(core::Isa::avx512), true),
-            "DITOPS_ISA=avx512bw caps it");
-  EXPECT_EQ(core::amx_blocker(amx_cpu(), "scalar", 0, true), "DITOPS_ISA=scalar caps it");
-  // A value detect_active ignores does not cap it either.
-  EXPECT_EQ(core::amx_blocker(amx_cpu(), "avx1024", bf16, true), "");
-}
-
-TEST(AmxDetection, NamesWhatIsMissing) {
-  const int bf16 = core::kAvx512Bf16Variant;
-  core::AmxSupport support = amx_cpu();
-  EXPECT_NE(core::amx_blocker(support, nullptr, bf16, false).find("no AMX kernel"),
-            std::string::npos);
-  EXPECT_NE(core::amx_blocker(support, nullptr, 2, true).find("avx512+bf16+vnni"),
-            std::string::npos);
-  support.xcr0 &= ~core::kXcr0TileData;
-  EXPECT_NE(core::amx_blocker(support, nullptr, bf16, true).find("XTILEDATA"), std::string::npos);
-  support.osxsave = false;
-  EXPECT_NE(core::amx_blocker(support, nullptr, bf16, true).find("XCR0"), std::string::npos);
-  support.int8 = false;
-  EXPECT_EQ(core::amx_blocker(support, nullptr, bf16, true), "the CPU has no AMX-INT8");
-  support.tile = false;
-  EXPECT_EQ(core::amx_blocker(support, nullptr, bf16, true), "the CPU has no AMX-TILE");
-}
-
-TEST(AmxDetection, ThisProcess) {
-  const bool usable = core::amx_int8_usable();
-  const std::string reason = core::amx_int8_reason();
-  EXPECT_EQ(usable, reason.empty()) << reason;
-  const char* cap = std::getenv("DITOPS_ISA");
-  const std::string level = cap != nullptr ? cap : "";
-  if (level == "scalar" || level == "sse4.2" || level == "avx2" || level == "avx512bw" ||
-      level == "avx512") {
-    // The suite's runs per level: none of them uses AMX.
-    EXPECT_FALSE(usable) << "DITOPS_ISA=" << level;
-    if (core::amx_support().tile && core::amx_support().int8) {
-      EXPECT_NE(reason.find("DITOPS_ISA=" + level), std::string::npos) << reason;
-    }
-  }
-  if (!core::amx_support().tile) {
-    EXPECT_FALSE(usable);
-    EXPECT_EQ(reason.find("DITOPS_ISA"), std::string::npos) << reason;
-  }
-  if (usable) {
-    EXPECT_EQ(core::kernel_variant(), core::kAvx512Bf16Variant);
-  }
-  std::printf("[ ditops ] amx int8: %s\n", usable ? "used" : reason.c_str());
 }
 
 }  // namespace

@@ -29,11 +29,13 @@ class IsaEnvironment : public ::testing::Environment {
     const char* env = std::getenv("DITOPS_ISA");
     const std::string active = cpu_info().isa;
     std::printf(
-        "[ ditops ] dispatch isa: %s, kernel variant: %s, amx int8: %s, threads: %d, streaming "
+        "[ ditops ] dispatch isa: %s, kernel variant: %s, amx int8: %s, amx bf16: %s, threads: %d, "
+        "streaming "
         "from %lld bytes\n",
         active.c_str(), core::kernel_variant_name(),
-        core::amx_int8_usable() ? "used" : core::amx_int8_reason(), num_threads(),
-        static_cast<long long>(core::streaming_store_bytes()));
+        core::amx_usable(core::AmxUnit::int8) ? "used" : core::amx_reason(core::AmxUnit::int8),
+        core::amx_usable(core::AmxUnit::bf16) ? "used" : core::amx_reason(core::AmxUnit::bf16),
+        num_threads(), static_cast<long long>(core::streaming_store_bytes()));
     // amx, or empty: the best the CPU has, as when unset (dispatch reads them so too).
     if (env == nullptr || *env == '\0' || std::string(env) == "amx") return;
     // avx512bw is the avx512 level without its BF16/VNNI kernel variant.

@@ -1,20 +1,25 @@
 #pragma once
-// The AMX tile instructions the int8 GEMM uses (amx_gemm.cpp), in one of two implementations
-// chosen by DITOPS_AMX_MODEL:
-//   0 (default): the instructions themselves, from <immintrin.h> (-mamx-tile -mamx-int8), in
-//      namespace ditops::linear::amx. Only the AMX kernel object of the library includes it.
-//   1: a software model of them, in namespace ditops::linear::amx_model, with the ISA's
-//      semantics and its legality checks: the test suite runs the whole tile program on CPUs
+// The AMX tile instructions the tile kernels use (ops/linear/amx_gemm.cpp and the other AMX
+// kernels), in one of two implementations chosen by DITOPS_AMX_MODEL:
+//   0 (default): the instructions themselves, from <immintrin.h> (-mamx-tile -mamx-int8
+//      -mamx-bf16), in namespace ditops::core::amx. Only the library's AMX kernel objects
+//      include it.
+//   1: a software model of them, in namespace ditops::core::amx_model, with the ISA's
+//      semantics and its legality checks: the test suite runs whole tile programs on CPUs
 //      without AMX, and a program that would fault on the hardware (a tile used before
-//      LDTILECFG, shapes TDPBUSD does not accept, a configuration LDTILECFG rejects) aborts
-//      naming the instruction.
+//      LDTILECFG, shapes a dot product does not accept, a configuration LDTILECFG rejects)
+//      aborts naming the instruction.
 // Tile registers are immediates of the instructions: the macros take them as literal numbers,
 //   DITOPS_TILE_ZERO(tile)
 //   DITOPS_TILE_LOAD(tile, base, stride)     (TILELOADD: rows x colsb bytes, rows stride apart)
 //   DITOPS_TILE_STORE(tile, base, stride)    (TILESTORED)
 //   DITOPS_TILE_DPBUSD(c, a, b)              (TDPBUSD: C[m][n] += Σ_k,i u8 A[m][4k+i] s8
-//   B[k][4n+i])
-// and the configuration goes through tile_load_config / tile_release of the namespace.
+//                                             B[k][4n+i], int32)
+//   DITOPS_TILE_DPBF16PS(c, a, b)            (TDPBF16PS: C[m][n] += Σ_k,i bf16 A[m][2k+i] bf16
+//                                             B[k][2n+i], fp32)
+// B tiles are in the "VNNI" layout: a row holds, per column, the 4 bytes (int8) or 2 words (bf16)
+// of consecutive k. The configuration goes through DITOPS_TILE_CONFIG(config) and
+// DITOPS_TILE_RELEASE().
 
 #include <cstdint>
 
@@ -29,7 +34,7 @@
 #define DITOPS_AMX_NAMESPACE amx
 #endif
 
-namespace ditops::linear {
+namespace ditops::core {
 
 /// LDTILECFG's 64-byte operand, palette 1: 8 tiles of at most 16 rows of 64 bytes.
 struct TileConfig {
@@ -45,7 +50,7 @@ inline constexpr int kTiles = 8;          ///< palette 1
 inline constexpr int kTileRows = 16;      ///< most rows of a tile
 inline constexpr int kTileRowBytes = 64;  ///< most bytes of a tile row
 
-}  // namespace ditops::linear
+}  // namespace ditops::core
 
 #if DITOPS_AMX_MODEL
 
@@ -53,7 +58,7 @@ inline constexpr int kTileRowBytes = 64;  ///< most bytes of a tile row
 #include <cstdlib>
 #include <cstring>
 
-namespace ditops::linear::amx_model {
+namespace ditops::core::amx_model {
 
 /// One thread's tile state, as the hardware keeps it per thread.
 struct TileState {
@@ -173,25 +178,84 @@ inline void tile_dpbusd(int c, int a, int b) {
   std::memcpy(dst, result, sizeof result);
 }
 
-}  // namespace ditops::linear::amx_model
+/// bf16 -> fp32 as TDPBF16PS reads its inputs: denormals are zero (DAZ).
+inline float bf16_input(std::uint16_t word) {
+  if ((word & 0x7F80u) == 0) word &= 0x8000u;  // exponent 0: ±0 or a denormal
+  const std::uint32_t bits = static_cast<std::uint32_t>(word) << 16;
+  float value;
+  std::memcpy(&value, &bits, 4);
+  return value;
+}
 
-#define DITOPS_TILE_ZERO(tile) ::ditops::linear::amx_model::tile_zero(tile)
+/// An fp32 result as TDPBF16PS writes it: denormals flushed to zero (FTZ).
+inline float flush_denormal(float value) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  if ((bits & 0x7F800000u) == 0) bits &= 0x80000000u;
+  std::memcpy(&value, &bits, 4);
+  return value;
+}
+
+/// TDPBF16PS: C[m][n] (fp32) += A[m][2k] · B[k][2n] + A[m][2k + 1] · B[k][2n + 1] over k, in
+/// the ISA's order (per k, the even pair's product added, then the odd one's, each an fp32
+/// operation rounded to nearest even; bf16 products are exact in fp32), inputs DAZ, results FTZ,
+/// for the configured shapes, which must agree as TDPBUSD's do (a k of 2 words per 4 bytes).
+inline void tile_dpbf16ps(int c, int a, int b) {
+  constexpr const char* kName = "TDPBF16PS";
+  check_tile(kName, c);
+  check_tile(kName, a);
+  check_tile(kName, b);
+  if (c == a || c == b || a == b) tile_fault(kName, "C, A and B are not three distinct tiles");
+  const TileConfig& config = tile_state.config;
+  const int m_rows = config.rows[c], n_bytes = config.colsb[c], k_bytes = config.colsb[a];
+  if (config.rows[a] != m_rows) tile_fault(kName, "A's rows differ from C's", a);
+  if (k_bytes != 4 * config.rows[b]) tile_fault(kName, "A's colsb is not 4 x B's rows", a);
+  if (config.colsb[b] != n_bytes) tile_fault(kName, "B's colsb differs from C's", b);
+  if (n_bytes % 4 != 0 || k_bytes % 4 != 0) tile_fault(kName, "colsb not whole dwords", c);
+  auto& dst = tile_state.data[c];
+  const auto& lhs = tile_state.data[a];
+  const auto& rhs = tile_state.data[b];
+  alignas(64) std::uint8_t result[kTileRows][kTileRowBytes] = {};
+  for (int m = 0; m < m_rows; ++m) {
+    for (int n = 0; n < n_bytes / 4; ++n) {
+      float sum;
+      std::memcpy(&sum, &dst[m][4 * n], 4);
+      for (int k = 0; k < k_bytes / 4; ++k) {
+        for (int i = 0; i < 2; ++i) {
+          std::uint16_t x, y;
+          std::memcpy(&x, &lhs[m][4 * k + 2 * i], 2);
+          std::memcpy(&y, &rhs[k][4 * n + 2 * i], 2);
+          sum = flush_denormal(sum + bf16_input(x) * bf16_input(y));
+        }
+      }
+      std::memcpy(&result[m][4 * n], &sum, 4);
+    }
+  }
+  std::memcpy(dst, result, sizeof result);
+}
+
+}  // namespace ditops::core::amx_model
+
+#define DITOPS_TILE_ZERO(tile) ::ditops::core::amx_model::tile_zero(tile)
 #define DITOPS_TILE_LOAD(tile, base, stride) \
-  ::ditops::linear::amx_model::tile_load(tile, base, stride)
+  ::ditops::core::amx_model::tile_load(tile, base, stride)
 #define DITOPS_TILE_STORE(tile, base, stride) \
-  ::ditops::linear::amx_model::tile_store(tile, base, stride)
-#define DITOPS_TILE_DPBUSD(c, a, b) ::ditops::linear::amx_model::tile_dpbusd(c, a, b)
+  ::ditops::core::amx_model::tile_store(tile, base, stride)
+#define DITOPS_TILE_DPBUSD(c, a, b) ::ditops::core::amx_model::tile_dpbusd(c, a, b)
+#define DITOPS_TILE_DPBF16PS(c, a, b) ::ditops::core::amx_model::tile_dpbf16ps(c, a, b)
+#define DITOPS_TILE_CONFIG(config) ::ditops::core::amx_model::tile_load_config(config)
+#define DITOPS_TILE_RELEASE() ::ditops::core::amx_model::tile_release()
 
 #else  // the instructions
 
 // GCC's macros, then clang's.
-#if !(defined(__AMX_TILE__) && defined(__AMX_INT8__)) && \
-    !(defined(__AMXTILE__) && defined(__AMXINT8__))
-#error "the AMX kernel is compiled with -mamx-tile -mamx-int8 (or DITOPS_AMX_MODEL=1)"
+#if !(defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AMX_BF16__)) && \
+    !(defined(__AMXTILE__) && defined(__AMXINT8__) && defined(__AMXBF16__))
+#error "AMX kernels are compiled with -mamx-tile -mamx-int8 -mamx-bf16 (or DITOPS_AMX_MODEL=1)"
 #endif
 #include <immintrin.h>
 
-namespace ditops::linear::amx {
+namespace ditops::core::amx {
 
 inline void tile_load_config(const TileConfig& config) {
   // GCC's _tile_loadconfig tells the compiler it reads 8 bytes of the 64: make every store to
@@ -201,11 +265,14 @@ inline void tile_load_config(const TileConfig& config) {
 }
 inline void tile_release() { _tile_release(); }
 
-}  // namespace ditops::linear::amx
+}  // namespace ditops::core::amx
 
 #define DITOPS_TILE_ZERO(tile) _tile_zero(tile)
 #define DITOPS_TILE_LOAD(tile, base, stride) _tile_loadd(tile, base, stride)
 #define DITOPS_TILE_STORE(tile, base, stride) _tile_stored(tile, base, stride)
 #define DITOPS_TILE_DPBUSD(c, a, b) _tile_dpbusd(c, a, b)
+#define DITOPS_TILE_DPBF16PS(c, a, b) _tile_dpbf16ps(c, a, b)
+#define DITOPS_TILE_CONFIG(config) ::ditops::core::amx::tile_load_config(config)
+#define DITOPS_TILE_RELEASE() ::ditops::core::amx::tile_release()
 
 #endif
