@@ -95,9 +95,14 @@ std::string describe(const Case& c) {
          " activation " + std::to_string(static_cast<int>(c.activation)) + (c.bias ? " bias" : "");
 }
 
-/// y of the model-compiled AMX kernel and of gemm_int8<xsimd::sse2>, from the same int8 data.
-void expect_amx_equals_scalar(const Case& c, std::mt19937& rng) {
-  SCOPED_TRACE(describe(c));
+/// Which kernels a case compares, on the same int8 data: the AMX kernel compiled on the tile
+/// model against the scalar variant's gemm_int8 (on every machine), or the library's AMX kernel
+/// on the instructions against the avx512+bf16+vnni variant's gemm_int8, whose panels,
+/// activations and epilogue code it shares (only where this process uses AMX int8).
+enum class Target { model, hardware };
+
+void expect_amx_equals_reference(const Case& c, std::mt19937& rng, Target target = Target::model) {
+  SCOPED_TRACE(describe(c) + (target == Target::model ? " (tile model)" : " (AMX hardware)"));
   const std::int64_t m = c.m, k = c.k, n = c.n;
   // x: mostly normal, with rows and elements that saturate (0 and 255 after the +128).
   std::normal_distribution<float> normal(0.f, 1.f);
@@ -165,7 +170,7 @@ void expect_amx_equals_scalar(const Case& c, std::mt19937& rng) {
   }
 
   const std::int64_t y_bytes = m * y_stride * static_cast<std::int64_t>(dtype_size(c.y_dtype));
-  std::vector<std::uint8_t> y_scalar(static_cast<std::size_t>(y_bytes), 0xA5);
+  std::vector<std::uint8_t> y_reference(static_cast<std::size_t>(y_bytes), 0xA5);
   std::vector<std::uint8_t> y_amx(static_cast<std::size_t>(y_bytes), 0xA5);
 
   // The problem's weights and epilogue from one packing, its output to y.
@@ -178,10 +183,19 @@ void expect_amx_equals_scalar(const Case& c, std::mt19937& rng) {
     p.bias = c.bias ? packed.bias.get() : nullptr;
     p.y = y.data();
   };
-  use(scalar, y_scalar);
   for (std::int64_t row0 = 0; row0 < padded_m; row0 += 128) {  // its most rows per call
-    linear::gemm_int8<xsimd::sse2>(p, a_s8.get() + row0 * p.k_padded, row_scale.data() + row0, row0,
-                                   std::min(padded_m, row0 + 128), 0, scalar.panels);
+    const std::int64_t row_end = std::min(padded_m, row0 + 128);
+    if (target == Target::model) {
+      use(scalar, y_reference);
+      linear::gemm_int8<xsimd::sse2>(p, a_s8.get() + row0 * p.k_padded, row_scale.data() + row0,
+                                     row0, row_end, 0, scalar.panels);
+    } else {
+#if DITOPS_AMX_COMPILED
+      use(amx, y_reference);
+      linear::gemm_int8<avx512_bf16>(p, a_u8.get() + row0 * p.k_padded, row_scale.data() + row0,
+                                     row0, row_end, 0, amx.panels);
+#endif
+    }
   }
 
   // The AMX kernel as the layer calls it: blocks of rows that are whole 8-row tiles, by
@@ -192,13 +206,22 @@ void expect_amx_equals_scalar(const Case& c, std::mt19937& rng) {
     const std::int64_t row_end = std::min(padded_m, row0 + c.amx_rows);
     for (const auto& [first, last] :
          {std::pair{std::int64_t{0}, split}, std::pair{split, amx.panels}}) {
-      linear::amx_model::gemm_int8_amx<xsimd::sse2>(
-          p, a_u8.get() + row0 * p.k_padded, row_scale.data() + row0, row0, row_end, first, last);
+      const std::uint8_t* a = a_u8.get() + row0 * p.k_padded;
+      if (target == Target::model) {
+        linear::amx_model::gemm_int8_amx<xsimd::sse2>(p, a, row_scale.data() + row0, row0, row_end,
+                                                      first, last);
+      } else {
+#if DITOPS_AMX_COMPILED
+        linear::amx::gemm_int8_amx<avx512_bf16>(p, a, row_scale.data() + row0, row0, row_end, first,
+                                                last);
+#endif
+      }
     }
   }
-  const auto first_difference = std::mismatch(y_scalar.begin(), y_scalar.end(), y_amx.begin());
-  EXPECT_TRUE(first_difference.first == y_scalar.end())
-      << "y differs from byte " << (first_difference.first - y_scalar.begin());
+  const auto first_difference =
+      std::mismatch(y_reference.begin(), y_reference.end(), y_amx.begin());
+  EXPECT_TRUE(first_difference.first == y_reference.end())
+      << "y differs from byte " << (first_difference.first - y_reference.begin());
 }
 
 TEST(AmxGemmModel, EqualsTheScalarKernelBitForBit) {
@@ -216,7 +239,7 @@ TEST(AmxGemmModel, EqualsTheScalarKernelBitForBit) {
                      index % 3 == 0 ? DType::bf16 : DType::f32,
                      activations[index % 3],
                      index % 4 != 0};
-        expect_amx_equals_scalar(c, rng);
+        expect_amx_equals_reference(c, rng);
         if (HasFailure()) return;
       }
     }
@@ -228,8 +251,9 @@ TEST(AmxGemmModel, EqualsTheScalarKernelAtDiTWidths) {
   std::mt19937 rng(3072);
   for (bool dynamic : {false, true}) {
     for (DType y_dtype : {DType::f32, DType::bf16}) {
-      expect_amx_equals_scalar({33, 3072, 77, dynamic, y_dtype, Activation::gelu_tanh, true}, rng);
-      expect_amx_equals_scalar({17, 3072, 16, dynamic, y_dtype, Activation::silu, false}, rng);
+      expect_amx_equals_reference({33, 3072, 77, dynamic, y_dtype, Activation::gelu_tanh, true},
+                                  rng);
+      expect_amx_equals_reference({17, 3072, 16, dynamic, y_dtype, Activation::silu, false}, rng);
     }
   }
 }
@@ -238,8 +262,36 @@ TEST(AmxGemmModel, EqualsTheScalarKernelInTheLayersAmxBlocks) {
   // Calls of 256 rows (linear::kMaxAmxRows, the layer's AMX tasks at k <= 4096) and a last one
   // of 48 (a block of 32, then one of 16).
   std::mt19937 rng(256);
-  expect_amx_equals_scalar({300, 192, 33, true, DType::bf16, Activation::none, true, 256}, rng);
-  expect_amx_equals_scalar({300, 64, 16, false, DType::f32, Activation::silu, true, 256}, rng);
+  expect_amx_equals_reference({300, 192, 33, true, DType::bf16, Activation::none, true, 256}, rng);
+  expect_amx_equals_reference({300, 64, 16, false, DType::f32, Activation::silu, true, 256}, rng);
+}
+
+// The library's kernel on the real tile instructions (tools/amx-check.sh runs it where the CPU
+// has AMX): the same cases, bit for bit against the vpdpbusd kernel of the same variant.
+TEST(AmxGemmHardware, EqualsTheVnniKernelBitForBit) {
+  if (!core::amx_usable(core::AmxUnit::int8)) {
+    GTEST_SKIP() << "AMX int8 not used here: " << core::amx_reason(core::AmxUnit::int8);
+  }
+  std::mt19937 rng(20261128);
+  const Activation activations[] = {Activation::none, Activation::gelu_tanh, Activation::silu};
+  int index = 0;
+  for (std::int64_t m : {1, 17, 33, 100, 300}) {
+    for (std::int64_t k : {64, 3, 321, 3072}) {
+      for (std::int64_t n : {1, 16, 17, 77}) {
+        ++index;
+        const Case c{m,
+                     k,
+                     n,
+                     index % 2 == 0,
+                     index % 3 == 0 ? DType::bf16 : DType::f32,
+                     activations[index % 3],
+                     index % 4 != 0,
+                     index % 5 == 0 ? 256 : 40};
+        expect_amx_equals_reference(c, rng, Target::hardware);
+        if (HasFailure()) return;
+      }
+    }
+  }
 }
 
 }  // namespace
