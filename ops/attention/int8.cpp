@@ -1,9 +1,11 @@
 #include "ops/attention/int8.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
+#include "ops/attention/amx_int8_attention.hpp"
 #include "ops/attention/kernels.hpp"
 #include "ops/core/threads.hpp"
 
@@ -13,9 +15,25 @@ bool smooth_keys() {
   return env == nullptr || std::strcmp(env, "0") != 0;
 }
 
+namespace {
+std::atomic<Int8TaskKernel> task_kernel_override{nullptr};
+}  // namespace
+
+Int8TaskKernel int8_task_kernel() noexcept {
+#if defined(DITOPS_AMX_COMPILED) && DITOPS_AMX_COMPILED
+  if (core::amx_usable(core::AmxUnit::int8)) return &amx::int8_attention_task_amx<avx512_bf16>;
+#endif
+  return attention_kernels().int8_attention_task;
+}
+
+Int8TaskKernel override_int8_task_kernel(Int8TaskKernel kernel) noexcept {
+  return task_kernel_override.exchange(kernel);
+}
+
 Int8Backend::Int8Backend(const FlashProblem& p, int chunk, int threads) : problem_(p) {
   const AttentionKernels& kernels = attention_kernels();
-  task_kernel_ = kernels.int8_attention_task;
+  const Int8TaskKernel chosen = task_kernel_override.load();
+  task_kernel_ = chosen != nullptr ? chosen : int8_task_kernel();
   Int8Operands& op = operands_;
   op.chunk = chunk;
   op.row_group = int8_row_group(chunk);

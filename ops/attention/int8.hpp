@@ -15,6 +15,19 @@ namespace ditops::attention {
 /// buys on a model's inputs).
 bool smooth_keys();
 
+/// An int8 task kernel (int8_attention_task's signature).
+using Int8TaskKernel = void (*)(const FlashProblem&, const Int8Operands&, const FlashTask&,
+                                float*) noexcept;
+
+/// The task kernel backends run: on AMX tiles where core::amx_usable(AmxUnit::int8) (the
+/// avx512+bf16+vnni variant runs then, whose operands it takes), else the active variant's.
+Int8TaskKernel int8_task_kernel() noexcept;
+
+/// For tests: backends built from now on run `kernel` (null: int8_task_kernel() again), so a
+/// test can run the AMX kernel compiled on the tile model, or the vpdpbusd kernel beside the
+/// AMX one, through the whole backend. Returns the previous override.
+Int8TaskKernel override_int8_task_kernel(Int8TaskKernel kernel) noexcept;
+
 class Int8Backend {
  public:
   /// Quantizes K and V of every (sequence, KV head) of `problem` (smoothing K unless
@@ -36,7 +49,7 @@ class Int8Backend {
   std::vector<std::int64_t> first_block_;
   std::vector<schedule::StageInstance> order_;
   Int8Operands operands_;
-  void (*task_kernel_)(const FlashProblem&, const Int8Operands&, const FlashTask&, float*) noexcept;
+  Int8TaskKernel task_kernel_;
 };
 
 }  // namespace ditops::attention

@@ -22,7 +22,7 @@ inline constexpr int int8_row_group(int chunk) noexcept { return kMaxRowGroup / 
 struct Int8Operands {
   std::int64_t dk_words = 0;      ///< ceil(dk / 4): 4 int8 of one key per 32-bit word
   std::int8_t* k = nullptr;       ///< block g at g * dk_words * 256: [dk_words][64 keys][4]
-  std::int32_t* k_sum = nullptr;  ///< block g at g * 64: 128 * sum_d k per key
+  std::int32_t* k_sum = nullptr;  ///< block g at g * 64: 128 * sum_d k per key (any level)
   float* k_scale = nullptr;       ///< [g]: value = int8 * scale
   float* k_mean = nullptr;        ///< [seq * kv_heads + h][dk] subtracted before quantizing
   std::int8_t* v = nullptr;       ///< block g at g * 64 * dv_padded: [16 words][dv_padded][4]

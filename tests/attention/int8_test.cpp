@@ -6,11 +6,15 @@
 // ctest (vpdpbusd with VNNI; pmaddubsw on SSE4.2 and AVX2, with 63 P levels; the exact pmaddwd
 // emulation elsewhere) with 1 and 2 threads.
 
+#include "ops/attention/int8.hpp"
+
 #include <cstdlib>
 #include <ditops/attention.hpp>
 #include <ditops/runtime.hpp>
 #include <limits>
 
+#include "ops/attention/amx_int8_attention.hpp"
+#include "ops/core/isa.hpp"
 #include "tests/reference/attention_ref.hpp"
 #include "tests/support/expect_rejected.hpp"
 #include "tests/support/tolerance.hpp"
@@ -428,6 +432,98 @@ TEST(AttentionInt8, SelectAndBadInput) {
     expect_rejected([&] { attention_forward(q.view(), k.view(), v.view(), out.view(), options); },
                     "options.int8_chunk (" + std::to_string(chunk) + ") must be 1, 2 or 4", out);
   }
+}
+
+// ---- the AMX kernel (ops/attention/amx_int8_attention.cpp) --------------------------------------
+
+/// The int8 backend runs `kernel` while this lives.
+class KernelOverride {
+ public:
+  explicit KernelOverride(attention::Int8TaskKernel kernel)
+      : previous_(attention::override_int8_task_kernel(kernel)) {}
+  ~KernelOverride() { attention::override_int8_task_kernel(previous_); }
+  KernelOverride(const KernelOverride&) = delete;
+  KernelOverride& operator=(const KernelOverride&) = delete;
+
+ private:
+  attention::Int8TaskKernel previous_;
+};
+
+void write_nothing(const attention::FlashProblem&, const attention::Int8Operands&,
+                   const attention::FlashTask&, float*) noexcept {}
+
+// The AMX kernel compiled on the tile model (the baseline's SIMD around the modeled tiles),
+// through the whole backend on every machine and level (whose quantizer prepares K and V): as
+// accurate as the vpdpbusd kernel, whose quantization it has (u8 Q, 255 P levels), on the same
+// cases: head dims with a remainder of words past whole 64-byte steps (7, 72, 80), Dv not a
+// multiple of 64 columns (6, 32, 72), causal, masks, GQA, split-KV, the chunks.
+TEST(AttentionInt8, AmxTileModelIsAccurate) {
+  std::mt19937 rng(61);
+  {
+    // The override reaches the backend: a kernel that writes nothing fails the bar.
+    const KernelOverride nothing(&write_nothing);
+    const Int8Case c{1, 64, 128, 2, 2, 64, 64, false, 1};
+    Inputs<float> in(c, rng);
+    const Accuracy a = run_int8(c, in, reference(c, in));
+    EXPECT_FALSE(a.cosine >= kCosine) << a.cosine;
+  }
+  const KernelOverride model(&attention::amx_model::int8_attention_task_amx<xsimd::sse2>);
+  for (Int8Case c : accuracy_cases()) {
+    c.sq = std::min<std::int64_t>(c.sq, 200);  // the model multiplies in scalar code
+    Inputs<float> in(c, rng);
+    const Accuracy a = run_int8(c, in, reference(c, in));
+    std::printf("int8 AMX model %-50s cos %.6f worst-row %.5f rel-L2 %.5f lse-err %.5f\n",
+                c.describe().c_str(), a.cosine, a.worst_row, a.rel_l2, a.lse_error);
+    expect_accurate(a, c, "AMX tile model " + c.describe());
+  }
+  const Int8Case narrow{1, 40, 300, 4, 2, 128, 128, true, 2};
+  Inputs<bf16> in(narrow, rng);
+  expect_accurate(run_int8(narrow, in, reference(narrow, in)), narrow, "AMX tile model bf16");
+}
+
+// The schedule's ping-pong slots on tiles: chunks 1, 2 and 4 agree bit for bit.
+TEST(AttentionInt8, AmxTileModelChunksAgree) {
+  std::mt19937 rng(62);
+  const KernelOverride model(&attention::amx_model::int8_attention_task_amx<xsimd::sse2>);
+  Int8Case c{1, 50, 400, 4, 2, 72, 40, true, 2};
+  Inputs<float> in(c, rng);
+  const AttentionRefResult ref = reference(c, in);
+  TestTensor<float> first({c.b, c.sq, c.n, c.dv});
+  c.chunk = 1;
+  run_int8(c, in, ref, &first);
+  for (int chunk : {2, 4}) {
+    c.chunk = chunk;
+    TestTensor<float> other({c.b, c.sq, c.n, c.dv});
+    run_int8(c, in, ref, &other);
+    for (std::int64_t i = 0; i < first.size(); ++i) {
+      ASSERT_EQ(other.at(i), first.at(i)) << c.describe() << " vs chunk 1, element " << i;
+    }
+  }
+}
+
+// The library's AMX kernel on the instructions (tools/amx-check.sh runs it where the CPU has
+// AMX): the same exact int32 sums and the same softmax and update code as the vpdpbusd kernel
+// of its variant, so the same bits.
+TEST(AttentionInt8, AmxHardwareEqualsTheVnniKernelBitForBit) {
+  if (!core::amx_usable(core::AmxUnit::int8)) {
+    GTEST_SKIP() << "AMX int8 not used here: " << core::amx_reason(core::AmxUnit::int8);
+  }
+#if DITOPS_AMX_COMPILED
+  std::mt19937 rng(63);
+  for (const Int8Case& c : accuracy_cases()) {
+    Inputs<float> in(c, rng);
+    const AttentionRefResult ref = reference(c, in);
+    TestTensor<float> tiles(c.shape(c.sq, c.n, c.dv)), vnni(c.shape(c.sq, c.n, c.dv));
+    expect_accurate(run_int8(c, in, ref, &tiles), c, "AMX " + c.describe());
+    {
+      const KernelOverride vpdpbusd(&attention::int8_attention_task<avx512_bf16>);
+      run_int8(c, in, ref, &vnni);
+    }
+    for (std::int64_t i = 0; i < tiles.size(); ++i) {
+      ASSERT_EQ(tiles.at(i), vnni.at(i)) << c.describe() << ", element " << i;
+    }
+  }
+#endif
 }
 
 }  // namespace
