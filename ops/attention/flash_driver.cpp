@@ -4,6 +4,7 @@
 #include <numeric>
 #include <optional>
 
+#include "ops/attention/amx_flash.hpp"
 #include "ops/attention/int8.hpp"
 #include "ops/attention/kernels.hpp"
 #include "ops/attention/packing.hpp"
@@ -29,6 +30,19 @@ const AttentionKernels& attention_kernels() noexcept {
 }
 
 namespace {
+
+/// The task kernel of a run: flash_bf16's on AMX-BF16 tiles (amx_flash.cpp) where the CPU, the
+/// OS and DITOPS_ISA allow them (bf16_dot is set only where the avx512+bf16+vnni variant runs,
+/// whose kernel that is), else the variant's. The one place the AMX kernel is chosen.
+decltype(AttentionKernels::flash_task) flash_task_kernel(const FlashTiles& tiles) {
+#if defined(DITOPS_AMX_COMPILED) && DITOPS_AMX_COMPILED
+  if (tiles.bf16_dot && tiles.k_layout == KLayout::packed &&
+      core::amx_usable(core::AmxUnit::bf16)) {
+    return &amx::flash_task_amx<avx512_bf16>;
+  }
+#endif
+  return attention_kernels().flash_task;
+}
 
 /// The order the team takes tasks in: the tasks of one (sequence, KV head) together, most
 /// expensive first, and those heads by their most expensive task. Consecutive tasks re-read the
@@ -164,7 +178,7 @@ void run_flash_tasks(const FlashProblem& p, const FlashTiles& tiles,
                      const std::vector<FlashTask>& tasks, const std::vector<double>& cost,
                      int threads, int int8_chunk) {
   if (tasks.empty()) return;
-  const auto kernel = attention_kernels().flash_task;
+  const auto kernel = flash_task_kernel(tiles);
   const std::vector<std::int64_t> order = task_order(p, tasks, cost);
 
   std::optional<Int8Backend> int8;
