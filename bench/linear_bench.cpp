@@ -12,6 +12,7 @@
 // reorder with the input scale, then the s8 x s8 matmul: the work of ditops' W8A8 static).
 // misaligned = 1 puts x and y 16 bytes past a cache line, as allocators do.
 // frac_int8 is of the measured int8 dot-product peak; frac_peak of the FP32 FMA peak.
+// BM_linear_bf16 (below): FLOAT layers of bf16 weights at FLUX's attention and MLP sizes.
 
 #include <Eigen/Core>
 #include <ditops/linear.hpp>
@@ -165,6 +166,57 @@ BENCHMARK(BM_linear)
     ->ArgNames({"shape", "kind", "threads", "misaligned"})
     ->ArgsProduct(
         {{0, 1, 2, 3, 4}, {kDynamic, kStatic, kFloat, kEigen, kDnnl, kDnnlLayer}, {1, 2}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// ---- bf16 FLOAT layers --------------------------------------------------------------------------
+
+// A FLOAT layer of bf16 weights (the layers a bf16 model leaves unquantized) at FLUX's sizes:
+// [4096 tokens, 3072] -> 3072 (attention projections) and the MLP's 3072 -> 12288 -> 3072.
+// Kinds: 0 bf16 x -> bf16 y (torch's bf16 linear: on AVX512-BF16 the vdpbf16ps kernel, on AMX
+// the TDPBF16PS one; at other levels, e.g. DITOPS_ISA=avx512bw, the weights widened to fp32),
+// 1 fp32 x -> fp32 y on the same layer (the pairs widened as they are loaded). frac_peak is of
+// the FP32 FMA peak, which vdpbf16ps doubles.
+constexpr GemmShape kBf16Shapes[] = {{4096, 3072, 3072}, {4096, 3072, 12288}, {4096, 12288, 3072}};
+
+template <class X>
+void run_bf16_layer(benchmark::State& state, const QuantLinear& layer, const GemmShape& shape) {
+  ColdBuffers<X> x(shape.m * shape.k, shape.m * shape.k * static_cast<std::int64_t>(sizeof(X)));
+  PlacedBuffer<X> y(shape.m * shape.n, false);
+  int copy = 0;
+  for (auto _ : state) {
+    layer.forward(view(x.copy(copy++), {shape.m, shape.k}), view(y.data(), {shape.m, shape.n}));
+    benchmark::DoNotOptimize(y.data());
+  }
+}
+
+void BM_linear_bf16(benchmark::State& state) {
+  const GemmShape shape = kBf16Shapes[state.range(0)];
+  const bool bf16_x = state.range(1) == 0;
+  const int threads = static_cast<int>(state.range(2));
+  set_num_threads(threads);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  std::vector<bf16> weight(static_cast<std::size_t>(shape.n * shape.k));
+  for (bf16& w : weight) w = bf16::from_float(normal(rng) * 0.02f);
+  const QuantLinear layer = QuantLinear::float_linear(view(weight.data(), {shape.n, shape.k}), {});
+  if (bf16_x) {
+    run_bf16_layer<bf16>(state, layer, shape);
+  } else {
+    run_bf16_layer<float>(state, layer, shape);
+  }
+  report_flops(state,
+               2.0 * static_cast<double>(shape.m) * static_cast<double>(shape.n) *
+                   static_cast<double>(shape.k),
+               measured_limits(threads).fma_flops, threads);
+  state.SetLabel(std::string(bf16_x ? "ditops FLOAT bf16" : "ditops FLOAT bf16 weights f32 x") +
+                 " m" + std::to_string(shape.m) + " k" + std::to_string(shape.k) + " n" +
+                 std::to_string(shape.n) + " " + cpu_info().isa);
+}
+
+BENCHMARK(BM_linear_bf16)
+    ->ArgNames({"shape", "x_f32", "threads"})
+    ->ArgsProduct({{0, 1, 2}, {0, 1}, {1, 2}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

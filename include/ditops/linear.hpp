@@ -98,6 +98,14 @@ struct W8A8Tensors {
 class QuantLinear {
  public:
   /// A FLOAT layer: weight f32 or bf16 [out, in]; bias f32 [out] or empty.
+  /// What forward() computes, before the bias (f32) and the activation:
+  ///   - bf16 weights, bf16 x: Σ_k x · W, each product of two bf16 exact, summed in fp32 (what
+  ///     torch's bf16 linear computes, up to the order of the sum), on bf16 dot products where
+  ///     the CPU has them (vdpbf16ps with AVX512-BF16, TDPBF16PS on AMX; both read a denormal
+  ///     bf16 input as 0);
+  ///   - bf16 weights, fp32 x: fp32 x times the exact bf16 weights, summed in fp32 (x is never
+  ///     rounded to bf16);
+  ///   - fp32 weights: x (bf16 x widened) times the weights in fp32, summed in fp32.
   static QuantLinear float_linear(const TensorView& weight, const TensorView& bias);
   /// A W8A8 layer of algorithm `algo` (not float_linear). `timestep` is required for
   /// w8a8_timestep (the model instance's step) and must be null otherwise.

@@ -23,6 +23,7 @@
 #include "ops/attention/tile_rows.hpp"
 #include "ops/core/arch.hpp"
 #include "ops/core/lse_merge.hpp"
+#include "ops/core/simd/bf16_dot.hpp"
 #include "ops/core/simd/convert.hpp"
 #include "ops/core/simd/gaps.hpp"
 #include "ops/core/simd/partial.hpp"
@@ -90,23 +91,8 @@ template <class Arch>
   }
 }
 
-/// acc + the per-lane dot products of the bf16 pairs of a and b (vdpbf16ps). Inline asm, as
-/// simd::dot_u8s8 for vpdpbusd: around the intrinsic GCC 12 copies accumulators between
-/// registers (and spills them with 24 live).
-template <class Arch>
-inline __m512 dot_bf16(__m512 acc, __m512i a, __m512i b) noexcept {
-  static_assert(simd::kHasBf16Vnni<Arch>);
-  asm("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
-  return acc;
-}
-
-/// low and high rounded to bf16 (nearest even) in one vector: words 0-15 from low, 16-31 from
-/// high.
-template <class Arch>
-inline __m512i pack_bf16(B<Arch> low, B<Arch> high) noexcept {
-  static_assert(simd::kHasBf16Vnni<Arch>);
-  return (__m512i)_mm512_cvtne2ps_pbh(high, low);
-}
+using simd::dot_bf16;
+using simd::pack_bf16;
 
 /// flash_bf16: S tile [kRows][kBlockVecs] (rows kStepVecs apart) = bf16 Q tile · K^T, with K^T
 /// packed as [ceil(dk / 2)][64 keys][2] bf16 words (pairs of consecutive d per key, zero padded).

@@ -1,6 +1,6 @@
 #pragma once
 // The linear GEMMs' epilogue, shared by the kernels that produce the sums: the per-ISA
-// register-tile kernels (gemm_kernel.cpp) and the AMX tile kernel (amx_gemm.cpp). For kernel
+// register-tile kernels (gemm_kernel.cpp) and the AMX tile kernels (amx_gemm.cpp). For kernel
 // sources only (templates over the xsimd architecture of the including object).
 //
 // Internal linkage on purpose (an unnamed namespace): every object that includes this header is
@@ -109,6 +109,23 @@ struct Int8Epilogue {
   F32 operator()(I32 sum, int c, float row_scale) const noexcept {
     return simd::fmadd<Arch>(xsimd::to_float(sum + offset[c]), scale[c] * F32(row_scale), bias[c]);
   }
+};
+
+/// The FLOAT layers' epilogue of a panel's columns [n0, n0 + V vectors), before the
+/// activation: y = sum + bias.
+template <class Arch, int V>
+struct F32Epilogue {
+  using F32 = simd::F32<Arch>;
+  F32 bias[V];
+
+  F32Epilogue(const GemmProblem& p, std::int64_t n0) noexcept {
+    constexpr int kLanes = F32::size;
+    for (int c = 0; c < V; ++c) {
+      bias[c] = p.bias ? F32::load_aligned(p.bias + n0 + c * kLanes) : F32(0.f);
+    }
+  }
+  /// Vector c of a row whose fp32 sums are `sum`.
+  F32 operator()(F32 sum, int c) const noexcept { return sum + bias[c]; }
 };
 
 }  // namespace

@@ -10,13 +10,22 @@
 // L2 while the tile's rows stay in L1; the layer hands out blocks of rows x panels.
 // f32: 6 rows x 2 vectors on AVX2 (12 accumulators + 2 + 1 of 16 ymm), 12 x 2 on AVX-512
 // (24 + 2 + 1 of 32 zmm), broadcast-FMA as in SGEMM.
+// bf16 pairs (a FLOAT layer of bf16 weights on AVX512-BF16): the same 12 x 2 tile, blocking,
+// partial sums and epilogue. bf16 x: a pair of k of a row broadcast against the panel's pairs,
+// vdpbf16ps (32 multiply-adds per instruction, twice the fp32 FMA's), the rows' slice copied as
+// bf16 and the chunks of k twice as deep (the same 16 KiB of panel). fp32 x: the fp32 FMA, each
+// pair widened as it is loaded (a shift and an and per vector of 16 columns and 2 k, on the
+// integer ports, beside 48 FMAs): weights half the size of fp32 panels, at the speed of fp32
+// panels (the FMAs bound both), so a layer keeps only the pairs.
 
 #include "ops/linear/gemm_kernel.hpp"
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "ops/core/arch.hpp"
+#include "ops/core/simd/bf16_dot.hpp"
 #include "ops/core/simd/convert.hpp"
 #include "ops/core/simd/gaps.hpp"
 #include "ops/core/simd/int8_dot.hpp"
@@ -53,6 +62,12 @@ constexpr std::int64_t kF32ChunkK = 16384 / (kCols<Arch, V> * 4);
 /// to one set of the 8-way L1).
 template <class Arch>
 constexpr std::int64_t kF32SliceStride = kF32ChunkK<Arch, 1> + 16;
+/// bf16 x on bf16 pairs: k per chunk (the same 16 KiB of panel at 2 bytes per weight) and the
+/// slice's row stride in bf16 elements (the f32 slice's bytes).
+template <class Arch, int V = kVectors>
+constexpr std::int64_t kBf16ChunkK = 2 * kF32ChunkK<Arch, V>;
+template <class Arch>
+constexpr std::int64_t kBf16SliceStride = 2 * kF32SliceStride<Arch>;
 /// Rows of a block (120: B's traffic from memory is 1 / 120 of the FLOPs' operands) and panels
 /// of a task (256 columns: the partial sums, 120 KiB, stay in L2).
 template <class Arch>
@@ -142,6 +157,34 @@ void pack_f32_slice(const GemmProblem& p, const std::int64_t* x_rows, std::int64
     for (std::int64_t i = 0; i < next_depth; i += kLine) __builtin_prefetch(src + depth + i, 0, 2);
   }
 }
+
+/// The bf16 slice of pack_f32_slice for bf16 x on bf16 pairs: x[row_begin + r, k0 : k0 + depth]
+/// copied as bf16 to slice + r · kBf16SliceStride, a zero after an odd depth (the last pair's
+/// second k, whose weights are zero padding too); rows >= m become zeros.
+template <class Arch, int V>
+void pack_bf16_slice(const GemmProblem& p, const std::int64_t* x_rows, std::int64_t row_begin,
+                     std::int64_t rows, std::int64_t k0, std::int64_t depth,
+                     std::uint16_t* slice) noexcept {
+  constexpr std::int64_t kLine = 64 / sizeof(bf16);
+  const std::int64_t next_depth = std::min(2 * kBf16ChunkK<Arch, V>, p.k - k0 - depth);
+  const std::int64_t even_depth = (depth + 1) / 2 * 2;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::uint16_t* dst = slice + r * kBf16SliceStride<Arch>;
+    if (row_begin + r >= p.m) {
+      std::memset(dst, 0, static_cast<std::size_t>(even_depth) * sizeof(bf16));
+      continue;
+    }
+    const bf16* src = static_cast<const bf16*>(p.x) + x_rows[r] + k0;
+    std::memcpy(dst, src, static_cast<std::size_t>(depth) * sizeof(bf16));
+    if (depth != even_depth) dst[depth] = 0;
+    for (std::int64_t i = 0; i < next_depth; i += kLine) __builtin_prefetch(src + depth + i, 0, 2);
+  }
+}
+
+/// What a call of gemm_f32 multiplies: f32 panels by x as f32 (bf16 x widened into the slice);
+/// bf16 pairs by x as f32 (the pairs widened as they are loaded); bf16 pairs by bf16 x
+/// (vdpbf16ps).
+enum class F32Mode { f32, widened_pairs, bf16_dot };
 
 }  // namespace
 
@@ -242,17 +285,24 @@ F32Blocking f32_blocking() noexcept {
           kBlockRows * (kF32SliceStride<Arch> + kF32TaskPanels<Arch> * kCols<Arch>)};
 }
 
-/// gemm_f32 with tiles of V vectors of columns.
-template <class Arch, int V>
+/// gemm_f32 with tiles of V vectors of columns, multiplying as `M` says.
+template <class Arch, int V, F32Mode M>
 void gemm_f32_tiles(const GemmProblem& p, std::int64_t row_begin, std::int64_t row_end,
                     std::int64_t panel_begin, std::int64_t panel_end, float* scratch) noexcept {
   constexpr int R = kF32Rows<Arch>, kLanes = F32<Arch>::size, kColumns = kCols<Arch, V>;
-  constexpr int kWeightLines = kColumns * 4 > 64 ? kColumns * 4 / 64 : 1;  // per k
-  constexpr std::int64_t kStride = kF32SliceStride<Arch>;
+  constexpr bool kPairs = M != F32Mode::f32, kDot = M == F32Mode::bf16_dot;
+  // The weights are f32, or bf16 pairs: 4 or 2 bytes per weight, and per k (a pair's k are
+  // at the same element offset k · kColumns as a k of f32 panels).
+  using Weight = std::conditional_t<kPairs, std::uint16_t, float>;
+  constexpr int kWeightLines = kColumns * 4 > 64 ? kColumns * 4 / 64 : 1;  // per k or pair
+  constexpr std::int64_t kStride = kDot ? kBf16SliceStride<Arch> : kF32SliceStride<Arch>;
+  constexpr std::int64_t kChunk = kDot ? kBf16ChunkK<Arch, V> : kF32ChunkK<Arch, V>;
   using Reg = typename F32<Arch>::register_type;
   const std::int64_t rows = row_end - row_begin;
-  float* const slice = scratch;  // rows x kStride: x[rows, k0 : k0 + depth] as f32
-  float* const partial = scratch + kF32BlockTiles<Arch> * R * kStride;
+  // rows x kStride: x[rows, k0 : k0 + depth] as f32, or as bf16 (kDot), in the same bytes
+  float* const slice = scratch;
+  auto* const bf16_slice = reinterpret_cast<std::uint16_t*>(scratch);
+  float* const partial = scratch + kF32BlockTiles<Arch> * R * kF32SliceStride<Arch>;
   std::int64_t x_rows[kMaxBlockTiles * R], y_rows[kMaxBlockTiles * R];
   y_row_offsets(p, row_begin, row_end, y_rows);
   {
@@ -261,24 +311,23 @@ void gemm_f32_tiles(const GemmProblem& p, std::int64_t row_begin, std::int64_t r
       x_rows[r - row_begin] = walker.offset(kX);
     }
   }
-  const std::int64_t panel_floats = p.panel_bytes / 4;
-  for (std::int64_t k0 = 0; k0 < p.k; k0 += kF32ChunkK<Arch, V>) {
-    const std::int64_t depth = std::min(kF32ChunkK<Arch, V>, p.k - k0);
+  const std::int64_t panel_weights = p.panel_bytes / static_cast<std::int64_t>(sizeof(Weight));
+  for (std::int64_t k0 = 0; k0 < p.k; k0 += kChunk) {
+    const std::int64_t depth = std::min(kChunk, p.k - k0);
     const bool first_chunk = k0 == 0, last_chunk = k0 + depth == p.k;
-    if (p.x_dtype == DType::f32) {
+    if constexpr (kDot) {
+      pack_bf16_slice<Arch, V>(p, x_rows, row_begin, rows, k0, depth, bf16_slice);
+    } else if (p.x_dtype == DType::f32) {
       pack_f32_slice<Arch, V, float>(p, x_rows, row_begin, rows, k0, depth, slice);
     } else {
       pack_f32_slice<Arch, V, bf16>(p, x_rows, row_begin, rows, k0, depth, slice);
     }
     for (std::int64_t panel = panel_begin; panel < panel_end; ++panel) {
-      const float* weights =
-          static_cast<const float*>(p.panels) + panel * panel_floats + k0 * kColumns;
+      const Weight* weights =
+          static_cast<const Weight*>(p.panels) + panel * panel_weights + k0 * kColumns;
       const std::int64_t n0 = panel * kColumns;
       float* panel_partial = partial + (panel - panel_begin) * rows * kColumns;
-      F32<Arch> bias[V];
-      for (int c = 0; c < V; ++c) {
-        bias[c] = p.bias ? F32<Arch>::load_aligned(p.bias + n0 + c * kLanes) : F32<Arch>(0.f);
-      }
+      const F32Epilogue<Arch, V> epilogue(p, n0);
       for (std::int64_t row0 = row_begin; row0 < row_end; row0 += R) {
         // The sums of the earlier chunks continue in the same order: every element is summed
         // over k in sequence whatever the blocking, so the result is the same at any thread
@@ -294,26 +343,76 @@ void gemm_f32_tiles(const GemmProblem& p, std::int64_t row_begin, std::int64_t r
                             : F32<Arch>::load_aligned(tile_partial + r * kColumns + c * kLanes);
           }
         }
-        const float* tile_rows = slice + (row0 - row_begin) * kStride;
-        for (std::int64_t k = 0; k < depth; ++k) {
-          Reg column[V];
-#pragma GCC unroll 4
-          for (int c = 0; c < V; ++c) {
-            column[c] = F32<Arch>::load_aligned(weights + k * kColumns + c * kLanes);
-          }
-          // The weights the panel's next chunk (or the next panel) starts with, as many lines
-          // per k as this one reads: with few rows the call streams the weights, in runs of
-          // 16 KiB, too short for the prefetchers (AVX2, 16 rows: 1.7x).
-#pragma GCC unroll 2
-          for (int line = 0; line < kWeightLines; ++line) {
-            __builtin_prefetch(weights + (depth + k) * kColumns + line * 16, 0, 2);
-          }
-#pragma GCC unroll 12
-          for (int r = 0; r < R; ++r) {
-            const F32<Arch> x(tile_rows[r * kStride + k]);
+        if constexpr (M == F32Mode::f32) {
+          const float* tile_rows = slice + (row0 - row_begin) * kStride;
+          for (std::int64_t k = 0; k < depth; ++k) {
+            Reg column[V];
 #pragma GCC unroll 4
             for (int c = 0; c < V; ++c) {
-              acc[r][c] = simd::fmadd<Arch>(x, F32<Arch>(column[c]), F32<Arch>(acc[r][c]));
+              column[c] = F32<Arch>::load_aligned(weights + k * kColumns + c * kLanes);
+            }
+            // The weights the panel's next chunk (or the next panel) starts with, as many
+            // lines per k as this one reads: with few rows the call streams the weights, in
+            // runs of 16 KiB, too short for the prefetchers (AVX2, 16 rows: 1.7x).
+#pragma GCC unroll 2
+            for (int line = 0; line < kWeightLines; ++line) {
+              __builtin_prefetch(weights + (depth + k) * kColumns + line * 16, 0, 2);
+            }
+#pragma GCC unroll 12
+            for (int r = 0; r < R; ++r) {
+              const F32<Arch> x(tile_rows[r * kStride + k]);
+#pragma GCC unroll 4
+              for (int c = 0; c < V; ++c) {
+                acc[r][c] = simd::fmadd<Arch>(x, F32<Arch>(column[c]), F32<Arch>(acc[r][c]));
+              }
+            }
+          }
+        } else if constexpr (M == F32Mode::widened_pairs) {
+          // k and k + 1 of each row in turn, in order (the sums of f32 panels, bit for bit);
+          // after an odd depth the slice's next float and the padding's weights are zeros.
+          const float* tile_rows = slice + (row0 - row_begin) * kStride;
+          const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+          for (std::int64_t k = 0; k < depth; k += 2) {
+            Reg even[V], odd[V];
+#pragma GCC unroll 4
+            for (int c = 0; c < V; ++c) {
+              const __m512i both = _mm512_load_si512(weights + k * kColumns + c * 2 * kLanes);
+              even[c] = _mm512_castsi512_ps(_mm512_slli_epi32(both, 16));
+              odd[c] = _mm512_castsi512_ps(_mm512_and_si512(both, high_half));
+            }
+#pragma GCC unroll 2
+            for (int line = 0; line < kWeightLines; ++line) {
+              __builtin_prefetch(weights + (depth + k) * kColumns + line * 32, 0, 2);
+            }
+#pragma GCC unroll 12
+            for (int r = 0; r < R; ++r) {
+              const F32<Arch> x0(tile_rows[r * kStride + k]), x1(tile_rows[r * kStride + k + 1]);
+#pragma GCC unroll 4
+              for (int c = 0; c < V; ++c) {
+                acc[r][c] = simd::fmadd<Arch>(x0, F32<Arch>(even[c]), F32<Arch>(acc[r][c]));
+                acc[r][c] = simd::fmadd<Arch>(x1, F32<Arch>(odd[c]), F32<Arch>(acc[r][c]));
+              }
+            }
+          }
+        } else {
+          const std::uint16_t* tile_rows = bf16_slice + (row0 - row_begin) * kStride;
+          for (std::int64_t k = 0; k < depth; k += 2) {
+            __m512i column[V];
+#pragma GCC unroll 4
+            for (int c = 0; c < V; ++c) {
+              column[c] = _mm512_load_si512(weights + k * kColumns + c * 2 * kLanes);
+            }
+#pragma GCC unroll 2
+            for (int line = 0; line < kWeightLines; ++line) {
+              __builtin_prefetch(weights + (depth + k) * kColumns + line * 32, 0, 2);
+            }
+#pragma GCC unroll 12
+            for (int r = 0; r < R; ++r) {
+              std::uint32_t pair;
+              std::memcpy(&pair, tile_rows + r * kStride + k, sizeof pair);
+              const __m512i x = _mm512_set1_epi32(static_cast<int>(pair));
+#pragma GCC unroll 4
+              for (int c = 0; c < V; ++c) acc[r][c] = simd::dot_bf16<Arch>(acc[r][c], x, column[c]);
             }
           }
         }
@@ -328,19 +427,38 @@ void gemm_f32_tiles(const GemmProblem& p, std::int64_t row_begin, std::int64_t r
           continue;
         }
         store_tile<Arch, V>(p, y_rows + (row0 - row_begin), row0, R, n0,
-                            [&](int r, int c) { return F32<Arch>(acc[r][c]) + bias[c]; });
+                            [&](int r, int c) { return epilogue(F32<Arch>(acc[r][c]), c); });
       }
     }
   }
+}
+
+/// gemm_f32 with tiles of V vectors of columns, in the mode the panels and x ask for.
+template <class Arch, int V>
+void gemm_f32_mode(const GemmProblem& p, std::int64_t row_begin, std::int64_t row_end,
+                   std::int64_t panel_begin, std::int64_t panel_end, float* scratch) noexcept {
+  if constexpr (simd::kHasBf16Vnni<Arch>) {
+    if (p.weight_dtype == DType::bf16) {
+      if (p.x_dtype == DType::bf16) {
+        gemm_f32_tiles<Arch, V, F32Mode::bf16_dot>(p, row_begin, row_end, panel_begin, panel_end,
+                                                   scratch);
+      } else {
+        gemm_f32_tiles<Arch, V, F32Mode::widened_pairs>(p, row_begin, row_end, panel_begin,
+                                                        panel_end, scratch);
+      }
+      return;
+    }
+  }
+  gemm_f32_tiles<Arch, V, F32Mode::f32>(p, row_begin, row_end, panel_begin, panel_end, scratch);
 }
 
 template <class Arch>
 void gemm_f32(const GemmProblem& p, std::int64_t row_begin, std::int64_t row_end,
               std::int64_t panel_begin, std::int64_t panel_end, float* scratch) noexcept {
   if (p.columns == kCols<Arch, 1>) {
-    gemm_f32_tiles<Arch, 1>(p, row_begin, row_end, panel_begin, panel_end, scratch);
+    gemm_f32_mode<Arch, 1>(p, row_begin, row_end, panel_begin, panel_end, scratch);
   } else {
-    gemm_f32_tiles<Arch, kVectors>(p, row_begin, row_end, panel_begin, panel_end, scratch);
+    gemm_f32_mode<Arch, kVectors>(p, row_begin, row_end, panel_begin, panel_end, scratch);
   }
 }
 

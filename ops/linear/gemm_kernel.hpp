@@ -7,7 +7,10 @@
 // int8: x is quantized row by row into an int8 matrix (the A panel, padded to whole tiles)
 // before the GEMM, then y = row_scale[m] · column_scale[n] · (acc + column_offset[n]) + bias[n].
 // f32: each task copies chunks of k of its rows of x (widened) into its scratch, and
-// y = acc + bias[n].
+// y = acc + bias[n]. A FLOAT layer of bf16 weights packed for the avx512+bf16+vnni variant has
+// panels of bf16 pairs instead (words of 2 consecutive k, the layout of vdpbf16ps and of AMX B
+// tiles): bf16 x multiplies them on vdpbf16ps (its rows copied as bf16), fp32 x on the fp32
+// FMA, the pairs widened as they are loaded.
 // Both then apply the activation, if any, before the store.
 
 #include <cstdint>
@@ -60,6 +63,9 @@ struct GemmProblem {
   void* y = nullptr;  ///< rows per `rows` (operand kY), n contiguous elements each
   /// Packed W: panels of panel_bytes each, k_padded (a multiple of 4 for int8) deep.
   const void* panels = nullptr;
+  /// f32 panels (one k per word), or bf16 pairs (a FLOAT layer of bf16 weights packed for the
+  /// avx512+bf16+vnni variant: words of 2 consecutive k, k_padded a multiple of 32).
+  DType weight_dtype = DType::f32;
   std::int64_t panel_bytes = 0;
   int columns = 0;  ///< of a panel (the tile's)
   std::int64_t k_padded = 0;

@@ -85,12 +85,15 @@ const LinearKernels& linear_kernels(int variant) {
 
 using GemmInt8 = decltype(&linear::gemm_int8<xsimd::sse2>);
 
-/// Whether a layer packed for `variant` runs its int8 GEMM on AMX tiles: where the CPU, the OS
-/// and DITOPS_ISA allow them, for the variant whose panels they take (avx512+bf16+vnni).
-bool uses_amx(int variant) {
+/// Whether a layer packed for `variant` runs its int8 (bf16) GEMM on AMX tiles: where the CPU,
+/// the OS and DITOPS_ISA allow the unit, for the variant whose panels they take
+/// (avx512+bf16+vnni).
+bool uses_amx(int variant, core::AmxUnit unit = core::AmxUnit::int8) {
 #if defined(DITOPS_AMX_COMPILED) && DITOPS_AMX_COMPILED
-  return variant == core::kAvx512Bf16Variant && core::amx_usable(core::AmxUnit::int8);
+  return variant == core::kAvx512Bf16Variant && core::amx_usable(unit);
 #else
+  (void)variant;
+  (void)unit;
   return false;
 #endif
 }
@@ -114,6 +117,7 @@ struct LayerDefinition {
   std::int64_t n = 0, k = 0;
   std::vector<std::int8_t> weight_s8;  ///< [n, k] (W8A8)
   std::vector<float> weight_f32;       ///< [n, k] (FLOAT)
+  bool bf16_weights = false;           ///< FLOAT: weight_f32 holds bf16 values
   std::vector<float> weight_scale, deq_scale, bias, smooth, input_scale, input_offset;
   std::vector<std::int32_t> quant_bias;
   std::shared_ptr<const Timestep> timestep;
@@ -124,6 +128,8 @@ struct LayerDefinition {
 struct QuantLinear::Impl {
   LayerDefinition definition;
   int variant = 0;  ///< kernel variant the panels are packed for
+  /// f32 panels, or bf16 pairs (a FLOAT layer of bf16 weights on the avx512+bf16+vnni variant)
+  DType weight_dtype = DType::f32;
   linear::TileShape tile;
   int activation_offset = 0;
   std::int64_t k_padded = 0, panels = 0, panel_bytes = 0;
@@ -168,11 +174,17 @@ std::shared_ptr<const QuantLinear::Impl> make_layer(LayerDefinition definition) 
     layer->tile = kernels.f32_tile(n);
   }
   const std::int64_t cols = layer->tile.cols;
-  // 64 bytes of k per row (16 floats): whole vectors of every level, so quantize_rows and
-  // widen_rows store full vectors and the rows stay aligned.
-  layer->k_padded = round_up(k, is_int8 ? 64 : 16);
+  // bf16 weights on AVX512-BF16 stay bf16, in pairs of k (vdpbf16ps and the AMX B tiles take
+  // them as they are): half the bytes of f32 panels. fp32 x widens the pairs as it loads them,
+  // at the speed of f32 panels (gemm_kernel.cpp), so the layer keeps only the pairs.
+  const bool bf16_pairs =
+      !is_int8 && definition.bf16_weights && layer->variant == core::kAvx512Bf16Variant;
+  if (bf16_pairs) layer->weight_dtype = DType::bf16;
+  // 64 bytes of k per row (16 floats, 64 int8, 32 bf16: an AMX tile row): whole vectors of
+  // every level, so quantize_rows and widen_rows store full vectors and the rows stay aligned.
+  layer->k_padded = round_up(k, is_int8 ? 64 : bf16_pairs ? 32 : 16);
   layer->panels = (n + cols - 1) / cols;
-  const std::int64_t element_bytes = is_int8 ? 1 : 4;
+  const std::int64_t element_bytes = is_int8 ? 1 : bf16_pairs ? 2 : 4;
   layer->panel_bytes = layer->k_padded * cols * element_bytes;
   const core::CheckedSize packed_bytes = core::CheckedSize(layer->panels) * layer->panel_bytes;
   layer->packed = core::aligned_array<std::uint8_t>(packed_bytes);
@@ -203,6 +215,19 @@ std::shared_ptr<const QuantLinear::Impl> make_layer(LayerDefinition definition) 
     layer->static_offset = padded_copy(static_offset, padded_n);
     layer->deq_scale = padded_copy(definition.deq_scale, padded_n);
     layer->weight_scale = padded_copy(definition.weight_scale, padded_n);
+  } else if (bf16_pairs) {
+    // Pair (k = 2i, 2i + 1) of column j of a panel at words i · cols + j: bf16 k % 2 of it.
+    auto* packed = reinterpret_cast<std::uint16_t*>(layer->packed.get());
+    const std::int64_t panel_words = layer->panel_bytes / 2;
+    for (std::int64_t row = 0; row < n; ++row) {
+      std::uint16_t* panel = packed + (row / cols) * panel_words + (row % cols) * 2;
+      const float* src = definition.weight_f32.data() + row * k;
+      for (std::int64_t i = 0; i < k; ++i) {
+        std::uint32_t bits;  // a bf16 value: its top 16 bits, exactly
+        std::memcpy(&bits, src + i, sizeof bits);
+        panel[(i / 2) * cols * 2 + i % 2] = static_cast<std::uint16_t>(bits >> 16);
+      }
+    }
   } else {
     auto* packed = reinterpret_cast<float*>(layer->packed.get());
     const std::int64_t panel_floats = layer->panel_bytes / 4;
@@ -306,6 +331,7 @@ QuantLinear QuantLinear::float_linear(const TensorView& weight, const TensorView
   } else {
     definition.weight_f32 =
         read_matrix<float, bf16>(weight_arg, [](bf16 v) { return v.to_float(); });
+    definition.bf16_weights = true;
   }
   return QuantLinear(make_layer(std::move(definition)));
 }
@@ -382,6 +408,9 @@ QuantLinear QuantLinear::concat_outputs(const std::vector<QuantLinear>& parts) {
   joined.smooth = first.smooth;
   joined.input_scale = first.input_scale;
   joined.input_offset = first.input_offset;
+  joined.bf16_weights = std::all_of(parts.begin(), parts.end(), [](const QuantLinear& part) {
+    return part.impl_->definition.bf16_weights;
+  });
   const bool any_bias = std::any_of(parts.begin(), parts.end(), [](const QuantLinear& part) {
     return !part.impl_->definition.bias.empty();
   });
@@ -528,6 +557,7 @@ GemmProblem make_problem(const QuantLinear::Impl& layer, const TensorView& x, co
   problem.rows.strides[linear::kY] = core::row_layout_of(y).strides[0];
   problem.y = y.data;
   problem.panels = layer.packed.get();
+  problem.weight_dtype = layer.weight_dtype;
   problem.panel_bytes = layer.panel_bytes;
   problem.columns = layer.tile.cols;
   problem.k_padded = layer.k_padded;
@@ -615,6 +645,46 @@ Int8Tasks int8_tasks(const QuantLinear::Impl& layer, std::int64_t padded_m, int 
           layer.panels, panel_chunks, panels_per_chunk};
 }
 
+/// A FLOAT layer of bf16 pairs with bf16 x on AMX tiles: x's rows copied first into one bf16
+/// matrix (rows k_padded apart, zeros past k: whole A tiles), then tasks of blocks of rows (as
+/// the int8 GEMM's on AMX) x chunks of panels.
+void forward_bf16_amx(const GemmProblem& problem, std::int64_t panels, int threads) {
+#if defined(DITOPS_AMX_COMPILED) && DITOPS_AMX_COMPILED
+  const std::int64_t m = problem.m, k = problem.k, k_padded = problem.k_padded;
+  const std::int64_t row_bytes = k_padded * static_cast<std::int64_t>(sizeof(bf16));
+  bf16* a =
+      core::thread_scratch<bf16>(core::ScratchUse::linear_rows, core::CheckedSize(m) * k_padded);
+  const std::int64_t x_bytes = m * k * static_cast<std::int64_t>(sizeof(bf16));
+  core::parallel_ranges(
+      m, core::threads_for_bytes(x_bytes), [&](std::int64_t begin, std::int64_t end, int) {
+        core::RowWalker<1> walker(problem.rows, begin);
+        for (std::int64_t r = begin; r < end; ++r, walker.next()) {
+          bf16* dst = a + r * k_padded;
+          std::memcpy(dst, static_cast<const bf16*>(problem.x) + walker.offset(linear::kX),
+                      static_cast<std::size_t>(k) * sizeof(bf16));
+          std::memset(dst + k, 0, static_cast<std::size_t>(k_padded - k) * sizeof(bf16));
+        }
+      });
+  const std::int64_t block_rows = amx_rows_per_block(row_bytes);
+  const std::int64_t row_blocks = (m + block_rows - 1) / block_rows;
+  const std::int64_t panel_chunks =
+      std::clamp<std::int64_t>((4 * threads + row_blocks - 1) / row_blocks, 1, panels);
+  const std::int64_t panels_per_chunk = (panels + panel_chunks - 1) / panel_chunks;
+  core::parallel_tasks(row_blocks * panel_chunks, threads, [&](std::int64_t task, int) {
+    const std::int64_t row_begin = (task / panel_chunks) * block_rows;
+    const std::int64_t row_end = std::min(m, row_begin + block_rows);
+    const std::int64_t panel_begin = (task % panel_chunks) * panels_per_chunk;
+    const std::int64_t panel_end = std::min(panels, panel_begin + panels_per_chunk);
+    linear::amx::gemm_bf16_amx<avx512_bf16>(problem, a + row_begin * k_padded, row_begin, row_end,
+                                            panel_begin, panel_end);
+  });
+#else
+  (void)problem;
+  (void)panels;
+  (void)threads;
+#endif
+}
+
 /// Zeros for the rows past m a block's last tile computes but never stores (keeps them finite).
 void zero_padding_rows(std::uint8_t* a, float* row_scale, std::int64_t rows,
                        std::int64_t row_bytes) {
@@ -695,7 +765,12 @@ void QuantLinear::forward(const TensorView& x, const TensorView& y, Activation a
   const int tile_rows = layer.tile.rows;
   const std::int64_t padded_m = round_up(m, tile_rows);
   if (layer.definition.algo == QuantAlgo::float_linear) {
-    forward_f32(kernels, problem, layer.panels, padded_m, tile_rows, threads);
+    if (layer.weight_dtype == DType::bf16 && x.dtype == DType::bf16 &&
+        uses_amx(layer.variant, core::AmxUnit::bf16)) {
+      forward_bf16_amx(problem, layer.panels, threads);
+    } else {
+      forward_f32(kernels, problem, layer.panels, padded_m, tile_rows, threads);
+    }
     return;
   }
   const GemmInt8 gemm = int8_gemm(layer.variant);

@@ -7,14 +7,22 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <ditops/linear.hpp>
 #include <ditops/runtime.hpp>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <random>
 #include <thread>
 
+#include "ops/core/isa.hpp"
+#include "ops/linear/amx_gemm.hpp"
+#include "ops/linear/gemm_kernel.hpp"
 #include "tests/reference/linear_ref.hpp"
 #include "tests/support/expect_rejected.hpp"
 #include "tests/support/scoped_threads.hpp"
@@ -419,6 +427,343 @@ TEST(QuantLinear, FloatIsBitwiseTheSameAtAnyThreadCount) {
   }
 }
 TEST(QuantLinear, FloatBf16WeightsBf16Activations) { check_float<bf16, bf16, bf16>(); }
+
+// ---- bf16 layers --------------------------------------------------------------------------------
+
+// A FLOAT layer of bf16 weights called with bf16 x: Σ_k x · W of the exact bf16 products (a
+// product of two bf16 is exact in fp32) summed in fp32, on vdpbf16ps (AVX512-BF16), TDPBF16PS
+// (AMX) or the fp32 FMA (every other level), in any order of the sum. The bound: each of the
+// k - 1 additions rounds by at most 2^-24 of a partial sum, and every partial sum is at most
+// Σ_k |x · W| (DAZ on the bf16 dot products only matters for denormal inputs, which normal
+// values never are); the bias adds one more rounding, of |y| + |bias|. The activation and a
+// bf16 y add their own (activated_ref).
+EpilogueRef bf16_layer_ref(const std::vector<float>& x, const std::vector<float>& w,
+                           const std::vector<float>& bias, std::int64_t m, std::int64_t n,
+                           std::int64_t k) {
+  EpilogueRef ref;
+  for (std::int64_t r = 0; r < m; ++r) {
+    for (std::int64_t j = 0; j < n; ++j) {
+      double sum = 0, magnitude = 0;
+      for (std::int64_t i = 0; i < k; ++i) {
+        const double product = static_cast<double>(x[static_cast<std::size_t>(r * k + i)]) *
+                               w[static_cast<std::size_t>(j * k + i)];
+        sum += product;
+        magnitude += std::fabs(product);
+      }
+      const double shift = bias.empty() ? 0.0 : bias[static_cast<std::size_t>(j)];
+      ref.expected.push_back(sum + shift);
+      ref.tolerance.push_back(static_cast<double>(k) * 0x1p-24 * magnitude +
+                              0x1p-24 * (std::fabs(sum) + std::fabs(shift)) + 1e-30);
+    }
+  }
+  return ref;
+}
+
+/// The largest |y - expected| / tolerance of the bf16 tests' f32 outputs (a bf16 y's rounding
+/// alone reaches its 2^-8 bound at the bottom of a binade), reported at the end, and how many
+/// outputs of the AMX model had the bits of the vdpbf16ps layer.
+double worst_bf16_error_ratio = 0;
+std::int64_t amx_bf16_equal_bits = 0, amx_bf16_compared = 0;
+
+template <class Y>
+void record_error_ratio(const TestTensor<Y>& y, const EpilogueRef& ref) {
+  if constexpr (std::is_same_v<Y, float>) {
+    for (std::int64_t i = 0; i < y.size(); ++i) {
+      const double expected = ref.expected[static_cast<std::size_t>(i)];
+      const double tolerance = ref.tolerance[static_cast<std::size_t>(i)];
+      if (std::isfinite(expected) && tolerance > 0) {
+        worst_bf16_error_ratio =
+            std::max(worst_bf16_error_ratio, std::fabs(y.value(i) - expected) / tolerance);
+      }
+    }
+  }
+}
+
+/// One bf16 x bf16 layer of the sweep: bias, activation, y's dtype and strided rows of x and y
+/// as `index` picks them.
+template <class Y>
+void check_bf16_layer(std::int64_t m, std::int64_t n, std::int64_t k, int index,
+                      std::mt19937& rng) {
+  const Activation activations[] = {Activation::none, Activation::gelu_tanh, Activation::silu};
+  const Activation activation = activations[index % 3];
+  TestTensor<bf16> weight({n, k}, index % 2 ? 3 : 0);
+  weight.fill_normal(rng);
+  std::vector<float> bias;
+  if (index % 2 == 0) {
+    std::uniform_real_distribution<float> values(-2.f, 2.f);
+    for (std::int64_t j = 0; j < n; ++j) bias.push_back(values(rng));
+  }
+  const QuantLinear linear = QuantLinear::float_linear(
+      weight.view(), bias.empty() ? TensorView{} : view(bias.data(), {n}));
+  TestTensor<bf16> x({m, k}, index % 4 < 2 ? 5 : 0);  // strided rows half of the time
+  x.fill_normal(rng);
+  TestTensor<Y> y({m, n}, index % 3 == 1 ? 7 : 0);
+  linear.forward(x.view(), y.view(), activation);
+  const EpilogueRef ref =
+      activated_ref(bf16_layer_ref(values_of(x), values_of(weight), bias, m, n, k), activation,
+                    std::is_same_v<Y, bf16>);
+  expect_within(y, ref, n,
+                "bf16 layer m" + std::to_string(m) + " n" + std::to_string(n) + " k" +
+                    std::to_string(k) + (std::is_same_v<Y, bf16> ? " y bf16" : " y f32") +
+                    " activation " + std::to_string(static_cast<int>(activation)) +
+                    (bias.empty() ? "" : " bias"));
+  record_error_ratio(y, ref);
+}
+
+// The sweep over tile and chunk edges (m around the 12-row tiles, n around the 16- and 32-column
+// panels, k odd, around the pairs, the 32-k AMX steps and the 256-k bf16 chunks), at every
+// level. m 300 x n 3072 x k 3072 alone would be 4x the rest's reference work: left out.
+TEST(QuantLinearBf16, Bf16ActivationsWithinTheBoundOfExactProducts) {
+  std::mt19937 rng(2026);
+  const ScopedThreads thread_count(2);
+  int index = 0;
+  for (std::int64_t m : {1, 7, 33, 300}) {
+    for (std::int64_t n : {1, 16, 17, 100, 3072}) {
+      for (std::int64_t k : {1, 31, 64, 77, 3072}) {
+        if (m * n * k > 1'000'000'000) continue;
+        ++index;
+        if (index % 2) {
+          check_bf16_layer<float>(m, n, k, index, rng);
+        } else {
+          check_bf16_layer<bf16>(m, n, k, index, rng);
+        }
+        if (HasFailure()) return;
+      }
+    }
+  }
+  std::printf("bf16 layers, f32 y: largest |error| / bound %.3g\n", worst_bf16_error_ratio);
+}
+
+TEST(QuantLinearBf16, Bf16WeightsF32Activations) { check_float<bf16, float, float>(); }
+TEST(QuantLinearBf16, Bf16WeightsF32ActivationsBf16Out) { check_float<bf16, float, bf16>(); }
+
+// fp32 x on a bf16 layer runs the fp32 FMA on the exact weights in the order fp32 panels do
+// (on AVX512-BF16 the pairs widened as they are loaded): the bits of the layer built from the
+// same weights as f32.
+TEST(QuantLinearBf16, F32ActivationsGiveTheBitsOfF32Weights) {
+  std::mt19937 rng(43);
+  for (const Shape& shape : {Shape{130, 33, 777}, Shape{7, 16, 31}, Shape{250, 100, 300}}) {
+    TestTensor<bf16> weight({shape.n, shape.k});
+    weight.fill_normal(rng);
+    const std::vector<float> widened = values_of(weight);
+    const QuantLinear bf16_layer = QuantLinear::float_linear(weight.view(), {});
+    const QuantLinear f32_layer =
+        QuantLinear::float_linear(view(widened.data(), {shape.n, shape.k}), {});
+    TestTensor<float> x({shape.m, shape.k}, 3);
+    x.fill_normal(rng);
+    TestTensor<float> from_bf16({shape.m, shape.n}), from_f32({shape.m, shape.n});
+    bf16_layer.forward(x.view(), from_bf16.view(), Activation::silu);
+    f32_layer.forward(x.view(), from_f32.view(), Activation::silu);
+    EXPECT_TRUE(from_bf16.unchanged_since(from_f32.snapshot()))
+        << "m" << shape.m << " n" << shape.n << " k" << shape.k;
+  }
+}
+
+// fp32 x on a bf16 layer keeps all of x's bits: x = 1 + (r + 1) 2^-20 (not a bf16) times powers
+// of two, its only non-zero k, gives y exactly; x rounded to bf16 would give 1 · w.
+TEST(QuantLinearBf16, F32ActivationsAreNotRoundedToBf16) {
+  const std::int64_t m = 13, n = 33, k = 70;
+  for (std::int64_t first : {0, 1, 69}) {  // the even and the odd k of a pair, the last k
+    std::vector<bf16> weight(static_cast<std::size_t>(n * k), bf16::from_float(0.f));
+    for (std::int64_t j = 0; j < n; ++j) {
+      weight[static_cast<std::size_t>(j * k + first)] =
+          bf16::from_float(std::ldexp(1.f, static_cast<int>(j % 7) - 3));
+    }
+    const QuantLinear linear = QuantLinear::float_linear(view(weight.data(), {n, k}), {});
+    TestTensor<float> x({m, k});
+    for (std::int64_t r = 0; r < m; ++r) {
+      for (std::int64_t i = 0; i < k; ++i) {
+        x.at(r * k + i) = i == first ? 1.f + static_cast<float>(r + 1) * 0x1p-20f : 0.f;
+      }
+    }
+    TestTensor<float> y({m, n});
+    linear.forward(x.view(), y.view());
+    for (std::int64_t r = 0; r < m; ++r) {
+      for (std::int64_t j = 0; j < n; ++j) {
+        const float want = x.at(r * k + first) * std::ldexp(1.f, static_cast<int>(j % 7) - 3);
+        ASSERT_EQ(y.at(r * n + j), want) << "k " << first << " y[" << r << ", " << j << "]";
+      }
+    }
+  }
+}
+
+// Bad arguments to a bf16 layer are refused before anything is written, as for any layer.
+TEST(QuantLinearBf16, RejectsBadForwardArguments) {
+  std::mt19937 rng(41);
+  TestTensor<bf16> weight({8, 64});
+  weight.fill_normal(rng);
+  const QuantLinear linear = QuantLinear::float_linear(weight.view(), {});
+  TestTensor<bf16> x({3, 64}), wrong_k({3, 63});
+  TestTensor<bf16> y({3, 8}), wrong_n({3, 9});
+  expect_rejected([&] { linear.forward(wrong_k.view(), y.view()); }, "in features (64)", y);
+  expect_rejected([&] { linear.forward(x.view(), wrong_n.view()); }, "out features (8)", wrong_n);
+  TestTensor<std::int32_t> int_x({3, 64});
+  expect_rejected([&] { linear.forward(int_x.view(), y.view()); }, "x", y);
+}
+
+// ---- the AMX bf16 GEMM on the tile model -------------------------------------------------------
+
+// The bf16 GEMM on AMX tiles (ops/linear/amx_gemm.cpp) compiled on the tile model at the
+// baseline (tests/CMakeLists.txt), so its whole tile program (TDPBF16PS, which adds a pair's
+// products in the ISA's order) runs on every machine: against the fp64 reference with the bound
+// of bf16_layer_ref, and, where this process's layers run the vdpbf16ps kernel (the
+// avx512+bf16+vnni variant without AMX-BF16), against the layer on the same data within both
+// bounds (the two sum in different orders).
+struct FreeAligned {
+  void operator()(void* p) const { std::free(p); }
+};
+template <class T>
+std::unique_ptr<T[], FreeAligned> aligned_zeros(std::int64_t count) {
+  const auto bytes =
+      static_cast<std::size_t>((count * static_cast<std::int64_t>(sizeof(T)) + 64) / 64 * 64);
+  auto* data = static_cast<T*>(std::aligned_alloc(64, bytes));
+  std::memset(data, 0, bytes);
+  return std::unique_ptr<T[], FreeAligned>(data);
+}
+
+template <class Y>
+void check_amx_bf16_model(std::int64_t m, std::int64_t n, std::int64_t k, int index,
+                          std::mt19937& rng) {
+  const Activation activations[] = {Activation::none, Activation::gelu_tanh, Activation::silu};
+  const Activation activation = activations[index % 3];
+  const std::string what = "AMX bf16 model m" + std::to_string(m) + " n" + std::to_string(n) +
+                           " k" + std::to_string(k) +
+                           (std::is_same_v<Y, bf16> ? " y bf16" : " y f32") + " activation " +
+                           std::to_string(static_cast<int>(activation));
+  TestTensor<bf16> weight({n, k});
+  weight.fill_normal(rng);
+  TestTensor<bf16> x({m, k}, 3);
+  x.fill_normal(rng);
+  std::vector<float> bias;
+  if (index % 2 == 0) {
+    std::uniform_real_distribution<float> values(-2.f, 2.f);
+    for (std::int64_t j = 0; j < n; ++j) bias.push_back(values(rng));
+  }
+  // The layer's packing for the avx512+bf16+vnni variant: panels of 16 or 32 columns, pairs of
+  // k (word i · cols + j of a panel: k 2i and 2i + 1 of column j), k padded to 32; bias padded.
+  const std::int64_t cols = n <= 16 ? 16 : 32, k_padded = (k + 31) / 32 * 32;
+  const std::int64_t panels = (n + cols - 1) / cols, panel_words = k_padded * cols;
+  auto packed = aligned_zeros<std::uint16_t>(panels * panel_words);
+  auto padded_bias = aligned_zeros<float>(panels * cols);
+  for (std::int64_t j = 0; j < n; ++j) {
+    std::uint16_t* panel = packed.get() + (j / cols) * panel_words + (j % cols) * 2;
+    for (std::int64_t i = 0; i < k; ++i)
+      panel[(i / 2) * cols * 2 + i % 2] = weight.at(j * k + i).bits;
+    if (!bias.empty()) padded_bias[static_cast<std::size_t>(j)] = bias[static_cast<std::size_t>(j)];
+  }
+  auto a = aligned_zeros<bf16>(m * k_padded);  // x's rows, k_padded apart, zeros past k
+  for (std::int64_t r = 0; r < m; ++r) {
+    for (std::int64_t i = 0; i < k; ++i)
+      a[static_cast<std::size_t>(r * k_padded + i)] = x.at(r * k + i);
+  }
+  TestTensor<Y> y({m, n}, 5);
+  linear::GemmProblem p;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.x_dtype = DType::bf16;
+  p.y_dtype = std::is_same_v<Y, bf16> ? DType::bf16 : DType::f32;
+  p.x = a.get();
+  p.rows.dims = 1;
+  p.rows.shape[0] = m;
+  p.rows.rows = m;
+  p.rows.strides[linear::kX][0] = k_padded;
+  p.rows.strides[linear::kY][0] = y.view().strides[0];
+  p.y = y.view().data;
+  p.panels = packed.get();
+  p.weight_dtype = DType::bf16;
+  p.panel_bytes = panel_words * 2;
+  p.columns = static_cast<int>(cols);
+  p.k_padded = k_padded;
+  p.bias = bias.empty() ? nullptr : padded_bias.get();
+  p.activation = activation;
+  // As the layer calls it: blocks of whole 32-row blocks filling 1 MiB (up to 256 rows), the
+  // last one short, the panels in two chunks.
+  const std::int64_t block_rows =
+      std::clamp<std::int64_t>(1024 * 1024 / (k_padded * 2) / 32, 1, 8) * 32;
+  const std::int64_t split = (panels + 1) / 2;
+  for (std::int64_t row0 = 0; row0 < m; row0 += block_rows) {
+    const std::int64_t row_end = std::min(m, row0 + block_rows);
+    linear::amx_model::gemm_bf16_amx<xsimd::sse2>(p, a.get() + row0 * k_padded, row0, row_end, 0,
+                                                  split);
+    linear::amx_model::gemm_bf16_amx<xsimd::sse2>(p, a.get() + row0 * k_padded, row0, row_end,
+                                                  split, panels);
+  }
+  const EpilogueRef ref =
+      activated_ref(bf16_layer_ref(values_of(x), values_of(weight), bias, m, n, k), activation,
+                    std::is_same_v<Y, bf16>);
+  expect_within(y, ref, n, what);
+  record_error_ratio(y, ref);
+
+  if (core::kernel_variant() != core::kAvx512Bf16Variant || core::amx_usable(core::AmxUnit::bf16)) {
+    return;
+  }
+  const QuantLinear linear = QuantLinear::float_linear(
+      weight.view(), bias.empty() ? TensorView{} : view(bias.data(), {n}));
+  TestTensor<Y> layer_y({m, n});
+  linear.forward(x.view(), layer_y.view(), activation);
+  EpilogueRef both;
+  both.expected.resize(static_cast<std::size_t>(m * n));
+  both.tolerance.resize(both.expected.size());
+  for (std::int64_t i = 0; i < m * n; ++i) {
+    both.expected[static_cast<std::size_t>(i)] = layer_y.value(i);
+    both.tolerance[static_cast<std::size_t>(i)] = 2 * ref.tolerance[static_cast<std::size_t>(i)];
+    if (same_bits(layer_y.at(i), y.at(i))) ++amx_bf16_equal_bits;
+  }
+  amx_bf16_compared += m * n;
+  expect_within(y, both, n, what + " against the vdpbf16ps layer");
+}
+
+TEST(AmxBf16GemmModel, WithinTheBoundOfExactProducts) {
+  std::mt19937 rng(32);
+  worst_bf16_error_ratio = 0;
+  int index = 0;
+  for (std::int64_t m : {1, 7, 33, 300}) {
+    for (std::int64_t n : {1, 16, 17, 100}) {
+      for (std::int64_t k : {1, 31, 64, 77, 3072}) {
+        if (m == 300 && k == 3072 && n > 17) continue;  // the model's slowest; 33 rows cover it
+        ++index;
+        if (index % 2) {
+          check_amx_bf16_model<float>(m, n, k, index, rng);
+        } else {
+          check_amx_bf16_model<bf16>(m, n, k, index, rng);
+        }
+        if (HasFailure()) return;
+      }
+    }
+  }
+  check_amx_bf16_model<bf16>(33, 3072, 77, 1, rng);
+  std::printf("AMX bf16 model, f32 y: largest |error| / bound %.3g\n", worst_bf16_error_ratio);
+  if (amx_bf16_compared > 0) {
+    std::printf("AMX bf16 model: %lld of %lld outputs the same bits as the vdpbf16ps layer\n",
+                static_cast<long long>(amx_bf16_equal_bits),
+                static_cast<long long>(amx_bf16_compared));
+  }
+}
+
+// Where AMX-BF16 is used (DITOPS_ISA unset or amx on a CPU with it: tools/amx-check.sh), the
+// layer's bf16 x runs the library's TDPBF16PS kernel on the instructions: a part of the sweep
+// through the layer, against the same reference and bound.
+TEST(AmxBf16GemmHardware, LayersWithinTheBoundOfExactProducts) {
+  if (!core::amx_usable(core::AmxUnit::bf16)) {
+    GTEST_SKIP() << "AMX bf16 not used here: " << core::amx_reason(core::AmxUnit::bf16);
+  }
+  std::mt19937 rng(44);
+  int index = 0;
+  for (std::int64_t m : {1, 7, 33, 300}) {
+    for (std::int64_t n : {1, 16, 17, 100}) {
+      for (std::int64_t k : {1, 31, 64, 77, 3072}) {
+        ++index;
+        if (index % 2) {
+          check_bf16_layer<float>(m, n, k, index, rng);
+        } else {
+          check_bf16_layer<bf16>(m, n, k, index, rng);
+        }
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
 
 // ---- fused QKV ----------------------------------------------------------------------------------
 
