@@ -116,8 +116,9 @@ struct LayerDefinition {
   QuantAlgo algo = QuantAlgo::float_linear;
   std::int64_t n = 0, k = 0;
   std::vector<std::int8_t> weight_s8;  ///< [n, k] (W8A8)
-  std::vector<float> weight_f32;       ///< [n, k] (FLOAT)
-  bool bf16_weights = false;           ///< FLOAT: weight_f32 holds bf16 values
+  std::vector<float> weight_f32;       ///< [n, k] (FLOAT of f32 weights)
+  std::vector<bf16> weight_bf16;       ///< [n, k] (FLOAT of bf16 weights: kept at their size)
+  bool bf16_weights = false;           ///< FLOAT: the weights are weight_bf16
   std::vector<float> weight_scale, deq_scale, bias, smooth, input_scale, input_offset;
   std::vector<std::int32_t> quant_bias;
   std::shared_ptr<const Timestep> timestep;
@@ -221,20 +222,21 @@ std::shared_ptr<const QuantLinear::Impl> make_layer(LayerDefinition definition) 
     const std::int64_t panel_words = layer->panel_bytes / 2;
     for (std::int64_t row = 0; row < n; ++row) {
       std::uint16_t* panel = packed + (row / cols) * panel_words + (row % cols) * 2;
-      const float* src = definition.weight_f32.data() + row * k;
-      for (std::int64_t i = 0; i < k; ++i) {
-        std::uint32_t bits;  // a bf16 value: its top 16 bits, exactly
-        std::memcpy(&bits, src + i, sizeof bits);
-        panel[(i / 2) * cols * 2 + i % 2] = static_cast<std::uint16_t>(bits >> 16);
-      }
+      const bf16* src = definition.weight_bf16.data() + row * k;
+      for (std::int64_t i = 0; i < k; ++i) panel[(i / 2) * cols * 2 + i % 2] = src[i].bits;
     }
   } else {
     auto* packed = reinterpret_cast<float*>(layer->packed.get());
     const std::int64_t panel_floats = layer->panel_bytes / 4;
     for (std::int64_t row = 0; row < n; ++row) {
       float* panel = packed + (row / cols) * panel_floats + row % cols;
-      const float* src = definition.weight_f32.data() + row * k;
-      for (std::int64_t i = 0; i < k; ++i) panel[i * cols] = src[i];
+      if (definition.bf16_weights) {
+        const bf16* src = definition.weight_bf16.data() + row * k;
+        for (std::int64_t i = 0; i < k; ++i) panel[i * cols] = src[i].to_float();
+      } else {
+        const float* src = definition.weight_f32.data() + row * k;
+        for (std::int64_t i = 0; i < k; ++i) panel[i * cols] = src[i];
+      }
     }
   }
   layer->bias = padded_copy(definition.bias, padded_n);
@@ -329,8 +331,7 @@ QuantLinear QuantLinear::float_linear(const TensorView& weight, const TensorView
   if (weight.dtype == DType::f32) {
     definition.weight_f32 = read_matrix<float, float>(weight_arg, [](float v) { return v; });
   } else {
-    definition.weight_f32 =
-        read_matrix<float, bf16>(weight_arg, [](bf16 v) { return v.to_float(); });
+    definition.weight_bf16 = read_matrix<bf16, bf16>(weight_arg, [](bf16 v) { return v; });
     definition.bf16_weights = true;
   }
   return QuantLinear(make_layer(std::move(definition)));
@@ -439,7 +440,13 @@ QuantLinear QuantLinear::concat_outputs(const std::vector<QuantLinear>& parts) {
       to.insert(to.end(), from.begin(), from.end());
     };
     append(joined.weight_s8, part.weight_s8);
-    append(joined.weight_f32, part.weight_f32);
+    if (joined.bf16_weights) {
+      append(joined.weight_bf16, part.weight_bf16);
+    } else if (part.bf16_weights) {  // beside f32 parts: widened, exactly
+      for (const bf16 w : part.weight_bf16) joined.weight_f32.push_back(w.to_float());
+    } else {
+      append(joined.weight_f32, part.weight_f32);
+    }
     append(joined.weight_scale, part.weight_scale);
     append(joined.deq_scale, part.deq_scale);
     append(joined.quant_bias, part.quant_bias);

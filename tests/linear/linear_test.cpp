@@ -813,6 +813,53 @@ TEST(QuantLinear, ConcatOutputsEqualsItsParts) {
   }
 }
 
+// Parts of bf16 weights fuse into a layer of bf16 weights (bf16 x: the same kernel, the bits of
+// each part); a bf16 part beside an f32 part is widened into an f32 layer, whose fp32 x gives
+// the bits of each part too (fp32 x on bf16 pairs sums as fp32 panels do).
+TEST(QuantLinearBf16, ConcatOutputsEqualsItsParts) {
+  std::mt19937 rng(47);
+  const std::int64_t m = 13, k = 77;
+  const std::int64_t widths[] = {40, 24, 17};
+  for (bool mixed : {false, true}) {
+    std::vector<TestTensor<bf16>> bf16_weights;
+    std::vector<TestTensor<float>> f32_weights;
+    std::vector<QuantLinear> parts;
+    for (std::int64_t width : widths) {
+      if (mixed && width == 24) {
+        f32_weights.emplace_back(std::vector<std::int64_t>{width, k});
+        f32_weights.back().fill_normal(rng);
+        parts.push_back(QuantLinear::float_linear(f32_weights.back().view(), {}));
+      } else {
+        bf16_weights.emplace_back(std::vector<std::int64_t>{width, k});
+        bf16_weights.back().fill_normal(rng);
+        parts.push_back(QuantLinear::float_linear(bf16_weights.back().view(), {}));
+      }
+    }
+    const QuantLinear fused = QuantLinear::concat_outputs(parts);
+    ASSERT_EQ(fused.out_features(), 81);
+    const auto check = [&](auto x) {
+      x.fill_normal(rng);
+      TestTensor<float> y({m, 81});
+      fused.forward(x.view(), y.view());
+      std::int64_t first = 0;
+      for (std::size_t p = 0; p < parts.size(); ++p) {
+        TestTensor<float> part_y({m, widths[p]});
+        parts[p].forward(x.view(), part_y.view());
+        for (std::int64_t r = 0; r < m; ++r) {
+          for (std::int64_t j = 0; j < widths[p]; ++j) {
+            ASSERT_TRUE(same_bits(y.at(r * 81 + first + j), part_y.at(r * widths[p] + j)))
+                << (mixed ? "bf16 and f32 parts" : "bf16 parts") << " part " << p << " row " << r
+                << " column " << j;
+          }
+        }
+        first += widths[p];
+      }
+    };
+    check(TestTensor<float>({m, k}));
+    if (!mixed) check(TestTensor<bf16>({m, k}));
+  }
+}
+
 // ---- activations --------------------------------------------------------------------------------
 
 // gelu_tanh and silu applied by the epilogue, against activated_ref (its comment derives the
