@@ -173,6 +173,7 @@ BENCHMARK(BM_linear)
 
 // A FLOAT layer of bf16 weights (the layers a bf16 model leaves unquantized) at FLUX's sizes:
 // [4096 tokens, 3072] -> 3072 (attention projections) and the MLP's 3072 -> 12288 -> 3072.
+// BM_linear_bf16: FLOAT layers of bf16 weights at FLUX's shapes (QKV-sized, the MLP's two).
 // Kinds: 0 bf16 x -> bf16 y (torch's bf16 linear: on AVX512-BF16 the vdpbf16ps kernel, on AMX
 // the TDPBF16PS one; at other levels, e.g. DITOPS_ISA=avx512bw, the weights widened to fp32),
 // 1 fp32 x -> fp32 y on the same layer (the pairs widened as they are loaded). frac_peak is of
@@ -217,6 +218,57 @@ void BM_linear_bf16(benchmark::State& state) {
 BENCHMARK(BM_linear_bf16)
     ->ArgNames({"shape", "x_f32", "threads"})
     ->ArgsProduct({{0, 1, 2}, {0, 1}, {1, 2}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+/// oneDNN's bf16 matmul of the same shapes (bf16 x, weights packed once in the layout it picks,
+/// fp32 accumulation, bf16 y): the peer of BM_linear_bf16/x_f32:0 (on AMX machines oneDNN runs it
+/// on tiles itself).
+void BM_dnnl_bf16(benchmark::State& state) {
+  const GemmShape shape = kBf16Shapes[state.range(0)];
+  const int threads = static_cast<int>(state.range(1));
+#ifdef DITOPS_BENCH_DNNL
+  using tag = dnnl::memory::format_tag;
+  using dt = dnnl::memory::data_type;
+  omp_set_num_threads(threads);  // Debian builds oneDNN on OpenMP
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  std::vector<bf16> weight(static_cast<std::size_t>(shape.n * shape.k));
+  for (bf16& w : weight) w = bf16::from_float(normal(rng) * 0.02f);
+  ColdBuffers<bf16> x(shape.m * shape.k, shape.m * shape.k * 2);
+  PlacedBuffer<bf16> y(shape.m * shape.n, false);
+  const dnnl::memory::desc a_desc({shape.m, shape.k}, dt::bf16, tag::ab);
+  const dnnl::memory::desc b_any({shape.k, shape.n}, dt::bf16, tag::any);
+  const dnnl::memory::desc b_plain({shape.k, shape.n}, dt::bf16, tag::ba);
+  const dnnl::memory::desc c_desc({shape.m, shape.n}, dt::bf16, tag::ab);
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_desc, b_any, c_desc), engine);
+  dnnl::memory b_src(b_plain, engine, weight.data()), b_mem(pd.weights_desc(), engine);
+  dnnl::reorder(b_src, b_mem).execute(stream, b_src, b_mem);  // packed once, as ours
+  dnnl::memory c_mem(c_desc, engine, y.data());
+  const dnnl::matmul matmul(pd);
+  int copy = 0;
+  for (auto _ : state) {
+    dnnl::memory a_mem(a_desc, engine, x.copy(copy++));
+    matmul.execute(stream,
+                   {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
+    stream.wait();
+  }
+  report_flops(state,
+               2.0 * static_cast<double>(shape.m) * static_cast<double>(shape.n) *
+                   static_cast<double>(shape.k),
+               measured_limits(threads).fma_flops, threads);
+  state.SetLabel("oneDNN bf16 matmul m" + std::to_string(shape.m) + " k" + std::to_string(shape.k) +
+                 " n" + std::to_string(shape.n));
+#else
+  state.SkipWithError("built without oneDNN (Debian: libdnnl-dev)");
+#endif
+}
+
+BENCHMARK(BM_dnnl_bf16)
+    ->ArgNames({"shape", "threads"})
+    ->ArgsProduct({{0, 1, 2}, {1, 2}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # AMX on this machine, in one command: detects Intel's tile units (as the library does), builds,
 # runs the AMX tests on the real instructions (and the tile model's everywhere), then times the
-# AMX kernels beside the AVX-512 ones of the same build and beside the peers a user would pick
-# (oneDNN's int8 matmul, PyTorch's bf16 scaled_dot_product_attention where torch is installed:
-# beside flash_bf16 and the int8 attention, which both run on tiles with AMX),
-# all in this one run, and writes a table. Meant for a machine lent for minutes: it finishes in
-# about ten minutes on 16 cores, most of it the build.
+# AMX kernels (the W8A8 GEMM, the bf16 linear layer, flash_bf16 and int8 attention) beside the
+# AVX-512 ones of the same build and beside the peers a user would pick (oneDNN's int8 and bf16
+# matmul, PyTorch's bf16 scaled_dot_product_attention where torch is installed), all in this one
+# run, and writes a table. Meant for a machine lent for minutes: it finishes in about ten minutes
+# on 16 cores, most of it the build.
 #
 # Usage: tools/amx-check.sh [--build-dir DIR] [--out DIR] [--threads N] [--reps N]
 #   --build-dir DIR  release build tree to use or make (default build/amx-check)
@@ -38,7 +38,7 @@ while [ $# -gt 0 ]; do
       shift
       ;;
     --time-anyway) time_anyway=1 ;;
-    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "tools/amx-check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -114,8 +114,10 @@ echo "== timing ($threads threads, median of $reps)"
 bench_flags=(--benchmark_repetitions="$reps" --benchmark_report_aggregates_only=true
              --benchmark_format=json)
 # The W8A8 layer at FLUX's [4608 tokens, 3072] -> 3072 (dynamic and static activations) and
-# oneDNN's s8 x s8 matmul of the same size, with AMX and capped to AVX-512 (vpdpbusd).
-linear_filter="BM_linear/shape:0/kind:[014]/threads:$threads/misaligned:0/"
+# oneDNN's s8 x s8 matmul of the same size, a bf16 FLOAT layer [4096, 3072] -> 3072 and oneDNN's
+# bf16 matmul, with AMX and capped to AVX-512 (vpdpbusd, vdpbf16ps).
+linear_filter="(BM_linear/shape:0/kind:[014]/threads:$threads/misaligned:0|BM_linear_bf16/shape:0/"
+linear_filter+="x_f32:0/threads:$threads|BM_dnnl_bf16/shape:0/threads:$threads)/"
 attention_filter="(attention_flash_bf16/shape:2/threads:$threads/eigen:0|attention_int8/shape:2/"
 attention_filter+="threads:$threads/chunk:2/flash:0)/misaligned:0/"
 for isa in amx avx512; do
@@ -191,6 +193,10 @@ for kind, text in (("W8A8_DYNAMIC layer", "kind:0/"), ("W8A8 static layer", "kin
     dnnl, _ = find(linear["amx"], "kind:4/")
     rows.append((f"{kind} [4608, 3072] -> 3072", amx, avx, "oneDNN s8s8 matmul", dnnl,
                  ">= 1.0x oneDNN"))
+amx, _ = find(linear["amx"], "BM_linear_bf16/")
+avx, _ = find(linear["avx512"], "BM_linear_bf16/")
+dnnl, _ = find(linear["amx"], "BM_dnnl_bf16/")
+rows.append(("bf16 FLOAT layer [4096, 3072] -> 3072", amx, avx, "oneDNN bf16 matmul", dnnl, ""))
 torch_name = f"torch {torch.get('torch', '(not installed)')} bf16 SDPA"
 for call, text, target in (("flash_bf16 attention", "attention_flash_bf16", ">= 1.2x torch"),
                            ("int8 attention (chunk 2)", "attention_int8", "")):

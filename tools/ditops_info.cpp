@@ -24,8 +24,8 @@ int main() {
               amx.int8, amx.bf16, info.bf16_dot_full_rate);
   using ditops::core::AmxUnit;
   for (const auto& [unit, name, use] :
-       {std::tuple{AmxUnit::int8, "amx int8", "int8 GEMM of W8A8 linear layers on AMX tiles"},
-        std::tuple{AmxUnit::bf16, "amx bf16", "bf16 kernels on AMX tiles"}}) {
+       {std::tuple{AmxUnit::int8, "amx int8", "W8A8 linear layers and int8 attention on tiles"},
+        std::tuple{AmxUnit::bf16, "amx bf16", "bf16 linear layers and flash_bf16 on tiles"}}) {
     if (ditops::core::amx_usable(unit)) {
       std::printf("  %-19s %s\n", name, use);
     } else {
