@@ -11,8 +11,10 @@
 // GEMM alone, on activations quantized beforehand), 5 oneDNN's static W8A8 layer (an f32 -> s8
 // reorder with the input scale, then the s8 x s8 matmul: the work of ditops' W8A8 static).
 // misaligned = 1 puts x and y 16 bytes past a cache line, as allocators do.
-// frac_int8 is of the measured int8 dot-product peak; frac_peak of the FP32 FMA peak.
-// BM_linear_bf16 (below): FLOAT layers of bf16 weights at FLUX's attention and MLP sizes.
+// frac_int8 is of the measured int8 dot-product peak; frac_peak of the FP32 FMA peak; frac_mem
+// (W8A8 layers) of the memory bound, x and the weights read and y written once at the triad
+// bandwidth. BM_linear_bf16 (below): FLOAT layers of bf16 weights at FLUX's attention and MLP
+// sizes.
 
 #include <Eigen/Core>
 #include <ditops/linear.hpp>
@@ -154,6 +156,12 @@ void BM_linear(benchmark::State& state) {
       report_flops(state, ops, measured_limits(threads).fma_flops, threads);
     } else {
       report_int8_ops(state, ops, threads);
+      // And against the memory bound: x and the int8 weights read once, y written once
+      // (frac_mem; the bound of the thin layers, whose few outputs cost little int8 work).
+      report_rate(state, "mem_GB/s", "frac_mem",
+                  4.0 * static_cast<double>(shape.m) * static_cast<double>(shape.k + shape.n) +
+                      static_cast<double>(shape.n) * static_cast<double>(shape.k),
+                  measured_limits(threads).bandwidth, threads);
     }
   }
   state.SetLabel(std::string(kind_name(kind)) + " m" + std::to_string(shape.m) + " k" +
