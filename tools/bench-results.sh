@@ -52,9 +52,10 @@ filter[sparse]='^sparse_attention/'
 binary[mla]=ditops_bench
 filter[mla]='^mla_decode/|^mla_grid/.*/chunk:2/|^mla_grid/b:(1|4|16)/kv:2048/h:(16|128)/chunk:[14]/threads:2/'
 options[mla]=--benchmark_min_time=0.2
-# Every kind aligned; ditops' W8A8 and W8A8_DYNAMIC on 2 threads on misaligned x and y too.
+# Every kind aligned; ditops' W8A8 and W8A8_DYNAMIC on 2 threads on misaligned x and y too;
+# the bf16 FLOAT layers beside oneDNN's bf16 matmul.
 binary[linear]=ditops_linear_bench
-filter[linear]='^BM_linear/.*/misaligned:0/|^BM_linear/shape:[0-4]/kind:[01]/threads:2/misaligned:1/'
+filter[linear]='^BM_linear/.*/misaligned:0/|^BM_linear/shape:[0-4]/kind:[01]/threads:2/misaligned:1/|^BM_linear_bf16/|^BM_dnnl_bf16/'
 repetitions=(--benchmark_repetitions=3 --benchmark_report_aggregates_only=true)
 
 [ $# -ge 1 ] || usage
