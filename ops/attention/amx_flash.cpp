@@ -32,17 +32,10 @@
 
 #include "ops/attention/amx_flash.hpp"
 
-#include <type_traits>
-
 #include "ops/attention/tile_rows.hpp"
 #include "ops/core/amx_tiles.hpp"
 #include "ops/core/arch.hpp"
 #include "ops/core/simd/convert.hpp"
-
-#if !DITOPS_AMX_MODEL
-static_assert(std::is_same_v<ditops::KernelArch, ditops::avx512_bf16>,
-              "the AMX kernel is compiled with the avx512+bf16+vnni variant's flags");
-#endif
 
 namespace ditops::attention::DITOPS_AMX_NAMESPACE {
 namespace {

@@ -27,16 +27,10 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "ops/attention/int8_runner.hpp"
 #include "ops/core/amx_tiles.hpp"
 #include "ops/core/arch.hpp"
-
-#if !DITOPS_AMX_MODEL
-static_assert(std::is_same_v<ditops::KernelArch, ditops::avx512_bf16>,
-              "the AMX kernels are compiled with the avx512+bf16+vnni variant's flags");
-#endif
 
 namespace ditops::attention::DITOPS_AMX_NAMESPACE {
 namespace {

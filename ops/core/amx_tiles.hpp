@@ -22,6 +22,7 @@
 // DITOPS_TILE_RELEASE().
 
 #include <cstdint>
+#include <type_traits>
 
 #ifndef DITOPS_AMX_MODEL
 #define DITOPS_AMX_MODEL 0
@@ -141,22 +142,39 @@ inline void tile_store(int tile, void* base, std::int64_t stride) {
   }
 }
 
+/// The shapes of a dot product C += A · B (TDPBUSD, TDPBF16PS), checked as the instructions
+/// check them: three distinct configured tiles, A.rows = C.rows, A.colsb = 4 · B.rows, B.colsb =
+/// C.colsb, each a multiple of 4 bytes.
+struct DotShape {
+  int m_rows, n_bytes, k_bytes;
+};
+inline DotShape dot_shape(const char* instruction, int c, int a, int b) {
+  check_tile(instruction, c);
+  check_tile(instruction, a);
+  check_tile(instruction, b);
+  if (c == a || c == b || a == b) {
+    tile_fault(instruction, "C, A and B are not three distinct tiles");
+  }
+  const TileConfig& config = tile_state.config;
+  const DotShape shape{config.rows[c], config.colsb[c], config.colsb[a]};
+  if (config.rows[a] != shape.m_rows) tile_fault(instruction, "A's rows differ from C's", a);
+  if (shape.k_bytes != 4 * config.rows[b]) {
+    tile_fault(instruction, "A's colsb is not 4 x B's rows", a);
+  }
+  if (config.colsb[b] != shape.n_bytes) tile_fault(instruction, "B's colsb differs from C's", b);
+  if (shape.n_bytes % 4 != 0 || shape.k_bytes % 4 != 0) {
+    tile_fault(instruction, "colsb not whole dwords", c);
+  }
+  return shape;
+}
+
 /// TDPBUSD: C[m][n] += Σ_k Σ_i u8 A[m][4k + i] · s8 B[k][4n + i] in int32 (wrapping), for the
 /// configured shapes, which must agree: A.rows = C.rows, A.colsb = 4 · B.rows, B.colsb = C.colsb
 /// (each a multiple of 4 bytes), three distinct tiles. C's rows and bytes past its configured
 /// ones become 0.
 inline void tile_dpbusd(int c, int a, int b) {
   constexpr const char* kName = "TDPBUSD";
-  check_tile(kName, c);
-  check_tile(kName, a);
-  check_tile(kName, b);
-  if (c == a || c == b || a == b) tile_fault(kName, "C, A and B are not three distinct tiles");
-  const TileConfig& config = tile_state.config;
-  const int m_rows = config.rows[c], n_bytes = config.colsb[c], k_bytes = config.colsb[a];
-  if (config.rows[a] != m_rows) tile_fault(kName, "A's rows differ from C's", a);
-  if (k_bytes != 4 * config.rows[b]) tile_fault(kName, "A's colsb is not 4 x B's rows", a);
-  if (config.colsb[b] != n_bytes) tile_fault(kName, "B's colsb differs from C's", b);
-  if (n_bytes % 4 != 0 || k_bytes % 4 != 0) tile_fault(kName, "colsb not whole dwords", c);
+  const auto [m_rows, n_bytes, k_bytes] = dot_shape(kName, c, a, b);
   auto& dst = tile_state.data[c];
   const auto& lhs = tile_state.data[a];
   const auto& rhs = tile_state.data[b];
@@ -202,16 +220,7 @@ inline float flush_denormal(float value) {
 /// for the configured shapes, which must agree as TDPBUSD's do (a k of 2 words per 4 bytes).
 inline void tile_dpbf16ps(int c, int a, int b) {
   constexpr const char* kName = "TDPBF16PS";
-  check_tile(kName, c);
-  check_tile(kName, a);
-  check_tile(kName, b);
-  if (c == a || c == b || a == b) tile_fault(kName, "C, A and B are not three distinct tiles");
-  const TileConfig& config = tile_state.config;
-  const int m_rows = config.rows[c], n_bytes = config.colsb[c], k_bytes = config.colsb[a];
-  if (config.rows[a] != m_rows) tile_fault(kName, "A's rows differ from C's", a);
-  if (k_bytes != 4 * config.rows[b]) tile_fault(kName, "A's colsb is not 4 x B's rows", a);
-  if (config.colsb[b] != n_bytes) tile_fault(kName, "B's colsb differs from C's", b);
-  if (n_bytes % 4 != 0 || k_bytes % 4 != 0) tile_fault(kName, "colsb not whole dwords", c);
+  const auto [m_rows, n_bytes, k_bytes] = dot_shape(kName, c, a, b);
   auto& dst = tile_state.data[c];
   const auto& lhs = tile_state.data[a];
   const auto& rhs = tile_state.data[b];
@@ -254,6 +263,13 @@ inline void tile_dpbf16ps(int c, int a, int b) {
 #error "AMX kernels are compiled with -mamx-tile -mamx-int8 -mamx-bf16 (or DITOPS_AMX_MODEL=1)"
 #endif
 #include <immintrin.h>
+
+#include "ops/core/arch.hpp"
+
+// The tile kernels take the avx512+bf16+vnni variant's operands and helpers, so they are
+// compiled with its flags (CMakeLists.txt).
+static_assert(std::is_same_v<ditops::KernelArch, ditops::avx512_bf16>,
+              "AMX kernels are compiled with the avx512+bf16+vnni variant's flags");
 
 namespace ditops::core::amx {
 

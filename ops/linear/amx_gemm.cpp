@@ -25,11 +25,6 @@
 #include "ops/core/arch.hpp"
 #include "ops/linear/gemm_epilogue.hpp"
 
-#if !DITOPS_AMX_MODEL
-static_assert(std::is_same_v<ditops::KernelArch, ditops::avx512_bf16>,
-              "the AMX kernel is compiled with the avx512+bf16+vnni variant's flags");
-#endif
-
 namespace ditops::linear::DITOPS_AMX_NAMESPACE {
 namespace {
 
