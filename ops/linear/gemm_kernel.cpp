@@ -294,6 +294,92 @@ F32Blocking f32_blocking() noexcept {
           kBlockRows * (kF32SliceStride<Arch> + kF32TaskPanels<Arch> * kCols<Arch>)};
 }
 
+/// acc += the tile's rows of x (`rows`: the slice's first row of the tile, kStride apart; f32,
+/// or bf16 for bf16_dot) times `depth` k of the panel's weights from `weights`, multiplying as
+/// `M` says, while asking for the weights `depth` k further on.
+template <class Arch, int V, F32Mode M, class Weight>
+inline void multiply_chunk(const Weight* weights, const void* rows, std::int64_t depth,
+                           typename F32<Arch>::register_type (&acc)[kF32Rows<Arch>][V]) noexcept {
+  constexpr int R = kF32Rows<Arch>, kLanes = F32<Arch>::size, kColumns = kCols<Arch, V>;
+  constexpr int kWeightLines = kColumns * 4 > 64 ? kColumns * 4 / 64 : 1;  // per k or pair
+  constexpr std::int64_t kStride =
+      M == F32Mode::bf16_dot ? kBf16SliceStride<Arch> : kF32SliceStride<Arch>;
+  using Reg = typename F32<Arch>::register_type;
+  if constexpr (M == F32Mode::f32) {
+    const auto* tile_rows = static_cast<const float*>(rows);
+    for (std::int64_t k = 0; k < depth; ++k) {
+      Reg column[V];
+#pragma GCC unroll 4
+      for (int c = 0; c < V; ++c) {
+        column[c] = F32<Arch>::load_aligned(weights + k * kColumns + c * kLanes);
+      }
+      // The weights the panel's next chunk (or the next panel) starts with, as many
+      // lines per k as this one reads: with few rows the call streams the weights, in
+      // runs of 16 KiB, too short for the prefetchers (AVX2, 16 rows: 1.7x).
+#pragma GCC unroll 2
+      for (int line = 0; line < kWeightLines; ++line) {
+        __builtin_prefetch(weights + (depth + k) * kColumns + line * 16, 0, 2);
+      }
+#pragma GCC unroll 12
+      for (int r = 0; r < R; ++r) {
+        const F32<Arch> x(tile_rows[r * kStride + k]);
+#pragma GCC unroll 4
+        for (int c = 0; c < V; ++c) {
+          acc[r][c] = simd::fmadd<Arch>(x, F32<Arch>(column[c]), F32<Arch>(acc[r][c]));
+        }
+      }
+    }
+  } else if constexpr (M == F32Mode::widened_pairs) {
+    // k and k + 1 of each row in turn, in order (the sums of f32 panels, bit for bit);
+    // after an odd depth the slice's next float and the padding's weights are zeros.
+    const auto* tile_rows = static_cast<const float*>(rows);
+    const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+    for (std::int64_t k = 0; k < depth; k += 2) {
+      Reg even[V], odd[V];
+#pragma GCC unroll 4
+      for (int c = 0; c < V; ++c) {
+        const __m512i both = _mm512_load_si512(weights + k * kColumns + c * 2 * kLanes);
+        even[c] = _mm512_castsi512_ps(_mm512_slli_epi32(both, 16));
+        odd[c] = _mm512_castsi512_ps(_mm512_and_si512(both, high_half));
+      }
+#pragma GCC unroll 2
+      for (int line = 0; line < kWeightLines; ++line) {
+        __builtin_prefetch(weights + (depth + k) * kColumns + line * 32, 0, 2);
+      }
+#pragma GCC unroll 12
+      for (int r = 0; r < R; ++r) {
+        const F32<Arch> x0(tile_rows[r * kStride + k]), x1(tile_rows[r * kStride + k + 1]);
+#pragma GCC unroll 4
+        for (int c = 0; c < V; ++c) {
+          acc[r][c] = simd::fmadd<Arch>(x0, F32<Arch>(even[c]), F32<Arch>(acc[r][c]));
+          acc[r][c] = simd::fmadd<Arch>(x1, F32<Arch>(odd[c]), F32<Arch>(acc[r][c]));
+        }
+      }
+    }
+  } else {
+    const auto* tile_rows = static_cast<const std::uint16_t*>(rows);
+    for (std::int64_t k = 0; k < depth; k += 2) {
+      __m512i column[V];
+#pragma GCC unroll 4
+      for (int c = 0; c < V; ++c) {
+        column[c] = _mm512_load_si512(weights + k * kColumns + c * 2 * kLanes);
+      }
+#pragma GCC unroll 2
+      for (int line = 0; line < kWeightLines; ++line) {
+        __builtin_prefetch(weights + (depth + k) * kColumns + line * 32, 0, 2);
+      }
+#pragma GCC unroll 12
+      for (int r = 0; r < R; ++r) {
+        std::uint32_t pair;
+        std::memcpy(&pair, tile_rows + r * kStride + k, sizeof pair);
+        const __m512i x = _mm512_set1_epi32(static_cast<int>(pair));
+#pragma GCC unroll 4
+        for (int c = 0; c < V; ++c) acc[r][c] = simd::dot_bf16<Arch>(acc[r][c], x, column[c]);
+      }
+    }
+  }
+}
+
 /// gemm_f32 with tiles of V vectors of columns, multiplying as `M` says.
 template <class Arch, int V, F32Mode M>
 void gemm_f32_tiles(const GemmProblem& p, std::int64_t row_begin, std::int64_t row_end,
@@ -303,7 +389,6 @@ void gemm_f32_tiles(const GemmProblem& p, std::int64_t row_begin, std::int64_t r
   // The weights are f32, or bf16 pairs: 4 or 2 bytes per weight, and per k (a pair's k are
   // at the same element offset k · kColumns as a k of f32 panels).
   using Weight = std::conditional_t<kPairs, std::uint16_t, float>;
-  constexpr int kWeightLines = kColumns * 4 > 64 ? kColumns * 4 / 64 : 1;  // per k or pair
   constexpr std::int64_t kStride = kDot ? kBf16SliceStride<Arch> : kF32SliceStride<Arch>;
   constexpr std::int64_t kChunk = kDot ? kBf16ChunkK<Arch, V> : kF32ChunkK<Arch, V>;
   using Reg = typename F32<Arch>::register_type;
@@ -352,79 +437,10 @@ void gemm_f32_tiles(const GemmProblem& p, std::int64_t row_begin, std::int64_t r
                             : F32<Arch>::load_aligned(tile_partial + r * kColumns + c * kLanes);
           }
         }
-        if constexpr (M == F32Mode::f32) {
-          const float* tile_rows = slice + (row0 - row_begin) * kStride;
-          for (std::int64_t k = 0; k < depth; ++k) {
-            Reg column[V];
-#pragma GCC unroll 4
-            for (int c = 0; c < V; ++c) {
-              column[c] = F32<Arch>::load_aligned(weights + k * kColumns + c * kLanes);
-            }
-            // The weights the panel's next chunk (or the next panel) starts with, as many
-            // lines per k as this one reads: with few rows the call streams the weights, in
-            // runs of 16 KiB, too short for the prefetchers (AVX2, 16 rows: 1.7x).
-#pragma GCC unroll 2
-            for (int line = 0; line < kWeightLines; ++line) {
-              __builtin_prefetch(weights + (depth + k) * kColumns + line * 16, 0, 2);
-            }
-#pragma GCC unroll 12
-            for (int r = 0; r < R; ++r) {
-              const F32<Arch> x(tile_rows[r * kStride + k]);
-#pragma GCC unroll 4
-              for (int c = 0; c < V; ++c) {
-                acc[r][c] = simd::fmadd<Arch>(x, F32<Arch>(column[c]), F32<Arch>(acc[r][c]));
-              }
-            }
-          }
-        } else if constexpr (M == F32Mode::widened_pairs) {
-          // k and k + 1 of each row in turn, in order (the sums of f32 panels, bit for bit);
-          // after an odd depth the slice's next float and the padding's weights are zeros.
-          const float* tile_rows = slice + (row0 - row_begin) * kStride;
-          const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-          for (std::int64_t k = 0; k < depth; k += 2) {
-            Reg even[V], odd[V];
-#pragma GCC unroll 4
-            for (int c = 0; c < V; ++c) {
-              const __m512i both = _mm512_load_si512(weights + k * kColumns + c * 2 * kLanes);
-              even[c] = _mm512_castsi512_ps(_mm512_slli_epi32(both, 16));
-              odd[c] = _mm512_castsi512_ps(_mm512_and_si512(both, high_half));
-            }
-#pragma GCC unroll 2
-            for (int line = 0; line < kWeightLines; ++line) {
-              __builtin_prefetch(weights + (depth + k) * kColumns + line * 32, 0, 2);
-            }
-#pragma GCC unroll 12
-            for (int r = 0; r < R; ++r) {
-              const F32<Arch> x0(tile_rows[r * kStride + k]), x1(tile_rows[r * kStride + k + 1]);
-#pragma GCC unroll 4
-              for (int c = 0; c < V; ++c) {
-                acc[r][c] = simd::fmadd<Arch>(x0, F32<Arch>(even[c]), F32<Arch>(acc[r][c]));
-                acc[r][c] = simd::fmadd<Arch>(x1, F32<Arch>(odd[c]), F32<Arch>(acc[r][c]));
-              }
-            }
-          }
-        } else {
-          const std::uint16_t* tile_rows = bf16_slice + (row0 - row_begin) * kStride;
-          for (std::int64_t k = 0; k < depth; k += 2) {
-            __m512i column[V];
-#pragma GCC unroll 4
-            for (int c = 0; c < V; ++c) {
-              column[c] = _mm512_load_si512(weights + k * kColumns + c * 2 * kLanes);
-            }
-#pragma GCC unroll 2
-            for (int line = 0; line < kWeightLines; ++line) {
-              __builtin_prefetch(weights + (depth + k) * kColumns + line * 32, 0, 2);
-            }
-#pragma GCC unroll 12
-            for (int r = 0; r < R; ++r) {
-              std::uint32_t pair;
-              std::memcpy(&pair, tile_rows + r * kStride + k, sizeof pair);
-              const __m512i x = _mm512_set1_epi32(static_cast<int>(pair));
-#pragma GCC unroll 4
-              for (int c = 0; c < V; ++c) acc[r][c] = simd::dot_bf16<Arch>(acc[r][c], x, column[c]);
-            }
-          }
-        }
+        const void* tile_rows =
+            kDot ? static_cast<const void*>(bf16_slice + (row0 - row_begin) * kStride)
+                 : static_cast<const void*>(slice + (row0 - row_begin) * kStride);
+        multiply_chunk<Arch, V, M>(weights, tile_rows, depth, acc);
         if (!last_chunk) {
 #pragma GCC unroll 12
           for (int r = 0; r < R; ++r) {
