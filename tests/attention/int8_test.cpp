@@ -307,25 +307,26 @@ TEST(AttentionInt8, SmoothingKeysIsLoadBearing) {
 }
 
 // The schedule changes only the order of independent stages: chunk 1, 2 and 4 agree bit for
-// bit (each row's blocks are softmaxed and accumulated in the same order), on 1 and 2 threads.
-TEST(AttentionInt8, ChunksAgree) {
-  std::mt19937 rng(54);
-  for (int threads : {1, 2}) {
-    Int8Case c{2, 150, 700, 4, 2, 64, 64, true, threads};
-    Inputs<float> in(c, rng);
-    const AttentionRefResult ref = reference(c, in);
-    TestTensor<float> first({c.b, c.sq, c.n, c.dv});
-    c.chunk = 1;
-    run_int8(c, in, ref, &first);
-    for (int chunk : {2, 4}) {
-      c.chunk = chunk;
-      TestTensor<float> other({c.b, c.sq, c.n, c.dv});
-      expect_accurate(run_int8(c, in, ref, &other), c, c.describe());
-      for (std::int64_t i = 0; i < first.size(); ++i) {
-        ASSERT_EQ(other.at(i), first.at(i)) << c.describe() << " vs chunk 1, element " << i;
-      }
+// bit (each row's blocks are softmaxed and accumulated in the same order).
+void expect_chunks_agree(Int8Case c, std::mt19937& rng) {
+  Inputs<float> in(c, rng);
+  const AttentionRefResult ref = reference(c, in);
+  TestTensor<float> first({c.b, c.sq, c.n, c.dv});
+  c.chunk = 1;
+  run_int8(c, in, ref, &first);
+  for (int chunk : {2, 4}) {
+    c.chunk = chunk;
+    TestTensor<float> other({c.b, c.sq, c.n, c.dv});
+    expect_accurate(run_int8(c, in, ref, &other), c, c.describe());
+    for (std::int64_t i = 0; i < first.size(); ++i) {
+      ASSERT_EQ(other.at(i), first.at(i)) << c.describe() << " vs chunk 1, element " << i;
     }
   }
+}
+
+TEST(AttentionInt8, ChunksAgree) {
+  std::mt19937 rng(54);
+  for (int threads : {1, 2}) expect_chunks_agree({2, 150, 700, 4, 2, 64, 64, true, threads}, rng);
 }
 
 TEST(AttentionInt8, EdgeCases) {
@@ -485,20 +486,7 @@ TEST(AttentionInt8, AmxTileModelIsAccurate) {
 TEST(AttentionInt8, AmxTileModelChunksAgree) {
   std::mt19937 rng(62);
   const KernelOverride model(&attention::amx_model::int8_attention_task_amx<xsimd::sse2>);
-  Int8Case c{1, 50, 400, 4, 2, 72, 40, true, 2};
-  Inputs<float> in(c, rng);
-  const AttentionRefResult ref = reference(c, in);
-  TestTensor<float> first({c.b, c.sq, c.n, c.dv});
-  c.chunk = 1;
-  run_int8(c, in, ref, &first);
-  for (int chunk : {2, 4}) {
-    c.chunk = chunk;
-    TestTensor<float> other({c.b, c.sq, c.n, c.dv});
-    run_int8(c, in, ref, &other);
-    for (std::int64_t i = 0; i < first.size(); ++i) {
-      ASSERT_EQ(other.at(i), first.at(i)) << c.describe() << " vs chunk 1, element " << i;
-    }
-  }
+  expect_chunks_agree({1, 50, 400, 4, 2, 72, 40, true, 2}, rng);
 }
 
 // The library's AMX kernel on the instructions (tools/amx-check.sh runs it where the CPU has
