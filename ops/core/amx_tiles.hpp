@@ -168,32 +168,39 @@ inline DotShape dot_shape(const char* instruction, int c, int a, int b) {
   return shape;
 }
 
-/// TDPBUSD: C[m][n] += Σ_k Σ_i u8 A[m][4k + i] · s8 B[k][4n + i] in int32 (wrapping), for the
-/// configured shapes, which must agree: A.rows = C.rows, A.colsb = 4 · B.rows, B.colsb = C.colsb
-/// (each a multiple of 4 bytes), three distinct tiles. C's rows and bytes past its configured
+/// C += A · B for the configured (checked) shapes, one C element at a time: `Sum` is C's element
+/// type, and add(sum, a, b) adds the products of one dword of A (a row's 4 bytes of a k) and the
+/// matching dword of B to it, in the instruction's order. C's rows and bytes past its configured
 /// ones become 0.
-inline void tile_dpbusd(int c, int a, int b) {
-  constexpr const char* kName = "TDPBUSD";
-  const auto [m_rows, n_bytes, k_bytes] = dot_shape(kName, c, a, b);
+template <class Sum, class AddDword>
+inline void tile_dot(const char* instruction, int c, int a, int b, const AddDword& add) {
+  const auto [m_rows, n_bytes, k_bytes] = dot_shape(instruction, c, a, b);
   auto& dst = tile_state.data[c];
   const auto& lhs = tile_state.data[a];
   const auto& rhs = tile_state.data[b];
   alignas(64) std::uint8_t result[kTileRows][kTileRowBytes] = {};
   for (int m = 0; m < m_rows; ++m) {
     for (int n = 0; n < n_bytes / 4; ++n) {
-      std::uint32_t sum;
+      Sum sum;
       std::memcpy(&sum, &dst[m][4 * n], 4);
-      for (int k = 0; k < k_bytes / 4; ++k) {
-        for (int i = 0; i < 4; ++i) {
-          const int product = static_cast<int>(lhs[m][4 * k + i]) *
-                              static_cast<int>(static_cast<std::int8_t>(rhs[k][4 * n + i]));
-          sum += static_cast<std::uint32_t>(product);
-        }
-      }
+      for (int k = 0; k < k_bytes / 4; ++k) sum = add(sum, &lhs[m][4 * k], &rhs[k][4 * n]);
       std::memcpy(&result[m][4 * n], &sum, 4);
     }
   }
   std::memcpy(dst, result, sizeof result);
+}
+
+/// TDPBUSD: C[m][n] += Σ_k Σ_i u8 A[m][4k + i] · s8 B[k][4n + i] in int32 (wrapping).
+inline void tile_dpbusd(int c, int a, int b) {
+  tile_dot<std::uint32_t>(
+      "TDPBUSD", c, a, b, [](std::uint32_t sum, const std::uint8_t* x, const std::uint8_t* y) {
+        for (int i = 0; i < 4; ++i) {
+          const int product =
+              static_cast<int>(x[i]) * static_cast<int>(static_cast<std::int8_t>(y[i]));
+          sum += static_cast<std::uint32_t>(product);
+        }
+        return sum;
+      });
 }
 
 /// bf16 -> fp32 as TDPBF16PS reads its inputs: denormals are zero (DAZ).
@@ -216,31 +223,19 @@ inline float flush_denormal(float value) {
 
 /// TDPBF16PS: C[m][n] (fp32) += A[m][2k] · B[k][2n] + A[m][2k + 1] · B[k][2n + 1] over k, in
 /// the ISA's order (per k, the even pair's product added, then the odd one's, each an fp32
-/// operation rounded to nearest even; bf16 products are exact in fp32), inputs DAZ, results FTZ,
-/// for the configured shapes, which must agree as TDPBUSD's do (a k of 2 words per 4 bytes).
+/// operation rounded to nearest even; bf16 products are exact in fp32), inputs DAZ, results FTZ
+/// (a k of 2 words per 4 bytes).
 inline void tile_dpbf16ps(int c, int a, int b) {
-  constexpr const char* kName = "TDPBF16PS";
-  const auto [m_rows, n_bytes, k_bytes] = dot_shape(kName, c, a, b);
-  auto& dst = tile_state.data[c];
-  const auto& lhs = tile_state.data[a];
-  const auto& rhs = tile_state.data[b];
-  alignas(64) std::uint8_t result[kTileRows][kTileRowBytes] = {};
-  for (int m = 0; m < m_rows; ++m) {
-    for (int n = 0; n < n_bytes / 4; ++n) {
-      float sum;
-      std::memcpy(&sum, &dst[m][4 * n], 4);
-      for (int k = 0; k < k_bytes / 4; ++k) {
-        for (int i = 0; i < 2; ++i) {
-          std::uint16_t x, y;
-          std::memcpy(&x, &lhs[m][4 * k + 2 * i], 2);
-          std::memcpy(&y, &rhs[k][4 * n + 2 * i], 2);
-          sum = flush_denormal(sum + bf16_input(x) * bf16_input(y));
-        }
-      }
-      std::memcpy(&result[m][4 * n], &sum, 4);
-    }
-  }
-  std::memcpy(dst, result, sizeof result);
+  tile_dot<float>("TDPBF16PS", c, a, b,
+                  [](float sum, const std::uint8_t* x, const std::uint8_t* y) {
+                    for (int i = 0; i < 2; ++i) {
+                      std::uint16_t x_word, y_word;
+                      std::memcpy(&x_word, x + 2 * i, 2);
+                      std::memcpy(&y_word, y + 2 * i, 2);
+                      sum = flush_denormal(sum + bf16_input(x_word) * bf16_input(y_word));
+                    }
+                    return sum;
+                  });
 }
 
 }  // namespace ditops::core::amx_model

@@ -767,6 +767,29 @@ TEST(AmxBf16GemmHardware, LayersWithinTheBoundOfExactProducts) {
 
 // ---- fused QKV ----------------------------------------------------------------------------------
 
+/// Each part of `fused` (parts side by side, `widths` outputs each) run alone on x gives the
+/// fused layer's columns bit for bit.
+template <class X>
+void expect_parts_bitwise(const QuantLinear& fused, const std::vector<QuantLinear>& parts,
+                          const std::vector<std::int64_t>& widths, TestTensor<X>& x,
+                          const std::string& what) {
+  const std::int64_t m = x.shape()[0], n = fused.out_features();
+  TestTensor<float> y({m, n});
+  fused.forward(x.view(), y.view());
+  std::int64_t first = 0;
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    TestTensor<float> part_y({m, widths[p]});
+    parts[p].forward(x.view(), part_y.view());
+    for (std::int64_t r = 0; r < m; ++r) {
+      for (std::int64_t j = 0; j < widths[p]; ++j) {
+        ASSERT_TRUE(same_bits(y.at(r * n + first + j), part_y.at(r * widths[p] + j)))
+            << what << " part " << p << " row " << r << " column " << j;
+      }
+    }
+    first += widths[p];
+  }
+}
+
 // The fused layer runs the same kernel on the same quantized rows, so its columns are bitwise
 // those of each part run alone.
 TEST(QuantLinear, ConcatOutputsEqualsItsParts) {
@@ -796,20 +819,7 @@ TEST(QuantLinear, ConcatOutputsEqualsItsParts) {
     ASSERT_EQ(fused.out_features(), 88);
     TestTensor<float> x({m, k});
     x.fill_normal(rng);
-    TestTensor<float> y({m, 88});
-    fused.forward(x.view(), y.view());
-    std::int64_t first = 0;
-    for (std::size_t p = 0; p < parts.size(); ++p) {
-      TestTensor<float> part_y({m, widths[p]});
-      parts[p].forward(x.view(), part_y.view());
-      for (std::int64_t r = 0; r < m; ++r) {
-        for (std::int64_t j = 0; j < widths[p]; ++j) {
-          ASSERT_TRUE(same_bits(y.at(r * 88 + first + j), part_y.at(r * widths[p] + j)))
-              << quant_algo_name(algo) << " part " << p << " row " << r << " column " << j;
-        }
-      }
-      first += widths[p];
-    }
+    expect_parts_bitwise(fused, parts, {widths, widths + 3}, x, quant_algo_name(algo));
   }
 }
 
@@ -837,26 +847,15 @@ TEST(QuantLinearBf16, ConcatOutputsEqualsItsParts) {
     }
     const QuantLinear fused = QuantLinear::concat_outputs(parts);
     ASSERT_EQ(fused.out_features(), 81);
-    const auto check = [&](auto x) {
-      x.fill_normal(rng);
-      TestTensor<float> y({m, 81});
-      fused.forward(x.view(), y.view());
-      std::int64_t first = 0;
-      for (std::size_t p = 0; p < parts.size(); ++p) {
-        TestTensor<float> part_y({m, widths[p]});
-        parts[p].forward(x.view(), part_y.view());
-        for (std::int64_t r = 0; r < m; ++r) {
-          for (std::int64_t j = 0; j < widths[p]; ++j) {
-            ASSERT_TRUE(same_bits(y.at(r * 81 + first + j), part_y.at(r * widths[p] + j)))
-                << (mixed ? "bf16 and f32 parts" : "bf16 parts") << " part " << p << " row " << r
-                << " column " << j;
-          }
-        }
-        first += widths[p];
-      }
-    };
-    check(TestTensor<float>({m, k}));
-    if (!mixed) check(TestTensor<bf16>({m, k}));
+    const std::string what = mixed ? "bf16 and f32 parts" : "bf16 parts";
+    TestTensor<float> x({m, k});
+    x.fill_normal(rng);
+    expect_parts_bitwise(fused, parts, {widths, widths + 3}, x, what);
+    if (!mixed) {
+      TestTensor<bf16> x_bf16({m, k});
+      x_bf16.fill_normal(rng);
+      expect_parts_bitwise(fused, parts, {widths, widths + 3}, x_bf16, what);
+    }
   }
 }
 
