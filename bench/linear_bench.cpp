@@ -188,13 +188,17 @@ BENCHMARK(BM_linear)
 // the FP32 FMA peak, which vdpbf16ps doubles.
 constexpr GemmShape kBf16Shapes[] = {{4096, 3072, 3072}, {4096, 3072, 12288}, {4096, 12288, 3072}};
 
+/// misaligned (range(3)): x and y 16 bytes past a cache line, as allocators put them.
 template <class X>
 void run_bf16_layer(benchmark::State& state, const QuantLinear& layer, const GemmShape& shape) {
-  ColdBuffers<X> x(shape.m * shape.k, shape.m * shape.k * static_cast<std::int64_t>(sizeof(X)));
-  PlacedBuffer<X> y(shape.m * shape.n, false);
+  const std::int64_t skip = skip_elements<X>(state, 3);
+  ColdBuffers<X> x(shape.m * shape.k + skip,
+                   shape.m * shape.k * static_cast<std::int64_t>(sizeof(X)));
+  PlacedBuffer<X> y(shape.m * shape.n, skip != 0);
   int copy = 0;
   for (auto _ : state) {
-    layer.forward(view(x.copy(copy++), {shape.m, shape.k}), view(y.data(), {shape.m, shape.n}));
+    layer.forward(view(x.copy(copy++) + skip, {shape.m, shape.k}),
+                  view(y.data(), {shape.m, shape.n}));
     benchmark::DoNotOptimize(y.data());
   }
 }
@@ -220,12 +224,14 @@ void BM_linear_bf16(benchmark::State& state) {
                measured_limits(threads).fma_flops, threads);
   state.SetLabel(std::string(bf16_x ? "ditops FLOAT bf16" : "ditops FLOAT bf16 weights f32 x") +
                  " m" + std::to_string(shape.m) + " k" + std::to_string(shape.k) + " n" +
-                 std::to_string(shape.n) + " " + cpu_info().isa);
+                 std::to_string(shape.n) + " " + cpu_info().isa +
+                 (state.range(3) != 0 ? " misaligned" : ""));
 }
 
 BENCHMARK(BM_linear_bf16)
-    ->ArgNames({"shape", "x_f32", "threads"})
-    ->ArgsProduct({{0, 1, 2}, {0, 1}, {1, 2}})
+    ->ArgNames({"shape", "x_f32", "threads", "misaligned"})
+    ->ArgsProduct({{0, 1, 2}, {0, 1}, {1, 2}, {0}})
+    ->Args({0, 0, 2, 1})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -117,7 +117,7 @@ bench_flags=(--benchmark_repetitions="$reps" --benchmark_report_aggregates_only=
 # oneDNN's s8 x s8 matmul of the same size, a bf16 FLOAT layer [4096, 3072] -> 3072 and oneDNN's
 # bf16 matmul, with AMX and capped to AVX-512 (vpdpbusd, vdpbf16ps).
 linear_filter="(BM_linear/shape:0/kind:[014]/threads:$threads/misaligned:0|BM_linear_bf16/shape:0/"
-linear_filter+="x_f32:0/threads:$threads|BM_dnnl_bf16/shape:0/threads:$threads)/"
+linear_filter+="x_f32:0/threads:$threads/misaligned:0|BM_dnnl_bf16/shape:0/threads:$threads)/"
 attention_filter="(attention_flash_bf16/shape:2/threads:$threads/eigen:0|attention_int8/shape:2/"
 attention_filter+="threads:$threads/chunk:2/flash:0)/misaligned:0/"
 for isa in amx avx512; do
