@@ -210,6 +210,14 @@ void flash_merge_splits(const FlashProblem& problem, const FlashTask& task, std:
 template <class Arch>
 void widen_row(DType dtype, const void* src, std::int64_t count, float* dst) noexcept;
 
+/// Packs one full panel of fp32 K^T: panel[d][key] = rows[key][d] for kPanel keys and d < dk
+/// (packed_k_offset's layout within a panel). With AVX-512 and AVX2 by 16 x 16 and 8 x 8
+/// transposes in registers: whole-line stores, where scattering a row's elements stored one
+/// float at a time and made packing a third of the memory bandwidth's speed or less. Defined
+/// per ISA in flash_kernel.cpp.
+template <class Arch>
+void transpose_k_panel(const float* const* rows, std::int64_t dk, float* panel) noexcept;
+
 /// The flash_bf16 bf16 dot products (vdpbf16ps) run: the avx512 kernel variant with AVX512-BF16.
 bool bf16_dot_available() noexcept;
 

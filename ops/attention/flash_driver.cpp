@@ -17,8 +17,9 @@ namespace {
 
 template <class Arch>
 constexpr AttentionKernels attention_kernels_of() {
-  return {&flash_task<Arch>,           &flash_merge_splits<Arch>,    &widen_row<Arch>,
-          &merge_attention_rows<Arch>, &int8_quantize_kv_head<Arch>, &int8_attention_task<Arch>};
+  return {&flash_task<Arch>,         &flash_merge_splits<Arch>,   &widen_row<Arch>,
+          &transpose_k_panel<Arch>,  &merge_attention_rows<Arch>, &int8_quantize_kv_head<Arch>,
+          &int8_attention_task<Arch>};
 }
 
 }  // namespace

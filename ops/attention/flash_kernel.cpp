@@ -748,7 +748,80 @@ void widen_row(DType dtype, const void* src, std::int64_t count, float* dst) noe
   }
 }
 
+namespace {
+
+/// 16 rows of 16 floats transposed in registers: 32-bit, then 64-bit interleaves within each
+/// 128-bit lane (column c of rows 4g..4g+3 in lane c / 4 of u[4g + c % 4]), then 128-bit
+/// lanes gathered across the four groups.
+inline void transpose_16x16(const float* const* rows, std::int64_t d, float* out) noexcept {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    const __m512 a = _mm512_loadu_ps(rows[i] + d), b = _mm512_loadu_ps(rows[i + 1] + d);
+    t[i] = _mm512_unpacklo_ps(a, b);
+    t[i + 1] = _mm512_unpackhi_ps(a, b);
+  }
+  for (int g = 0; g < 16; g += 4) {
+    const __m512d lo_a = _mm512_castps_pd(t[g]), lo_b = _mm512_castps_pd(t[g + 2]);
+    const __m512d hi_a = _mm512_castps_pd(t[g + 1]), hi_b = _mm512_castps_pd(t[g + 3]);
+    u[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo_a, lo_b));
+    u[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo_a, lo_b));
+    u[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(hi_a, hi_b));
+    u[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(hi_a, hi_b));
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512 low_01 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x44);
+    const __m512 high_01 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xEE);
+    const __m512 low_23 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x44);
+    const __m512 high_23 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xEE);
+    _mm512_store_ps(out + (j + 0) * 16, _mm512_shuffle_f32x4(low_01, low_23, 0x88));
+    _mm512_store_ps(out + (j + 4) * 16, _mm512_shuffle_f32x4(low_01, low_23, 0xDD));
+    _mm512_store_ps(out + (j + 8) * 16, _mm512_shuffle_f32x4(high_01, high_23, 0x88));
+    _mm512_store_ps(out + (j + 12) * 16, _mm512_shuffle_f32x4(high_01, high_23, 0xDD));
+  }
+}
+
+/// 8 rows of 8 floats transposed in registers into rows `stride` floats apart.
+inline void transpose_8x8(const float* const* rows, std::int64_t d, float* out,
+                          std::int64_t stride) noexcept {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    const __m256 a = _mm256_loadu_ps(rows[i] + d), b = _mm256_loadu_ps(rows[i + 1] + d);
+    t[i] = _mm256_unpacklo_ps(a, b);
+    t[i + 1] = _mm256_unpackhi_ps(a, b);
+  }
+  for (int g = 0; g < 8; g += 4) {
+    u[g] = _mm256_shuffle_ps(t[g], t[g + 2], 0x44);
+    u[g + 1] = _mm256_shuffle_ps(t[g], t[g + 2], 0xEE);
+    u[g + 2] = _mm256_shuffle_ps(t[g + 1], t[g + 3], 0x44);
+    u[g + 3] = _mm256_shuffle_ps(t[g + 1], t[g + 3], 0xEE);
+  }
+  for (int j = 0; j < 4; ++j) {
+    _mm256_store_ps(out + j * stride, _mm256_permute2f128_ps(u[j], u[4 + j], 0x20));
+    _mm256_store_ps(out + (j + 4) * stride, _mm256_permute2f128_ps(u[j], u[4 + j], 0x31));
+  }
+}
+
+}  // namespace
+
+template <class Arch>
+void transpose_k_panel(const float* const* rows, std::int64_t dk, float* panel) noexcept {
+  static_assert(kPanel == 16);
+  std::int64_t d = 0;
+  if constexpr (simd::kIsAvx512<Arch>) {
+    for (; d + 16 <= dk; d += 16) transpose_16x16(rows, d, panel + d * kPanel);
+  } else if constexpr (simd::kIsAvx2<Arch>) {
+    for (; d + 8 <= dk; d += 8) {
+      transpose_8x8(rows, d, panel + d * kPanel, kPanel);
+      transpose_8x8(rows + 8, d, panel + d * kPanel + 8, kPanel);
+    }
+  }
+  for (; d < dk; ++d) {
+    for (int key = 0; key < kPanel; ++key) panel[d * kPanel + key] = rows[key][d];
+  }
+}
+
 template void flash_task<KernelArch>(const FlashRun&, const FlashTask&, float*) noexcept;
+template void transpose_k_panel<KernelArch>(const float* const*, std::int64_t, float*) noexcept;
 template void widen_row<KernelArch>(DType, const void*, std::int64_t, float*) noexcept;
 template void flash_merge_splits<KernelArch>(const FlashProblem&, const FlashTask&, std::int64_t,
                                              const float*, const float*, float*) noexcept;

@@ -18,6 +18,7 @@ struct AttentionKernels {
   decltype(&attention::flash_task<xsimd::sse2>) flash_task;
   decltype(&attention::flash_merge_splits<xsimd::sse2>) flash_merge_splits;
   decltype(&attention::widen_row<xsimd::sse2>) widen_row;
+  decltype(&attention::transpose_k_panel<xsimd::sse2>) transpose_k_panel;
   // merge_attention_states'.
   decltype(&attention::merge_attention_rows<xsimd::sse2>) merge_attention_rows;
   // The int8 backend's.

@@ -21,11 +21,13 @@ struct PackJob {
 class BlockPacker {
  public:
   using WidenKernel = decltype(AttentionKernels::widen_row);
+  using TransposeKernel = decltype(AttentionKernels::transpose_k_panel);
 
-  BlockPacker(const FlashProblem& p, bool bf16_dot, WidenKernel widen)
+  BlockPacker(const FlashProblem& p, bool bf16_dot, WidenKernel widen, TransposeKernel transpose)
       : p_(p),
         bf16_dot_(bf16_dot),
         widen_(widen),
+        transpose_(transpose),
         element_bytes_(dtype_size(p.dtype)),
         dk_padded_(round_up(p.dk, 32)),
         k_block_elements_(k_block_elements(p, bf16_dot)),
@@ -123,14 +125,21 @@ class BlockPacker {
     }
   }
 
-  /// Panel `panel` of a K^T block in fp32 (kPanel keys x dk, 8 KiB at dk = 128), key by key:
-  /// each K row is read in order while its values scatter into the panel, which stays in L1.
-  /// (Reading the panel's keys d by d instead touches kPanel rows at once; rows N·D·4 bytes
-  /// apart share L1 sets, so those reads missed L1.)
+  /// Panel `panel` of a K^T block in fp32 (kPanel keys x dk, 8 KiB at dk = 128). A full panel
+  /// of fp32 rows is transposed in registers (transpose_k_panel); otherwise key by key, each row
+  /// read in order while its values scatter into the panel, which stays in L1.
   void k_f32(const Block& b, std::int64_t panel, float* kt) {
     const std::int64_t key0 = panel * kPanel, key_end = std::min(b.keys, key0 + kPanel);
     prefetch_rows(p_.k, b, key_end, std::min(b.keys, key_end + kPanel), &BlockPacker::k_row, p_.dk);
     float* panel_data = kt + packed_k_offset(key0, 0, p_.dk);
+    if (p_.dtype == DType::f32 && key_end - key0 == kPanel) {
+      const float* rows[kPanel];
+      for (std::int64_t key = key0; key < key_end; ++key) {
+        rows[key - key0] = static_cast<const float*>(p_.k) + k_row(b, key);
+      }
+      transpose_(rows, p_.dk, panel_data);
+      return;
+    }
     for (std::int64_t key = key0; key < key_end; ++key) {
       const float* row = row_as_f32(p_.k, k_row(b, key), p_.dk);
       for (std::int64_t d = 0; d < p_.dk; ++d) panel_data[d * kPanel + key - key0] = row[d];
@@ -224,6 +233,7 @@ class BlockPacker {
   const FlashProblem& p_;
   const bool bf16_dot_;
   const WidenKernel widen_;
+  const TransposeKernel transpose_;
   const std::int64_t element_bytes_, dk_padded_, k_block_elements_, word_slot_;
   core::AlignedBuffer<float> widened_;
   core::AlignedBuffer<std::uint16_t> words_;
@@ -246,7 +256,7 @@ PackedKV PackedKV::pack(const FlashProblem& p, const FlashTiles& tiles,
   // D=128), which maps every row of a KV block to the same L1 sets and thrashes it. Decode-like
   // calls (K read in place) stream V rows once, which costs less than a copy.
   if (tiles.k_layout != KLayout::packed) return packed;
-  const BlockPacker::WidenKernel widen = attention_kernels().widen_row;
+  const AttentionKernels& kernels = attention_kernels();
   const std::int64_t k_block_elements = BlockPacker::k_block_elements(p, tiles.bf16_dot);
 
   const std::vector<char> used = heads_used(p, tasks);
@@ -302,7 +312,7 @@ PackedKV PackedKV::pack(const FlashProblem& p, const FlashTiles& tiles,
   core::parallel_ranges(
       static_cast<std::int64_t>(jobs.size()), threads,
       [&](std::int64_t begin, std::int64_t end, int) {
-        BlockPacker packer(p, tiles.bf16_dot, widen);
+        BlockPacker packer(p, tiles.bf16_dot, kernels.widen_row, kernels.transpose_k_panel);
         for (std::int64_t j = begin; j < end; ++j) {
           const PackJob& job = jobs[j];
           packer.pack(job, [&](std::int64_t head) {
