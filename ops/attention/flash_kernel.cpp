@@ -752,8 +752,9 @@ namespace {
 
 /// 16 rows of 16 floats transposed in registers: 32-bit, then 64-bit interleaves within each
 /// 128-bit lane (column c of rows 4g..4g+3 in lane c / 4 of u[4g + c % 4]), then 128-bit
-/// lanes gathered across the four groups.
-inline void transpose_16x16(const float* const* rows, std::int64_t d, float* out) noexcept {
+/// lanes gathered across the four groups. (Templates: a variant without the ISA emits nothing.)
+template <class Arch>
+void transpose_16x16(const float* const* rows, std::int64_t d, float* out) noexcept {
   __m512 t[16], u[16];
   for (int i = 0; i < 16; i += 2) {
     const __m512 a = _mm512_loadu_ps(rows[i] + d), b = _mm512_loadu_ps(rows[i + 1] + d);
@@ -781,8 +782,9 @@ inline void transpose_16x16(const float* const* rows, std::int64_t d, float* out
 }
 
 /// 8 rows of 8 floats transposed in registers into rows `stride` floats apart.
-inline void transpose_8x8(const float* const* rows, std::int64_t d, float* out,
-                          std::int64_t stride) noexcept {
+template <class Arch>
+void transpose_8x8(const float* const* rows, std::int64_t d, float* out,
+                   std::int64_t stride) noexcept {
   __m256 t[8], u[8];
   for (int i = 0; i < 8; i += 2) {
     const __m256 a = _mm256_loadu_ps(rows[i] + d), b = _mm256_loadu_ps(rows[i + 1] + d);
@@ -808,11 +810,11 @@ void transpose_k_panel(const float* const* rows, std::int64_t dk, float* panel) 
   static_assert(kPanel == 16);
   std::int64_t d = 0;
   if constexpr (simd::kIsAvx512<Arch>) {
-    for (; d + 16 <= dk; d += 16) transpose_16x16(rows, d, panel + d * kPanel);
+    for (; d + 16 <= dk; d += 16) transpose_16x16<Arch>(rows, d, panel + d * kPanel);
   } else if constexpr (simd::kIsAvx2<Arch>) {
     for (; d + 8 <= dk; d += 8) {
-      transpose_8x8(rows, d, panel + d * kPanel, kPanel);
-      transpose_8x8(rows + 8, d, panel + d * kPanel + 8, kPanel);
+      transpose_8x8<Arch>(rows, d, panel + d * kPanel, kPanel);
+      transpose_8x8<Arch>(rows + 8, d, panel + d * kPanel + 8, kPanel);
     }
   }
   for (; d < dk; ++d) {
