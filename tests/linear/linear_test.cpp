@@ -223,42 +223,83 @@ void check_algo(QuantAlgo algo, bool smooth) {
   }
 }
 
+/// A static layer (deq_scale 1, quant_bias 0: y is the exact int32 sum) at input scale `scale`
+/// and offset `shift` over x, against the reference's quotients x / scale + shift rounded.
+void expect_static_sums_of_quotients(float scale, float shift, TestTensor<float>& x,
+                                     std::mt19937& rng) {
+  const std::int64_t m = x.shape()[0], k = x.shape()[1], n = 16;
+  Int8Layer layer = random_layer(n, k, rng, false, false);
+  std::fill(layer.deq_scale.begin(), layer.deq_scale.end(), 1.f);
+  std::fill(layer.quant_bias.begin(), layer.quant_bias.end(), 0);
+  layer.input_scale = {scale};
+  layer.input_offset = {shift};
+  const QuantLinear linear = QuantLinear::w8a8(QuantAlgo::w8a8_static, layer.tensors());
+  TestTensor<float> y({m, n});
+  linear.forward(x.view(), y.view());
+  RefQuant quant;
+  quant.scale = scale;
+  quant.offset = shift;
+  std::vector<std::int32_t> q;
+  std::vector<double> row_scale;
+  quantize_ref(values_of(x), m, k, quant, q, row_scale);
+  const auto acc = int_matmul_ref(q, layer.weight, m, n, k);
+  for (std::int64_t i = 0; i < y.size(); ++i) {
+    ASSERT_EQ(static_cast<std::int64_t>(y.at(i)), acc[static_cast<std::size_t>(i)])
+        << "scale " << scale << " shift " << shift << " at " << i;
+  }
+}
+
+/// x at, and one ulp either side of, half-integer multiples of `scale`.
+TestTensor<float> near_ties(float scale, std::mt19937& rng) {
+  TestTensor<float> x({9, 200});
+  std::uniform_int_distribution<int> level(-135, 135), side(-1, 1);
+  for (std::int64_t i = 0; i < x.size(); ++i) {
+    const float tie = (static_cast<float>(level(rng)) + 0.5f) * scale;
+    const int step = side(rng);
+    x.at(i) = step == 0 ? tie : std::nextafter(tie, step * 1e30f);
+  }
+  return x;
+}
+
 // x at, and one ulp either side of, half-integer multiples of scales that are not powers of
 // two: quotients within an ulp or two of a rounding tie, where x times 1 / scale and x / scale
-// can round to different integers. The int32 sums must be those of the reference's quotients
-// (static layers, deq_scale 1, quant_bias 0: y is the exact sum).
+// can round to different integers. The int32 sums must be those of the reference's quotients.
 TEST(QuantLinear, StaticQuantizationRoundsAsTheQuotient) {
   std::mt19937 rng(29);
-  constexpr std::int64_t kM = 9, kN = 16, kK = 200;
   for (const float scale : {0.1f, 0.03f, 0.7f, 3.3f, 1e-3f}) {
-    for (const float shift : {0.f, -3.f, 7.f}) {
-      Int8Layer layer = random_layer(kN, kK, rng, false, false);
-      std::fill(layer.deq_scale.begin(), layer.deq_scale.end(), 1.f);
-      std::fill(layer.quant_bias.begin(), layer.quant_bias.end(), 0);
-      layer.input_scale = {scale};
-      layer.input_offset = {shift};
-      const QuantLinear linear = QuantLinear::w8a8(QuantAlgo::w8a8_static, layer.tensors());
-      TestTensor<float> x({kM, kK});
-      std::uniform_int_distribution<int> level(-135, 135), side(-1, 1);
-      for (std::int64_t i = 0; i < x.size(); ++i) {
-        const float tie = (static_cast<float>(level(rng)) + 0.5f) * scale;
-        const int step = side(rng);
-        x.at(i) = step == 0 ? tie : std::nextafter(tie, step * 1e30f);
-      }
-      TestTensor<float> y({kM, kN});
-      linear.forward(x.view(), y.view());
-      RefQuant quant;
-      quant.scale = scale;
-      quant.offset = shift;
-      std::vector<std::int32_t> q;
-      std::vector<double> row_scale;
-      quantize_ref(values_of(x), kM, kK, quant, q, row_scale);
-      const auto acc = int_matmul_ref(q, layer.weight, kM, kN, kK);
-      for (std::int64_t i = 0; i < y.size(); ++i) {
-        ASSERT_EQ(static_cast<std::int64_t>(y.at(i)), acc[static_cast<std::size_t>(i)])
-            << "scale " << scale << " shift " << shift << " at " << i;
-      }
+    for (const float shift : {0.f, -3.f, 7.f, 0.5f}) {
+      TestTensor<float> x = near_ties(scale, rng);
+      expect_static_sums_of_quotients(scale, shift, x, rng);
     }
+  }
+}
+
+// Quotients at the ends of the float range: scales near 2^-124 and 2^97 (quotients whose
+// residual x - scale * (x / scale) underflows or whose reciprocal is subnormal, where a
+// division by multiplication goes wrong at ties), a fractional offset that turns tiny
+// quotients into ties (0x1p-120 / 0x1.fffffep-96 + 0.5 rounds up), and infinite and
+// overflowing quotients, which clamp to the int8 ends.
+TEST(QuantLinear, StaticQuantizationRoundsAsTheQuotientAtTheFloatLimits) {
+  std::mt19937 rng(31);
+  for (const float scale : {0x1.000002p-96f, 0x1.fffffep95f, 0x1.0f82ccp-124f, 0x1p97f}) {
+    for (const float shift : {0.f, -128.f, 0.5f}) {
+      TestTensor<float> x = near_ties(scale, rng);
+      expect_static_sums_of_quotients(scale, shift, x, rng);
+    }
+  }
+  const struct {
+    float scale, shift, x;
+  } cases[] = {{0x1.0f82ccp-124f, 0.f, -0x1.db24e4p-123f},
+               {0x1.fffffep-96f, 0.5f, 0x1p-120f},
+               {1e-3f, 0.f, std::numeric_limits<float>::infinity()},
+               {1e-3f, 3.f, -std::numeric_limits<float>::infinity()},
+               {0x1p-96f, 0.f, 3e38f},
+               {0x1p-96f, 0.f, -1e30f},
+               {0.03f, 0.f, 0x1p-149f}};
+  for (const auto& c : cases) {
+    TestTensor<float> x({2, 37});
+    for (std::int64_t i = 0; i < x.size(); ++i) x.at(i) = i % 2 ? c.x : -c.x;
+    expect_static_sums_of_quotients(c.scale, c.shift, x, rng);
   }
 }
 
