@@ -60,11 +60,11 @@ class BlockPacker {
   };
 
   /// Packs a job panel by panel into `packed` (`destination(head)` says where each head's blocks
-  /// go), in the
-  /// order its rows lie in memory. Where the heads of a key lie side by side ([B, S, N, D], as
-  /// projections write them) a panel's heads go together, so the reads run along memory; head
-  /// by head every row is a fresh page, where the hardware prefetchers stop (packing's share of
-  /// a causal FLUX call, S = 2048 on 2 threads, fell from 7.2 to 5.7 % of the kernel's time).
+  /// go), in the order its rows lie in memory. Where the heads of a key lie side by side
+  /// ([B, S, N, D], as projections write them) a panel's heads go together, so the reads run
+  /// along memory; head by head every row is a fresh page, where the hardware prefetchers stop
+  /// (packing's share of a causal FLUX call, S = 2048 on 2 threads, fell from 7.2 to 5.7 % of
+  /// the kernel's time).
   template <class Destinations>
   void pack(const PackJob& job, const PackedArrays& packed, const Destinations& destination) {
     const std::int64_t panels = (block(job, job.head_begin).keys + kPanel - 1) / kPanel;
