@@ -6,7 +6,7 @@
 // Shapes: FLUX's hidden size (3072) with its image tokens (4608) -- QKV / out-projection
 // sized --, a short batch of rows (16: a text encoder step, a decode-like call), the thin
 // output projections of DiTs (16 and 64 output features: patch un-embedding) and an odd shape
-// (no size a multiple of any tile).
+// (no size a multiple of any tile), then FLUX's MLP pair (3072 -> 12288 -> 3072).
 // Kinds: 0 W8A8_DYNAMIC, 1 W8A8 static, 2 FLOAT (f32), 3 Eigen f32 GEMM, 4 oneDNN s8 x s8 (the
 // GEMM alone, on activations quantized beforehand), 5 oneDNN's static W8A8 layer (an f32 -> s8
 // reorder with the input scale, then the s8 x s8 matmul: the work of ditops' W8A8 static).
@@ -36,8 +36,9 @@ namespace {
 struct GemmShape {
   std::int64_t m, k, n;
 };
-constexpr GemmShape kShapes[] = {
-    {4608, 3072, 3072}, {16, 3072, 3072}, {4608, 3072, 16}, {4608, 3072, 64}, {1111, 1537, 777}};
+constexpr GemmShape kShapes[] = {{4608, 3072, 3072}, {16, 3072, 3072},  {4608, 3072, 16},
+                                 {4608, 3072, 64},   {1111, 1537, 777}, {4608, 3072, 12288},
+                                 {4608, 12288, 3072}};
 
 enum Kind { kDynamic = 0, kStatic = 1, kFloat = 2, kEigen = 3, kDnnl = 4, kDnnlLayer = 5 };
 
@@ -174,6 +175,13 @@ BENCHMARK(BM_linear)
     ->ArgNames({"shape", "kind", "threads", "misaligned"})
     ->ArgsProduct(
         {{0, 1, 2, 3, 4}, {kDynamic, kStatic, kFloat, kEigen, kDnnl, kDnnlLayer}, {1, 2}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+// FLUX's MLP, [4608, 3072] -> 12288 -> 3072 (shapes 5 and 6, 4x the work of shape 0 each): the
+// W8A8 layers beside oneDNN's, on 2 threads and aligned rows only.
+BENCHMARK(BM_linear)
+    ->ArgNames({"shape", "kind", "threads", "misaligned"})
+    ->ArgsProduct({{5, 6}, {kDynamic, kStatic, kDnnl, kDnnlLayer}, {2}, {0}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

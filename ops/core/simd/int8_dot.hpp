@@ -155,6 +155,85 @@ inline I32<Arch> dot_u6s8_pair(I32<Arch> acc, I32<Arch> a0, I32<Arch> b0, I32<Ar
   }
 }
 
+// One row of the AVX2 sign-trick tile below: the row's word broadcast from ROW (ymm12), its
+// magnitude (ymm13), and per vector of columns (ymm10, ymm11) vpsignb, vpmaddubsw, vpmaddwd by
+// ones and vpaddd of the product (ymm14, ymm15) into the row's accumulators.
+#define DITOPS_S8_ROW_V1(ROW, ACC0)          \
+  "vpbroadcastd " ROW                        \
+  ", %%ymm12\n\t"                            \
+  "vpabsb %%ymm12, %%ymm13\n\t"              \
+  "vpsignb %%ymm12, %%ymm10, %%ymm14\n\t"    \
+  "vpmaddubsw %%ymm14, %%ymm13, %%ymm14\n\t" \
+  "vpmaddwd %[ones], %%ymm14, %%ymm14\n\t"   \
+  "vpaddd %%ymm14, %[" ACC0 "], %[" ACC0 "]\n\t"
+#define DITOPS_S8_ROW_V2(ROW, ACC0, ACC1)    \
+  DITOPS_S8_ROW_V1(ROW, ACC0)                \
+  "vpsignb %%ymm12, %%ymm11, %%ymm15\n\t"    \
+  "vpmaddubsw %%ymm15, %%ymm13, %%ymm15\n\t" \
+  "vpmaddwd %[ones], %%ymm15, %%ymm15\n\t"   \
+  "vpaddd %%ymm15, %[" ACC1 "], %[" ACC1 "]\n\t"
+
+/// The AVX2 s8 tile of dot_tile for 4 rows, V (1 or 2) vectors and rows' words 4 bytes apart,
+/// as one asm loop over the words. Written as intrinsics, GCC hoisted each row's broadcast above
+/// the rows before it and ran out of the 16 ymm registers: it kept accumulators on the stack, a
+/// store and a reload per word (the linear layers' int8 GEMM at 0.80 of the vpmaddubsw chain's
+/// peak). Here the 8 accumulators and the pmaddwd constant take 9 registers the compiler picks,
+/// the weight vectors, the row's word and magnitude and the products 6 fixed ones (ymm10-15:
+/// an asm statement takes at most 30 operands), and the loop touches memory only for its loads.
+template <int V>
+[[gnu::always_inline]] inline void dot_tile_s8_avx2_4rows(
+    const std::uint8_t* rows, std::int64_t row_bytes, const std::int8_t* vectors,
+    std::int64_t word_bytes, std::int64_t words, __m256i (&acc)[4][V]) noexcept {
+  static_assert(V == 1 || V == 2, "one or two vectors of columns");
+  if (words <= 0) return;
+  __m256i acc00 = acc[0][0], acc10 = acc[1][0], acc20 = acc[2][0], acc30 = acc[3][0];
+  const __m256i ones = _mm256_set1_epi16(1);
+  const std::int64_t row_bytes3 = 3 * row_bytes;
+  const std::int8_t* const end = vectors + words * word_bytes;
+  if constexpr (V == 2) {
+    __m256i acc01 = acc[0][1], acc11 = acc[1][1], acc21 = acc[2][1], acc31 = acc[3][1];
+    asm volatile(
+        "1:\n\t"
+        "vmovdqa (%[vectors]), %%ymm10\n\t"
+        "vmovdqa 32(%[vectors]), %%ymm11\n\t"  //
+        DITOPS_S8_ROW_V2("(%[rows])", "acc00", "acc01")
+        DITOPS_S8_ROW_V2("(%[rows],%[row_bytes],1)", "acc10", "acc11")
+        DITOPS_S8_ROW_V2("(%[rows],%[row_bytes],2)", "acc20", "acc21")
+        DITOPS_S8_ROW_V2("(%[rows],%[row_bytes3],1)", "acc30", "acc31")
+        "add %[word_bytes], %[vectors]\n\t"
+        "add $4, %[rows]\n\t"
+        "cmp %[end], %[vectors]\n\t"
+        "jne 1b"
+        : [acc00] "+x"(acc00), [acc01] "+x"(acc01), [acc10] "+x"(acc10), [acc11] "+x"(acc11),
+          [acc20] "+x"(acc20), [acc21] "+x"(acc21), [acc30] "+x"(acc30), [acc31] "+x"(acc31),
+          [vectors] "+r"(vectors), [rows] "+r"(rows)
+        : [ones] "x"(ones), [row_bytes] "r"(row_bytes), [row_bytes3] "r"(row_bytes3),
+          [word_bytes] "r"(word_bytes), [end] "r"(end)
+        : "cc", "memory", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
+    acc[0][1] = acc01, acc[1][1] = acc11, acc[2][1] = acc21, acc[3][1] = acc31;
+  } else {
+    asm volatile(
+        "1:\n\t"
+        "vmovdqa (%[vectors]), %%ymm10\n\t"  //
+        DITOPS_S8_ROW_V1("(%[rows])", "acc00")
+        DITOPS_S8_ROW_V1("(%[rows],%[row_bytes],1)", "acc10")
+        DITOPS_S8_ROW_V1("(%[rows],%[row_bytes],2)", "acc20")
+        DITOPS_S8_ROW_V1("(%[rows],%[row_bytes3],1)", "acc30")
+        "add %[word_bytes], %[vectors]\n\t"
+        "add $4, %[rows]\n\t"
+        "cmp %[end], %[vectors]\n\t"
+        "jne 1b"
+        : [acc00] "+x"(acc00), [acc10] "+x"(acc10), [acc20] "+x"(acc20), [acc30] "+x"(acc30),
+          [vectors] "+r"(vectors), [rows] "+r"(rows)
+        : [ones] "x"(ones), [row_bytes] "r"(row_bytes), [row_bytes3] "r"(row_bytes3),
+          [word_bytes] "r"(word_bytes), [end] "r"(end)
+        : "cc", "memory", "xmm10", "xmm12", "xmm13", "xmm14");
+  }
+  acc[0][0] = acc00, acc[1][0] = acc10, acc[2][0] = acc20, acc[3][0] = acc30;
+}
+#undef DITOPS_S8_ROW_V1
+#undef DITOPS_S8_ROW_V2
+
 /// The int8 register tile of the int8 attention and MLA kernels: acc[r][c] += the word of row
 /// r at word w (rows + r * row_bytes + w * word_row_bytes; bytes as kRowBytes) times the V
 /// consecutive s8 vectors of word w (vectors + w * word_bytes), exact int32 within the ranges
@@ -178,6 +257,12 @@ template <class Arch, int R, int V, RowBytes kRowBytes>
     std::memcpy(&bytes, row_base + r * row_bytes + word * word_row_bytes, sizeof bytes);
     return Reg(I32<Arch>(bytes));
   };
+  if constexpr (kRowBytes == RowBytes::s8 && kIsAvx2<Arch> && R == 4 && V <= 2) {
+    if (word_row_bytes == 4) {
+      dot_tile_s8_avx2_4rows<V>(row_base, row_bytes, vectors, word_bytes, words, acc);
+      return;
+    }
+  }
   std::int64_t first_single = 0;
   if constexpr (kRowBytes == RowBytes::u6 && kHasMaddubs<Arch>) {
     for (; first_single + 2 <= words; first_single += 2) {
