@@ -138,38 +138,70 @@ double float_layer_tolerance(std::int64_t k, double expected) {
 
 // ---- exact integer sums -------------------------------------------------------------------------
 
-// Integer x in [-128, 127] through a static layer with scale 1, offset 0, deq_scale 1 and
-// quant_bias 0 quantizes to itself, and y is the int32 sum converted to fp32, exact while
-// |sum| < 2^24 (k <= 1000 here): the sums are compared as integers. Weights include -128,
-// which pmaddubsw levels must still multiply exactly.
+/// y of a static layer with scale 1, offset 0, deq_scale 1 and quant_bias 0 for integer x (each
+/// element from `value`), which quantizes to itself: y is the int32 sum converted to fp32, exact
+/// while |sum| < 2^24, so the sums are compared as integers with the reference's.
+void expect_int8_sums_exact(const Shape& shape, Int8Layer layer, const std::function<int()>& value,
+                            const std::string& what) {
+  std::fill(layer.deq_scale.begin(), layer.deq_scale.end(), 1.f);
+  std::fill(layer.quant_bias.begin(), layer.quant_bias.end(), 0);
+  layer.input_scale = {1.f};
+  layer.input_offset = {0.f};
+  const QuantLinear linear = QuantLinear::w8a8(QuantAlgo::w8a8_static, layer.tensors());
+  TestTensor<float> x({shape.m, shape.k}, /*row_pad=*/3);
+  for (std::int64_t i = 0; i < x.size(); ++i) x.at(i) = static_cast<float>(value());
+  TestTensor<float> y({shape.m, shape.n});
+  linear.forward(x.view(), y.view());
+  std::vector<std::int32_t> q(x.size());
+  for (std::int64_t i = 0; i < x.size(); ++i)
+    q[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(x.at(i));
+  const auto acc = int_matmul_ref(q, layer.weight, shape.m, shape.n, shape.k);
+  ASSERT_EQ(y.damaged_canaries(), 0);
+  for (std::int64_t i = 0; i < y.size(); ++i) {
+    ASSERT_EQ(static_cast<std::int64_t>(y.at(i)), acc[static_cast<std::size_t>(i)])
+        << "m" << shape.m << " n" << shape.n << " k" << shape.k << " " << what << " at " << i;
+  }
+}
+
+// Random integer x in [-128, 127] (k <= 1000 here: the sums stay below 2^24). Weights include
+// -128, which pmaddubsw levels must still multiply exactly.
 TEST(QuantLinear, Int8SumsAreExactIntegers) {
   std::mt19937 rng(7);
+  std::uniform_int_distribution<int> value(-128, 127);
   for (int threads : {1, 2}) {
     const ScopedThreads thread_count(threads);
     for (const Shape& shape : kShapes) {
       for (bool minus_128 : {false, true}) {
         Int8Layer layer = random_layer(shape.n, shape.k, rng, false, false);
         if (minus_128) layer.weight[layer.weight.size() / 2] = -128;
-        std::fill(layer.deq_scale.begin(), layer.deq_scale.end(), 1.f);
-        std::fill(layer.quant_bias.begin(), layer.quant_bias.end(), 0);
-        layer.input_scale = {1.f};
-        layer.input_offset = {0.f};
-        const QuantLinear linear = QuantLinear::w8a8(QuantAlgo::w8a8_static, layer.tensors());
-        TestTensor<float> x({shape.m, shape.k}, /*row_pad=*/3);
-        std::uniform_int_distribution<int> value(-128, 127);
-        for (std::int64_t i = 0; i < x.size(); ++i) x.at(i) = static_cast<float>(value(rng));
-        TestTensor<float> y({shape.m, shape.n});
-        linear.forward(x.view(), y.view());
-        std::vector<std::int32_t> q(x.size());
-        for (std::int64_t i = 0; i < x.size(); ++i)
-          q[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(x.at(i));
-        const auto acc = int_matmul_ref(q, layer.weight, shape.m, shape.n, shape.k);
-        ASSERT_EQ(y.damaged_canaries(), 0);
-        for (std::int64_t i = 0; i < y.size(); ++i) {
-          ASSERT_EQ(static_cast<std::int64_t>(y.at(i)), acc[static_cast<std::size_t>(i)])
-              << "m" << shape.m << " n" << shape.n << " k" << shape.k << " threads " << threads
-              << " -128 weight " << minus_128 << " at " << i;
-        }
+        expect_int8_sums_exact(
+            shape, layer, [&] { return value(rng); },
+            "threads " + std::to_string(threads) + " -128 weight " + std::to_string(minus_128));
+      }
+    }
+  }
+}
+
+// The largest products every multiply must hold: x of -128 and 127 against weights of +-127 (and
+// -128), where a pair of products, 2 x 128 x 127 = 32512, is the most the pmaddubsw levels' int16
+// pair sums hold, and sums of every sign. k = 515: 2 x 515 x 128 x 128 < 2^24.
+TEST(QuantLinear, Int8SumsOfTheExtremesAreExact) {
+  std::mt19937 rng(17);
+  std::bernoulli_distribution coin(0.5);
+  for (const Shape& shape : {Shape{9, 20, 515}, Shape{5, 7, 515}, Shape{130, 64, 515}}) {
+    for (int weights : {0, 1, 2}) {  // all 127, all -127, random +-127 with a -128
+      Int8Layer layer = random_layer(shape.n, shape.k, rng, false, false);
+      for (std::int8_t& w : layer.weight) {
+        w = weights == 0 ? 127 : weights == 1 ? -127 : coin(rng) ? 127 : -127;
+      }
+      if (weights == 2) layer.weight[7] = -128;
+      for (int x_values : {0, 1, 2}) {  // all -128, all 127, random -128 / 127
+        expect_int8_sums_exact(
+            shape, layer,
+            [&] {
+              return x_values == 0 ? -128 : x_values == 1 ? 127 : coin(rng) ? -128 : 127;
+            },
+            "weights " + std::to_string(weights) + " x " + std::to_string(x_values));
       }
     }
   }
