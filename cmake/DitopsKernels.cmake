@@ -1,6 +1,6 @@
 # Kernels are written once as templates over the xsimd architecture and compiled once per ISA
-# level (plus the avx512 variant with BF16/VNNI): each kernel source is built in five OBJECT
-# libraries, each with its own -m flags and DITOPS_ISA_LEVEL (ops/core/arch.hpp maps the level
+# level, plus two extension variants of a level (avx512 with BF16/VNNI, avx2 with AVX-VNNI):
+# each kernel source is built in six OBJECT libraries, each with its own -m flags and DITOPS_ISA_LEVEL (ops/core/arch.hpp maps the level
 # to the xsimd architecture). Nothing else in the library is compiled above the x86-64
 # baseline, so a CPU without AVX-512 never runs an AVX-512 instruction unless dispatch chose
 # that level.
@@ -8,39 +8,50 @@
 # This is the one list of kernel variants. From it come the compile flags below, the generated
 # header ops/core/isa_variants.hpp (each variant's xsimd architecture and name, from which the
 # dispatch tables and kernel sources take theirs) and the test runs (tests/CMakeLists.txt runs
-# the suite once per variant with DITOPS_ISA set to its _CAP value). A variant's level is its
-# position in the list. Flags stay a subset of what ops/core/cpu.cpp checks before it enables a
-# level.
-set(DITOPS_ISA_LEVELS scalar sse4_2 avx2 avx512 avx512bf16)
+# the suite once per variant with DITOPS_ISA set to its _CAP value). A variant's index is its
+# position in the list: the Isa levels first, then the extension variants, each after the level
+# it extends (_BASE). Flags stay a subset of what ops/core/cpu.cpp checks before it enables a
+# variant.
+set(DITOPS_ISA_LEVELS scalar sse4_2 avx2 avx512 avx512bf16 avx2vnni)
 set(DITOPS_ISA_scalar_FLAGS "")
 set(DITOPS_ISA_sse4_2_FLAGS -msse4.2 -mpopcnt)
 set(DITOPS_ISA_avx2_FLAGS -mavx2 -mfma -mf16c)
 set(DITOPS_ISA_avx512_FLAGS -mavx512f -mavx512cd -mavx512dq -mavx512bw -mavx512vl -mfma -mf16c)
 set(DITOPS_ISA_avx512bf16_FLAGS ${DITOPS_ISA_avx512_FLAGS} -mavx512bf16 -mavx512vnni)
+set(DITOPS_ISA_avx2vnni_FLAGS ${DITOPS_ISA_avx2_FLAGS} -mavxvnni)
 # The xsimd architecture each variant's kernels instantiate.
 set(DITOPS_ISA_scalar_ARCH "xsimd::sse2")
 set(DITOPS_ISA_sse4_2_ARCH "xsimd::sse4_2")
 set(DITOPS_ISA_avx2_ARCH "xsimd::fma3<xsimd::avx2>")
 set(DITOPS_ISA_avx512_ARCH "xsimd::avx512bw")
 set(DITOPS_ISA_avx512bf16_ARCH "ditops::avx512_bf16")  # avx512 + AVX512-BF16 + AVX512-VNNI
+set(DITOPS_ISA_avx2vnni_ARCH "ditops::avx2_vnni")  # avx2 + AVX-VNNI (256-bit VEX vpdpbusd)
 # The name tools and reports print for it.
 set(DITOPS_ISA_scalar_NAME "scalar")
 set(DITOPS_ISA_sse4_2_NAME "sse4.2")
 set(DITOPS_ISA_avx2_NAME "avx2")
 set(DITOPS_ISA_avx512_NAME "avx512")
 set(DITOPS_ISA_avx512bf16_NAME "avx512+bf16+vnni")
+set(DITOPS_ISA_avx2vnni_NAME "avx2+vnni")
 # The DITOPS_ISA value that makes a CPU having it run it (avx512bw: AVX-512 without the
-# BF16/VNNI variant; avx512: the best AVX-512 variant the CPU has).
+# BF16/VNNI variant; avx512: the best AVX-512 variant the CPU has; avx2: AVX2 without AVX-VNNI;
+# avxvnni: the avx2 level with it).
 set(DITOPS_ISA_scalar_CAP scalar)
 set(DITOPS_ISA_sse4_2_CAP sse4.2)
 set(DITOPS_ISA_avx2_CAP avx2)
 set(DITOPS_ISA_avx512_CAP avx512bw)
 set(DITOPS_ISA_avx512bf16_CAP avx512)
+set(DITOPS_ISA_avx2vnni_CAP avxvnni)
+# The level an extension variant extends: a build that leaves the extension out runs that
+# level's kernels in its place.
+set(DITOPS_ISA_avx512bf16_BASE avx512)
+set(DITOPS_ISA_avx2vnni_BASE avx2)
 
 # The variants compiled: every one by default. A build that runs only the variant its own CPU
 # dispatches to (the sanitizer preset) may compile a subset; scalar is always compiled, and a
-# level left out dispatches to the nearest compiled level below it (its kernels are the lower
-# level's, while ditops-info still names the CPU's level).
+# level left out dispatches to the nearest compiled level below it, an extension variant left
+# out to its level's kernels (the kernels are the lower level's, while ditops-info still names
+# the CPU's level).
 set(DITOPS_KERNEL_VARIANTS "all" CACHE STRING
     "Kernel variants to compile: all, or a ;-list of ${DITOPS_ISA_LEVELS}")
 if(DITOPS_KERNEL_VARIANTS STREQUAL "all")
@@ -65,8 +76,18 @@ set(variant_names "")
 set(level 0)
 foreach(isa IN LISTS DITOPS_ISA_LEVELS)
   set(DITOPS_ISA_${isa}_LEVEL ${level})
+  # The architecture whose kernels the variant runs: its own, or when left out its base
+  # level's (an extension) or the nearest compiled level's below it (a level).
   if(isa IN_LIST DITOPS_COMPILED_LEVELS)
     set(dispatched_arch ${DITOPS_ISA_${isa}_ARCH})
+  elseif(DEFINED DITOPS_ISA_${isa}_BASE)
+    set(dispatched_arch ${DITOPS_ISA_${DITOPS_ISA_${isa}_BASE}_DISPATCHED})
+  else()
+    set(dispatched_arch ${level_below_arch})
+  endif()
+  set(DITOPS_ISA_${isa}_DISPATCHED ${dispatched_arch})
+  if(NOT DEFINED DITOPS_ISA_${isa}_BASE)
+    set(level_below_arch ${dispatched_arch})
   endif()
   string(APPEND variant_archs " \\\n  X(arg, ${dispatched_arch})")
   list(APPEND variant_arch_list "${DITOPS_ISA_${isa}_ARCH}")

@@ -3,7 +3,9 @@
 #include <hwloc.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <ditops/runtime.hpp>
+#include <string>
 #include <tuple>
 
 #include "ops/core/isa.hpp"
@@ -19,6 +21,13 @@ int main() {
   std::printf("  best supported      %s\n", ditops::core::isa_name(ditops::core::supported_isa()));
   std::printf("  avx512 %d  avx512_vnni %d  avx512_bf16 %d  avx2 %d  f16c %d\n", info.avx512,
               info.avx512_vnni, info.avx512_bf16, info.avx2, info.f16c);
+  const std::string avx_vnni = ditops::core::avx_vnni_blocker(
+      ditops::core::avx_vnni_supported(), std::getenv("DITOPS_ISA"), ditops::core::active_isa());
+  if (avx_vnni.empty()) {
+    std::printf("  %-19s %s\n", "avx-vnni", "int8 kernels on vpdpbusd ymm (avx2+vnni variant)");
+  } else {
+    std::printf("  %-19s not used: %s\n", "avx-vnni", avx_vnni.c_str());
+  }
   const ditops::core::AmxSupport amx = ditops::core::amx_support();
   std::printf("  amx_tile %d  amx_int8 %d  amx_bf16 %d  bf16_dot_full_rate %d\n", amx.tile,
               amx.int8, amx.bf16, info.bf16_dot_full_rate);

@@ -28,3 +28,15 @@ struct get_bool_simd_register<T, ditops::avx512_bf16> {
 XSIMD_DECLARE_SIMD_REGISTER_ALIAS(ditops::avx512_bf16, xsimd::avx512bw);
 }  // namespace xsimd::types
 #endif
+
+#if DITOPS_ISA_LEVEL == 5  // the avx2vnni variant (ditops::avx2_vnni)
+#if !defined(__AVXVNNI__)
+#error "the avx2_vnni variant is compiled with -mavxvnni"
+#endif
+// batch<T, avx2_vnni> uses the AVX registers, as batch<T, avx512_bf16> the AVX-512 ones. AVX2's
+// batch_bool is a vector register too (fma3<avx2> declares only the alias), so no
+// get_bool_simd_register.
+namespace xsimd::types {
+XSIMD_DECLARE_SIMD_REGISTER_ALIAS(ditops::avx2_vnni, xsimd::fma3<xsimd::avx2>);
+}  // namespace xsimd::types
+#endif

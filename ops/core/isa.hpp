@@ -19,7 +19,8 @@ enum class Isa : int { scalar = 0, sse4_2 = 1, avx2 = 2, avx512 = 3 };
 inline constexpr int kIsaCount = 4;
 
 /// The level this process dispatches to: the best the CPU and OS support, capped by DITOPS_ISA
-/// (a level's name, avx512bw, or amx: the best the CPU has, as when it is unset).
+/// (a level's name, avx512bw, avxvnni: the avx2 level, or amx: the best the CPU has, as when it
+/// is unset).
 /// Resolved once, at first use.
 Isa active_isa() noexcept;
 /// Best level the CPU and OS support, ignoring DITOPS_ISA.
@@ -27,20 +28,37 @@ Isa supported_isa() noexcept;
 /// "scalar", "sse4.2", "avx2", "avx512".
 const char* isa_name(Isa isa) noexcept;
 
-/// Kernels are compiled in one more variant than there are levels: the avx512 level with
-/// AVX512-BF16 and AVX512-VNNI (single-instruction bf16 rounding and dot products, int8 dot
-/// products). It runs when the level is avx512 and the CPU has both extensions, unless
-/// DITOPS_ISA=avx512bw asks for plain AVX-512 (so tests can cover both on one machine).
+/// Kernels are compiled in two more variants than there are levels, each an extension of a
+/// level (cmake/DitopsKernels.cmake lists them after the levels):
+/// - avx512 with AVX512-BF16 and AVX512-VNNI (single-instruction bf16 rounding and dot
+///   products, int8 dot products). It runs when the level is avx512 and the CPU has both
+///   extensions, unless DITOPS_ISA=avx512bw asks for plain AVX-512.
+/// - avx2 with AVX-VNNI (vpdpbusd on ymm, VEX-encoded: Alder Lake and later Core, Xeon 6
+///   E-cores; Sapphire Rapids and later Xeons beside AVX-512): the int8 kernels multiply u8 by
+///   s8 in one instruction where AVX2 needs the pmaddubsw sign trick. It runs when the level is
+///   avx2 (the CPU has no AVX-512, or DITOPS_ISA=avxvnni caps it there) and the CPU has
+///   AVX-VNNI, unless DITOPS_ISA=avx2 asks for plain AVX2.
+/// So tests can cover a level with and without its extension on one machine.
 inline constexpr int kKernelVariants = DITOPS_KERNEL_VARIANT_COUNT;
 inline constexpr int kAvx512Bf16Variant = kIsaCount;
-static_assert(kKernelVariants == kIsaCount + 1,
-              "cmake/DitopsKernels.cmake lists one variant per Isa level plus avx512bf16");
-/// Names of the variants, by level ("scalar", "sse4.2", "avx2", "avx512", "avx512+bf16+vnni").
+inline constexpr int kAvx2VnniVariant = kIsaCount + 1;
+static_assert(kKernelVariants == kIsaCount + 2,
+              "cmake/DitopsKernels.cmake lists one variant per Isa level, then avx512bf16 and "
+              "avx2vnni");
+/// Names of the variants, by index ("scalar", "sse4.2", "avx2", "avx512", "avx512+bf16+vnni",
+/// "avx2+vnni").
 inline constexpr const char* kVariantNames[kKernelVariants] = {DITOPS_KERNEL_VARIANT_NAMES};
-/// Index of the kernel variant this process runs (the Isa level, or kAvx512Bf16Variant).
+/// Index of the kernel variant this process runs (the Isa level, kAvx512Bf16Variant or
+/// kAvx2VnniVariant).
 int kernel_variant() noexcept;
-/// "avx512+bf16+vnni" for the extension variant, else isa_name of the level.
+/// kVariantNames of kernel_variant().
 const char* kernel_variant_name() noexcept;
+
+/// Whether the CPU has AVX-VNNI (CPUID.(EAX=7, ECX=1):EAX bit 4) and the OS saves the ymm state.
+bool avx_vnni_supported() noexcept;
+/// Why the avx2+vnni variant does not run ("" when it does), e.g. "the CPU has no AVX-VNNI" or
+/// "DITOPS_ISA=avx2 caps it".
+std::string avx_vnni_blocker(bool supported, const char* isa_env, Isa active);
 
 /// AMX (Intel's tile units): not a level of its own but alternative kernels of the
 /// avx512+bf16+vnni variant, one per unit (AMX-INT8: the W8A8 linear layers' int8 GEMM;
@@ -92,6 +110,12 @@ namespace ditops {
 /// registers from ops/core/arch.hpp.
 struct avx512_bf16 : xsimd::avx512bw {
   static constexpr char const* name() noexcept { return "avx512_bf16"; }
+};
+/// The xsimd architecture of the avx2+vnni variant: AVX2 and FMA plus AVX-VNNI, which xsimd 8.1
+/// has no tag for either. A tag only here; kernel sources get its registers from
+/// ops/core/arch.hpp.
+struct avx2_vnni : xsimd::fma3<xsimd::avx2> {
+  static constexpr char const* name() noexcept { return "avx2_vnni"; }
 };
 }  // namespace ditops
 

@@ -107,5 +107,25 @@ TEST(Runtime, CpuInfoIsConsistent) {
   }
 }
 
+// When the avx2+vnni kernel variant runs, and the reason ditops-info prints when it does not.
+TEST(Runtime, AvxVnniVariantRunsOnlyAtTheAvx2Level) {
+  using core::Isa;
+  EXPECT_EQ(core::avx_vnni_blocker(false, nullptr, Isa::avx2), "the CPU has no AVX-VNNI");
+  EXPECT_EQ(core::avx_vnni_blocker(true, nullptr, Isa::avx2), "");
+  EXPECT_EQ(core::avx_vnni_blocker(true, "avxvnni", Isa::avx2), "");
+  EXPECT_EQ(core::avx_vnni_blocker(true, "amx", Isa::avx2), "");
+  EXPECT_EQ(core::avx_vnni_blocker(true, "avx2", Isa::avx2), "DITOPS_ISA=avx2 caps it");
+  EXPECT_EQ(core::avx_vnni_blocker(true, "sse4.2", Isa::sse4_2), "DITOPS_ISA=sse4.2 caps it");
+  EXPECT_EQ(core::avx_vnni_blocker(true, nullptr, Isa::avx512),
+            "the avx512 level runs (avx2+vnni extends avx2)");
+  // This process's variant agrees with its reason.
+  const std::string reason = core::avx_vnni_blocker(core::avx_vnni_supported(),
+                                                    std::getenv("DITOPS_ISA"), core::active_isa());
+  EXPECT_EQ(core::kernel_variant() == core::kAvx2VnniVariant, reason.empty()) << reason;
+  if (core::avx_vnni_supported()) {
+    EXPECT_TRUE(cpu_info().avx2);
+  }
+}
+
 }  // namespace
 }  // namespace ditops::test
