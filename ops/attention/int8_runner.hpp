@@ -29,17 +29,20 @@ template <class Arch, bool kTileDots = false>
 struct Int8Tiles {
   static constexpr int kLanes = static_cast<int>(B<Arch>::size);
   /// Rows x accumulator vectors of one register tile. VNNI: 6 x 4 int32 tiles fill 24 of 32
-  /// zmm. pmaddubsw (16 ymm / xmm): 4 x 2 accumulators, the 2 K or V vectors, the row word
-  /// and its |row|, the signed operand and the ones vector (15). The pmaddwd emulation needs
-  /// two widened copies of every K/V vector and row word: 2 x 2 on SSE2, 6 x 2 on AVX-512.
-  static constexpr int kRows = simd::kIsAvx512<Arch> ? 6 : simd::kHasMaddubs<Arch> ? 4 : 2;
+  /// zmm; AVX-VNNI: 6 x 2 beside the 2 K or V vectors and the row word (15 of 16 ymm).
+  /// pmaddubsw (16 ymm / xmm): 4 x 2 accumulators, the 2 K or V vectors, the row word and its
+  /// |row|, the signed operand and the ones vector (15). The pmaddwd emulation needs two
+  /// widened copies of every K/V vector and row word: 2 x 2 on SSE2, 6 x 2 on AVX-512.
+  static constexpr int kRows = simd::kIsAvx512<Arch> || simd::kHasAvxVnni<Arch> ? 6
+                               : simd::kHasMaddubs<Arch>                        ? 4
+                                                                                : 2;
   static constexpr int kBlockVecs = static_cast<int>(kKvBlock) / kLanes;
   static constexpr int kPassVecs = simd::kHasBf16Vnni<Arch> ? 4 : 2;
   static_assert(kRows <= kMaxTileRows && kBlockVecs % kPassVecs == 0);
   /// Q as the dot product takes it: u8 (q + 128) for vpdpbusd, whose offset each key's
   /// 128 * sum(k) takes back; s8 for dot_s8s8 elsewhere (no offset, no key sums).
   static constexpr simd::RowBytes kQBytes =
-      simd::kHasBf16Vnni<Arch> || kTileDots ? simd::RowBytes::u8 : simd::RowBytes::s8;
+      simd::kHasVpdpbusd<Arch> || kTileDots ? simd::RowBytes::u8 : simd::RowBytes::s8;
   static constexpr int kQOffset = kQBytes == simd::RowBytes::u8 ? 128 : 0;
   /// Largest u8 level of P: 255, or 63 where pmaddubsw multiplies them (simd::RowBytes::u6).
   static constexpr int kPLevels = kTileDots ? 255 : simd::kDotU6Max<Arch>;

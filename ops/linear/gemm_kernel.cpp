@@ -6,8 +6,10 @@
 // its magnitude and the sign-adjusted weights leave room for the pmaddwd constant; each word
 // costs 2 loads + 4 broadcasts for 8 vpmaddubsw/vpmaddwd pairs, so the multiply ports, not the
 // loads, bound it. With VNNI (32 zmm) 8 rows x 2 vectors: 16 vpdpbusd per 2 loads + 8
-// broadcasts. The panel of a whole k (k x 16 bytes on AVX2: 48 KiB at k = 3072) streams from
-// L2 while the tile's rows stay in L1; the layer hands out blocks of rows x panels.
+// broadcasts; with AVX-VNNI (16 ymm) 6 rows x 2 vectors: 12 accumulators, 2 weight vectors and
+// the broadcast row, 12 vpdpbusd per 2 loads + 6 broadcasts. The panel of a whole k (k x 16
+// bytes on AVX2: 48 KiB at k = 3072) streams from L2 while the tile's rows stay in L1; the
+// layer hands out blocks of rows x panels.
 // f32: 6 rows x 2 vectors on AVX2 (12 accumulators + 2 + 1 of 16 ymm), 12 x 2 on AVX-512
 // (24 + 2 + 1 of 32 zmm), broadcast-FMA as in SGEMM.
 // bf16 pairs (a FLOAT layer of bf16 weights on AVX512-BF16): the same 12 x 2 tile, blocking,
@@ -40,7 +42,9 @@ using simd::F32;
 using simd::I32;
 
 template <class Arch>
-constexpr int kInt8Rows = simd::kHasBf16Vnni<Arch> ? 8 : 4;
+constexpr int kInt8Rows = simd::kHasBf16Vnni<Arch>  ? 8
+                          : simd::kHasAvxVnni<Arch> ? 6
+                                                    : 4;
 template <class Arch>
 constexpr int kF32Rows = simd::kIsAvx512<Arch> ? 12
                          : simd::kIsAvx2<Arch> ? 6
@@ -76,7 +80,7 @@ template <class Arch>
 constexpr int kF32TaskPanels = 256 / kCols<Arch>;
 template <class Arch>
 constexpr simd::RowBytes kRowBytes =
-    simd::kHasBf16Vnni<Arch> ? simd::RowBytes::u8 : simd::RowBytes::s8;
+    simd::kHasVpdpbusd<Arch> ? simd::RowBytes::u8 : simd::RowBytes::s8;
 /// What quantize_rows adds to x's int8 values (Int8Layout::activation_offset).
 template <class Arch>
 constexpr int kActivationOffset = kRowBytes<Arch> == simd::RowBytes::u8 ? 128 : 0;

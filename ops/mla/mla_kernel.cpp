@@ -84,7 +84,7 @@ inline BlockRows block_rows(const MlaProblem& p, std::int32_t block_id, int toke
 }
 
 /// Converts one block's rows for QK, row by row (no transpose): key words [token][word] (4
-/// bytes + 128 each for VNNI, 4 |bytes| for pmaddubsw, whose signs QK reads from the cache
+/// bytes + 128 each for vpdpbusd, 4 |bytes| for pmaddubsw, whose signs QK reads from the cache
 /// rows, 2 int16 otherwise) and rope [token][64] in f32.
 template <class Arch, class Rope>
 void convert_block(const MlaProblem& p, const BlockRows& rows, const MlaWorkspace& ws) noexcept {
@@ -93,12 +93,13 @@ void convert_block(const MlaProblem& p, const BlockRows& rows, const MlaWorkspac
   const auto* rope = static_cast<const Rope*>(rows.rope);
   for (int t = 0; t < rows.tokens; ++t) {
     const std::int8_t* key = rows.nope + t * p.nope_strides[1];
-    if constexpr (simd::kHasBf16Vnni<Arch>) {
-      std::uint32_t* words = ws.key_pack + t * (kNopeDim / 4);
-      const __m512i flip = _mm512_set1_epi32(static_cast<int>(kSignFlip));
-      for (int i = 0; i < kNopeDim; i += 64) {
-        const __m512i bytes = _mm512_loadu_si512(key + i);
-        _mm512_storeu_si512(words + i / 4, _mm512_xor_si512(bytes, flip));
+    if constexpr (simd::kHasVpdpbusd<Arch>) {
+      using I = simd::I32<Arch>;
+      auto* words = reinterpret_cast<std::int32_t*>(ws.key_pack + t * (kNopeDim / 4));
+      const I flip(static_cast<std::int32_t>(kSignFlip));
+      for (int i = 0; i < kNopeDim / 4; i += static_cast<int>(I::size)) {
+        (I::load_unaligned(reinterpret_cast<const std::int32_t*>(key) + i) ^ flip)
+            .store_unaligned(words + i);
       }
     } else if constexpr (simd::kHasMaddubs<Arch>) {
       constexpr int kBytes = static_cast<int>(sizeof(typename simd::I32<Arch>::register_type));
@@ -160,7 +161,7 @@ inline void rope_scores(const PreparedQueries& q, int hp, int head0, int token0,
 template <class Arch, int kTokens, int kVectors>
 using NopeSums = typename I32<Arch>::register_type[kTokens][kVectors];
 
-/// Exact int32 S_nope of group g from key bytes: VNNI's u8 keys times s8 queries less the
+/// Exact int32 S_nope of group g from key bytes: vpdpbusd's u8 keys times s8 queries less the
 /// offset sums, or pmaddubsw's |k| times q carrying k's sign.
 template <class Arch, int kTokens, int kVectors>
 inline void nope_sums_bytes(const MlaProblem& p, const PreparedQueries& q, int head0, int token0,
@@ -182,7 +183,7 @@ inline void nope_sums_bytes(const MlaProblem& p, const PreparedQueries& q, int h
     for (int t = 0; t < kTokens; ++t) {
       const Reg key =
           I(static_cast<std::int32_t>(ws.key_pack[(token0 + t) * (kNopeDim / 4) + word]));
-      if constexpr (simd::kHasBf16Vnni<Arch>) {
+      if constexpr (simd::kHasVpdpbusd<Arch>) {
 #pragma GCC unroll 16
         for (int v = 0; v < kVectors; ++v) {
           acc[t][v] = simd::dot_u8s8<Arch>(acc[t][v], key, query[v]);
@@ -196,7 +197,7 @@ inline void nope_sums_bytes(const MlaProblem& p, const PreparedQueries& q, int h
       }
     }
   }
-  if constexpr (simd::kHasBf16Vnni<Arch>) {
+  if constexpr (simd::kHasVpdpbusd<Arch>) {
 #pragma GCC unroll 16
     for (int v = 0; v < kVectors; ++v) {
       const I offset = I::load_unaligned(q.offset_sums + g * hp + head0 + v * kLanes);
@@ -276,7 +277,7 @@ inline void score_tile(const MlaProblem& p, const PreparedQueries& q, int vector
 #pragma GCC unroll 16
       for (int v = 0; v < kVectors; ++v) acc[t][v] = I(0);
     }
-    if constexpr (simd::kHasBf16Vnni<Arch> || simd::kHasMaddubs<Arch>) {
+    if constexpr (simd::kHasVpdpbusd<Arch> || simd::kHasMaddubs<Arch>) {
       nope_sums_bytes<Arch, kTokens, kVectors>(p, q, head0, token0, g, rows, ws, acc);
     } else {
       nope_sums_pairs<Arch, kTokens, kVectors>(q, hp, head0, token0, g, ws, acc);
@@ -288,11 +289,12 @@ inline void score_tile(const MlaProblem& p, const PreparedQueries& q, int vector
 /// Register tiles (tokens x head vectors): with VNNI the 32 zmm registers hold a 6 x 4 int32
 /// tile plus 4 query vectors and a key (each query vector loaded once per 6 tokens: at 128
 /// heads a sequence's queries, 64 KiB, stream from L2, and 3 tokens per load measured 1.3x
-/// slower); plain AVX-512 3 x 4; pmaddubsw (16 registers) 4 x 2 beside 2 query vectors, a
-/// key's |k| and k words, a temporary and the ones vector; SSE2's pmaddwd pairs 2 x 2. Single
-/// head vectors (16 heads on AVX-512) use more tokens to keep the dpbusd chains independent.
+/// slower); plain AVX-512 3 x 4; AVX-VNNI (16 ymm) 6 x 2 beside 2 query vectors and a key;
+/// pmaddubsw (16 registers) 4 x 2 beside 2 query vectors, a key's |k| and k words, a temporary
+/// and the ones vector; SSE2's pmaddwd pairs 2 x 2. Single head vectors (16 heads on AVX-512)
+/// use more tokens to keep the dpbusd chains independent.
 template <class Arch>
-constexpr int kWideTokens = simd::kHasBf16Vnni<Arch>  ? 6
+constexpr int kWideTokens = simd::kHasVpdpbusd<Arch>  ? 6
                             : simd::kIsAvx512<Arch>   ? 3
                             : simd::kHasMaddubs<Arch> ? 4
                                                       : 2;
@@ -363,11 +365,12 @@ void sm_stage(const MlaProblem& p, int tokens, const MlaWorkspace& ws, float* sc
 }
 
 /// PV register tile: kPvHeads heads x kPvVectors vectors of output columns. With VNNI 6 x 4
-/// int32 accumulators fill 24 of 32 zmm; pmaddubsw (16 ymm / xmm) 4 x 2 beside the 2 value
-/// vectors, the level word, a temporary and the ones vector; the pmaddwd emulation needs two
-/// widened copies of each value vector, so fewer.
+/// int32 accumulators fill 24 of 32 zmm, with AVX-VNNI 6 x 2 15 of 16 ymm beside the 2 value
+/// vectors and the level word; pmaddubsw (16 ymm / xmm) 4 x 2 beside the 2 value vectors, the
+/// level word, a temporary and the ones vector; the pmaddwd emulation needs two widened copies
+/// of each value vector, so fewer.
 template <class Arch>
-constexpr int kPvHeads = simd::kHasBf16Vnni<Arch>                           ? 6
+constexpr int kPvHeads = simd::kHasVpdpbusd<Arch>                           ? 6
                          : simd::kIsAvx512<Arch> || simd::kHasMaddubs<Arch> ? 4
                                                                             : 2;
 template <class Arch>
@@ -562,17 +565,22 @@ void mla_prepare_queries(const QueryInputs& in, const PreparedQueries& out, std:
                 : I(0);
         simd::store_low_bytes<Arch>(quantized + i * kLanes, q);
       }
-      if constexpr (simd::kHasBf16Vnni<Arch> || simd::kHasMaddubs<Arch>) {
+      if constexpr (simd::kHasVpdpbusd<Arch> || simd::kHasMaddubs<Arch>) {
         for (int word = 0; word < kNopeDim / 4; ++word) {
           std::memcpy(&words[(b * (kNopeDim / 4) + word) * hp + h], quantized + 4 * word, 4);
         }
       }
-      if constexpr (simd::kHasBf16Vnni<Arch>) {
+      if constexpr (simd::kHasVpdpbusd<Arch>) {
         for (int g = 0; g < kScaleGroups; ++g) {
           I sum(0);
           for (int i = g * kGroupDim; i < (g + 1) * kGroupDim; i += kLanes) {
-            sum += _mm512_cvtepi8_epi32(
-                _mm_load_si128(reinterpret_cast<const __m128i*>(quantized + i)));
+            if constexpr (simd::kIsAvx512<Arch>) {
+              sum += _mm512_cvtepi8_epi32(
+                  _mm_load_si128(reinterpret_cast<const __m128i*>(quantized + i)));
+            } else {
+              sum += _mm256_cvtepi8_epi32(
+                  _mm_loadl_epi64(reinterpret_cast<const __m128i*>(quantized + i)));
+            }
           }
           offset_sums[(b * kScaleGroups + g) * hp + h] = 128 * simd::reduce_add<Arch>(sum);
         }

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/core/isa.hpp"
 #include "tests/support/test_tensor.hpp"
 
 namespace ditops::test {
@@ -46,11 +47,12 @@ struct MlaReference {
   std::vector<double> p_bound;
 };
 
-/// u8 levels of the P·V weights on the running ISA level: 127 on SSE4.2 and AVX2, whose
-/// pmaddubsw would saturate the int16 sums of 255 x 127 pairs; 255 elsewhere.
+/// u8 levels of the P·V weights of the running kernel variant: 127 on SSE4.2 and AVX2, whose
+/// pmaddubsw would saturate the int16 sums of 255 x 127 pairs; 255 elsewhere (avx2+vnni's
+/// vpdpbusd included).
 inline int mla_weight_levels() {
-  const std::string isa = cpu_info().isa;
-  return isa == "sse4.2" || isa == "avx2" ? 127 : 255;
+  const std::string variant = core::kernel_variant_name();
+  return variant == "sse4.2" || variant == "avx2" ? 127 : 255;
 }
 
 /// block_table: [B, max_blocks]; cache tensors [num_blocks, block_size, ...].

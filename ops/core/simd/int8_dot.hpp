@@ -31,10 +31,17 @@ inline I32<Arch> madd_int16(I32<Arch> a, I32<Arch> b) noexcept {
   }
 }
 
-/// Whether the int8 dot products below run on pmaddubsw: the SSE4.2 and AVX2 levels (SSSE3
-/// has it and psignb; AVX-512 has no vpsignb, and its VNNI variant has vpdpbusd instead).
+/// Whether dot_u8s8 is one vpdpbusd: AVX512-VNNI on zmm (the avx512+bf16+vnni variant) or
+/// AVX-VNNI on ymm (the avx2+vnni variant). The int8 kernels then multiply u8 rows (x + 128,
+/// the offset taken back through column sums) by s8, exact for any u8.
 template <class Arch>
-inline constexpr bool kHasMaddubs = kIsAvx2<Arch> || std::is_base_of_v<xsimd::ssse3, Arch>;
+inline constexpr bool kHasVpdpbusd = kHasBf16Vnni<Arch> || kHasAvxVnni<Arch>;
+
+/// Whether the int8 dot products below run on pmaddubsw: the SSE4.2 and AVX2 levels (SSSE3
+/// has it and psignb; AVX-512 has no vpsignb, and the VNNI variants have vpdpbusd instead).
+template <class Arch>
+inline constexpr bool kHasMaddubs =
+    !kHasVpdpbusd<Arch> && (kIsAvx2<Arch> || std::is_base_of_v<xsimd::ssse3, Arch>);
 
 /// The largest u8 operand dot_u8s8 multiplies exactly by any s8 operand: pmaddubsw saturates
 /// its int16 sums of two products, which hold 2 x 127 x 128 = 32512 but not 2 x 255 x 128.
@@ -69,9 +76,9 @@ inline I32<Arch> add_maddubs(I32<Arch> acc, I32<Arch> a, I32<Arch> b) noexcept {
 }
 
 /// acc + the per-lane sum of the 4 byte products unsigned(a) x signed(b), exact for a <=
-/// kDotU8Max: vpdpbusd (the non-saturating form) with AVX512-VNNI; pmaddubsw, then pmaddwd by
-/// ones, on the SSE4.2 and AVX2 levels; elsewhere bytes widened to int16 pairs through pmaddwd
-/// (bytes 0 and 2, then 1 and 3).
+/// kDotU8Max: vpdpbusd (the non-saturating form) with AVX512-VNNI or AVX-VNNI; pmaddubsw, then
+/// pmaddwd by ones, on the SSE4.2 and AVX2 levels; elsewhere bytes widened to int16 pairs
+/// through pmaddwd (bytes 0 and 2, then 1 and 3).
 template <class Arch>
 inline I32<Arch> dot_u8s8(I32<Arch> acc, I32<Arch> a, I32<Arch> b) noexcept {
   if constexpr (kHasBf16Vnni<Arch>) {
@@ -84,6 +91,16 @@ inline I32<Arch> dot_u8s8(I32<Arch> acc, I32<Arch> a, I32<Arch> b) noexcept {
     asm("vpdpbusd %2, %1, %0"
         : "+v"(sum)
         : "v"(static_cast<__m512i>(a)), "v"(static_cast<__m512i>(b)));
+    return sum;
+  } else if constexpr (kHasAvxVnni<Arch>) {
+    // Inline asm rather than _mm256_dpbusd_avx_epi32, for the register tiles' sake as above.
+    // {vex} (%{ %}: braces escaped from the asm dialect syntax): the AVX-VNNI encoding (the
+    // assembler's default is AVX512-VL's EVEX one, which a CPU without AVX-512 faults on); "x":
+    // ymm0-15, the registers VEX encodes.
+    __m256i sum = acc;
+    asm("%{vex%} vpdpbusd %2, %1, %0"
+        : "+x"(sum)
+        : "x"(static_cast<__m256i>(a)), "x"(static_cast<__m256i>(b)));
     return sum;
   } else if constexpr (kHasMaddubs<Arch>) {
     return add_maddubs<Arch>(acc, a, b);
@@ -113,10 +130,10 @@ inline I32<Arch> magnitude_s8(I32<Arch> v) noexcept {
 /// magnitude_s8(a); exact when b's bytes are in [-127, 127] (the sign trick would turn a b of
 /// -128 into -128 again; a may be -128: 2 x 128 x 127 fits int16). pmaddubsw levels: |a| as
 /// u8 times b carrying a's sign (psignb, ggml's q8_0 trick); elsewhere both widened to int16
-/// through pmaddwd. The VNNI variant multiplies u8 by s8 (dot_u8s8) instead.
+/// through pmaddwd. The VNNI variants multiply u8 by s8 (dot_u8s8) instead.
 template <class Arch>
 inline I32<Arch> dot_s8s8(I32<Arch> acc, I32<Arch> a_magnitude, I32<Arch> a, I32<Arch> b) noexcept {
-  static_assert(!kHasBf16Vnni<Arch>, "the VNNI kernels use dot_u8s8");
+  static_assert(!kHasVpdpbusd<Arch>, "the VNNI kernels use dot_u8s8");
   if constexpr (kIsAvx2<Arch>) {
     return add_maddubs<Arch>(acc, a_magnitude, _mm256_sign_epi8(b, a));
   } else if constexpr (kHasMaddubs<Arch>) {
