@@ -11,7 +11,13 @@
 #endif
 
 namespace ditops {
+#if defined(DITOPS_AVXVNNI_MODEL) && DITOPS_AVXVNNI_MODEL
+// The tests' build of avx2+vnni kernels on the software model of vpdpbusd (ops/core/isa.hpp).
+static_assert(DITOPS_ISA_LEVEL == core::kAvx2VnniVariant, "the model is of the avx2+vnni variant");
+using KernelArch = avx2_vnni_model;
+#else
 using KernelArch = std::tuple_element_t<DITOPS_ISA_LEVEL, core::KernelArchs>;
+#endif
 static_assert(KernelArch::supported(), "compile flags do not enable this ISA level");
 }  // namespace ditops
 
@@ -29,8 +35,8 @@ XSIMD_DECLARE_SIMD_REGISTER_ALIAS(ditops::avx512_bf16, xsimd::avx512bw);
 }  // namespace xsimd::types
 #endif
 
-#if DITOPS_ISA_LEVEL == 5  // the avx2vnni variant (ditops::avx2_vnni)
-#if !defined(__AVXVNNI__)
+#if DITOPS_ISA_LEVEL == 5  // the avx2vnni variant (ditops::avx2_vnni, or its model)
+#if !defined(__AVXVNNI__) && !(defined(DITOPS_AVXVNNI_MODEL) && DITOPS_AVXVNNI_MODEL)
 #error "the avx2_vnni variant is compiled with -mavxvnni"
 #endif
 // batch<T, avx2_vnni> uses the AVX registers, as batch<T, avx512_bf16> the AVX-512 ones. AVX2's
@@ -38,5 +44,6 @@ XSIMD_DECLARE_SIMD_REGISTER_ALIAS(ditops::avx512_bf16, xsimd::avx512bw);
 // get_bool_simd_register.
 namespace xsimd::types {
 XSIMD_DECLARE_SIMD_REGISTER_ALIAS(ditops::avx2_vnni, xsimd::fma3<xsimd::avx2>);
+XSIMD_DECLARE_SIMD_REGISTER_ALIAS(ditops::avx2_vnni_model, ditops::avx2_vnni);
 }  // namespace xsimd::types
 #endif

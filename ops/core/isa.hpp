@@ -117,6 +117,13 @@ struct avx512_bf16 : xsimd::avx512bw {
 struct avx2_vnni : xsimd::fma3<xsimd::avx2> {
   static constexpr char const* name() noexcept { return "avx2_vnni"; }
 };
+/// avx2_vnni on the software model of vpdpbusd (DITOPS_AVXVNNI_MODEL=1, ops/core/arch.hpp): the
+/// avx2+vnni kernels, their u8 x s8 dot products computed exactly with AVX2 instructions, so the
+/// tests run them on any AVX2 CPU. Its own tag, so the model's instantiations never share a
+/// symbol with the library's.
+struct avx2_vnni_model : avx2_vnni {
+  static constexpr char const* name() noexcept { return "avx2_vnni_model"; }
+};
 }  // namespace ditops
 
 namespace ditops::core {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <ditops/mla.hpp>
@@ -102,25 +103,17 @@ CacheGeometry check_cache(const char* call, const MlaPagedCache& cache) {
   return {cache.nope.shape[0], block_size, groups};
 }
 
-/// The MLA decode kernels of one variant, in the order a call runs them (the member types: any
-/// instantiation's).
-struct MlaKernels {
-  decltype(&mla::mla_prepare_queries<xsimd::sse2>) mla_prepare_queries;
-  decltype(&mla::mla_decode_task<xsimd::sse2>) mla_decode_task;
-  decltype(&mla::mla_merge_splits<xsimd::sse2>) mla_merge_splits;
-};
+using mla::mla_kernels_of;
+using mla::MlaKernels;
 
-template <class Arch>
-constexpr MlaKernels mla_kernels_of() {
-  return {&mla::mla_prepare_queries<Arch>, &mla::mla_decode_task<Arch>,
-          &mla::mla_merge_splits<Arch>};
-}
+std::atomic<const MlaKernels*> kernels_override{nullptr};
 
-/// The kernels of the variant this process runs. The table is constexpr: built at compile
-/// time, read without an initialization guard.
+/// The kernels of the variant this process runs (or the tests' override). The table is
+/// constexpr: built at compile time, read without an initialization guard.
 const MlaKernels& mla_kernels() {
   static constexpr core::IsaTable<MlaKernels> table = DITOPS_KERNEL_TABLE(mla_kernels_of);
-  return table.get();
+  const MlaKernels* chosen = kernels_override.load();
+  return chosen != nullptr ? *chosen : table.get();
 }
 
 /// Floats of one thread's workspace and where each part starts (64-byte aligned parts).
@@ -491,6 +484,10 @@ void merge_partials(const mla::MlaProblem& problem, const DecodeTasks& plan, int
 }
 
 }  // namespace
+
+const mla::MlaKernels* mla::override_mla_kernels(const MlaKernels* kernels) noexcept {
+  return kernels_override.exchange(kernels);
+}
 
 void mla_decode_paged(const TensorView& q_nope, const TensorView& q_rope,
                       const MlaPagedCache& cache, const TensorView& block_table,

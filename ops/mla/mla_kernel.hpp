@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <ditops/mla.hpp>
 #include <ditops/tensor.hpp>
+#include <xsimd/xsimd.hpp>
 
 #include "ops/schedule/schedule.hpp"
 
@@ -117,5 +118,22 @@ void mla_decode_task(const MlaProblem& problem, const MlaTask& task,
 template <class Arch>
 void mla_merge_splits(const MlaProblem& problem, int sequence, int splits, const float* partial_out,
                       const float* partial_lse, int head_begin, int head_end) noexcept;
+
+/// The MLA decode kernels of one variant, in the order a call runs them (the member types: any
+/// instantiation's).
+struct MlaKernels {
+  decltype(&mla::mla_prepare_queries<xsimd::sse2>) mla_prepare_queries;
+  decltype(&mla::mla_decode_task<xsimd::sse2>) mla_decode_task;
+  decltype(&mla::mla_merge_splits<xsimd::sse2>) mla_merge_splits;
+};
+
+template <class Arch>
+constexpr MlaKernels mla_kernels_of() {
+  return {&mla_prepare_queries<Arch>, &mla_decode_task<Arch>, &mla_merge_splits<Arch>};
+}
+
+/// Tests: mla_decode_paged runs `kernels` (another architecture's, such as the AVX-VNNI model's)
+/// instead of its variant's while set; null restores them. Returns the previous override.
+const MlaKernels* override_mla_kernels(const MlaKernels* kernels) noexcept;
 
 }  // namespace ditops::mla

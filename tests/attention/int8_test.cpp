@@ -489,6 +489,53 @@ TEST(AttentionInt8, AmxTileModelChunksAgree) {
   expect_chunks_agree({1, 50, 400, 4, 2, 72, 40, true, 2}, rng);
 }
 
+// ---- the avx2+vnni kernel (vpdpbusd on ymm) -------------------------------------------------
+
+// The avx2+vnni kernel on the software model of vpdpbusd (ditops::avx2_vnni_model: AVX2
+// instructions only), through the whole backend on any AVX2 CPU: as accurate as the AVX-512
+// vpdpbusd kernel, whose quantization it has (u8 Q, 255 P levels), with 6-row tiles, on the
+// accuracy cases (head dims with a remainder of words, causal, masks, GQA, split-KV, chunks).
+TEST(AttentionInt8, AvxVnniModelIsAccurate) {
+  if (core::supported_isa() < core::Isa::avx2) GTEST_SKIP() << "the model runs AVX2 instructions";
+  std::mt19937 rng(64);
+  const KernelOverride model(&attention::int8_attention_task<avx2_vnni_model>);
+  for (const Int8Case& c : accuracy_cases()) {
+    Inputs<float> in(c, rng);
+    const Accuracy a = run_int8(c, in, reference(c, in));
+    std::printf("int8 AVX-VNNI model %-50s cos %.6f worst-row %.5f rel-L2 %.5f lse-err %.5f\n",
+                c.describe().c_str(), a.cosine, a.worst_row, a.rel_l2, a.lse_error);
+    expect_accurate(a, c, "AVX-VNNI model " + c.describe());
+  }
+  expect_chunks_agree({1, 50, 400, 4, 2, 72, 40, true, 2}, rng);
+}
+
+// The library's avx2+vnni kernel against the model where the CPU has AVX-VNNI: the same exact
+// int32 sums and the same softmax and update code, so the same bits.
+TEST(AttentionInt8, AvxVnniHardwareEqualsTheModelBitForBit) {
+#if DITOPS_AVXVNNI_COMPILED
+  if (!core::avx_vnni_supported()) GTEST_SKIP() << "this CPU lacks AVX-VNNI";
+  std::mt19937 rng(65);
+  for (const Int8Case& c : accuracy_cases()) {
+    Inputs<float> in(c, rng);
+    const AttentionRefResult ref = reference(c, in);
+    TestTensor<float> hardware(c.shape(c.sq, c.n, c.dv)), model(c.shape(c.sq, c.n, c.dv));
+    {
+      const KernelOverride vpdpbusd(&attention::int8_attention_task<avx2_vnni>);
+      expect_accurate(run_int8(c, in, ref, &hardware), c, "AVX-VNNI " + c.describe());
+    }
+    {
+      const KernelOverride emulated(&attention::int8_attention_task<avx2_vnni_model>);
+      run_int8(c, in, ref, &model);
+    }
+    for (std::int64_t i = 0; i < hardware.size(); ++i) {
+      ASSERT_EQ(hardware.at(i), model.at(i)) << c.describe() << ", element " << i;
+    }
+  }
+#else
+  GTEST_SKIP() << "this build has no avx2+vnni variant (DITOPS_KERNEL_VARIANTS)";
+#endif
+}
+
 // The library's AMX kernel on the instructions (tools/amx-check.sh runs it where the CPU has
 // AMX): the same exact int32 sums and the same softmax and update code as the vpdpbusd kernel
 // of its variant, so the same bits.

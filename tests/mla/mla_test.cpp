@@ -9,6 +9,8 @@
 #include <limits>
 #include <numeric>
 
+#include "ops/core/isa.hpp"
+#include "ops/mla/mla_kernel.hpp"
 #include "tests/reference/mla_ref.hpp"
 #include "tests/support/expect_rejected.hpp"
 #include "tests/support/tolerance.hpp"
@@ -120,9 +122,11 @@ struct PagedSetup {
   }
 };
 
+/// weight_levels: the u8 levels of the P·V weights of the kernels that run.
 template <class Q, class R, class O>
 void check_config(const MlaConfig& c, std::mt19937& rng,
-                  const std::vector<int>& split_counts = {0, 1, 3, 8}) {
+                  const std::vector<int>& split_counts = {0, 1, 3, 8},
+                  int weight_levels = mla_weight_levels()) {
   const std::string types = std::string("q ") + dtype_name(detail::dtype_of<Q>()) + " rope " +
                             dtype_name(detail::dtype_of<R>()) + " out " +
                             dtype_name(detail::dtype_of<O>());
@@ -138,12 +142,10 @@ void check_config(const MlaConfig& c, std::mt19937& rng,
   q_nope.fill_normal(rng, 0.1f, 1.f);
   q_rope.fill_normal(rng, 0.f, 1.f);
   const double scale = 1.0 / std::sqrt(576.0);
-  const MlaReference tight =
-      mla_reference(q_nope, q_rope, setup.nope, setup.scale, setup.rope, setup.table, setup.lens,
-                    scale, true, mla_weight_levels());
-  const MlaReference exact_q =
-      mla_reference(q_nope, q_rope, setup.nope, setup.scale, setup.rope, setup.table, setup.lens,
-                    scale, false, mla_weight_levels());
+  const MlaReference tight = mla_reference(q_nope, q_rope, setup.nope, setup.scale, setup.rope,
+                                           setup.table, setup.lens, scale, true, weight_levels);
+  const MlaReference exact_q = mla_reference(q_nope, q_rope, setup.nope, setup.scale, setup.rope,
+                                             setup.table, setup.lens, scale, false, weight_levels);
   const Tolerance tol = std::is_same_v<O, bf16> ? kTightBf16 : kTightF32;
   for (int threads : {1, 2}) {
     set_num_threads(threads);
@@ -217,6 +219,33 @@ TEST(MlaDecode, ZeroLengthGivesZerosAndOddHeads) {
 TEST(MlaDecode, ManyHeadsOneSequence) {
   std::mt19937 rng(15);
   check_config<float, float, bf16>({128, 128, 1, {700}}, rng, {0, 1, 5});
+}
+
+/// mla_decode_paged runs `kernels` while this lives.
+class MlaKernelsOverride {
+ public:
+  explicit MlaKernelsOverride(const mla::MlaKernels* kernels)
+      : previous_(mla::override_mla_kernels(kernels)) {}
+  ~MlaKernelsOverride() { mla::override_mla_kernels(previous_); }
+  MlaKernelsOverride(const MlaKernelsOverride&) = delete;
+  MlaKernelsOverride& operator=(const MlaKernelsOverride&) = delete;
+
+ private:
+  const mla::MlaKernels* previous_;
+};
+
+// The avx2+vnni kernels on the software model of vpdpbusd (ditops::avx2_vnni_model: AVX2
+// instructions only), on any AVX2 CPU: u8 keys (k + 128) times s8 queries less the offset sums,
+// 255 weight levels, 6-token and 6-head tiles; within the same bounds as every variant, with
+// cache bytes of -128 and 127, odd heads, G = 1 and 4, bf16.
+TEST(MlaDecode, AvxVnniModel) {
+  if (core::supported_isa() < core::Isa::avx2) GTEST_SKIP() << "the model runs AVX2 instructions";
+  static constexpr mla::MlaKernels kModel = mla::mla_kernels_of<avx2_vnni_model>();
+  const MlaKernelsOverride model(&kModel);
+  std::mt19937 rng(49);
+  check_config<float, float, float>({16, 64, 4, {300, 77}, true}, rng, {0, 2}, 255);
+  check_config<bf16, bf16, bf16>({128, 128, 4, {1, 300, 129}}, rng, {0, 3}, 255);
+  check_config<float, bf16, float>({20, 128, 1, {0, 257, 128}}, rng, {0, 1}, 255);
 }
 
 TEST(MlaDecode, ZeroLengthRowsAreZero) {

@@ -29,7 +29,7 @@ inline constexpr bool kIsAvx2 = std::is_base_of_v<xsimd::avx2, Arch>;
 /// The avx512 kernel variant with AVX512-BF16 and AVX512-VNNI (ops/core/isa.hpp).
 template <class Arch>
 inline constexpr bool kHasBf16Vnni = std::is_base_of_v<avx512_bf16, Arch>;
-/// The avx2 kernel variant with AVX-VNNI (ops/core/isa.hpp).
+/// The avx2 kernel variant with AVX-VNNI (ops/core/isa.hpp), or its software model.
 template <class Arch>
 inline constexpr bool kHasAvxVnni = std::is_base_of_v<avx2_vnni, Arch>;
 

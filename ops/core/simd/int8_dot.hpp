@@ -75,10 +75,15 @@ inline I32<Arch> add_maddubs(I32<Arch> acc, I32<Arch> a, I32<Arch> b) noexcept {
   }
 }
 
+/// The software model of the avx2+vnni variant (DITOPS_AVXVNNI_MODEL=1, ops/core/arch.hpp):
+/// its dot_u8s8 is AVX2's pmaddwd emulation, exact for any u8 as vpdpbusd is.
+template <class Arch>
+inline constexpr bool kIsAvxVnniModel = std::is_base_of_v<avx2_vnni_model, Arch>;
+
 /// acc + the per-lane sum of the 4 byte products unsigned(a) x signed(b), exact for a <=
 /// kDotU8Max: vpdpbusd (the non-saturating form) with AVX512-VNNI or AVX-VNNI; pmaddubsw, then
-/// pmaddwd by ones, on the SSE4.2 and AVX2 levels; elsewhere bytes widened to int16 pairs
-/// through pmaddwd (bytes 0 and 2, then 1 and 3).
+/// pmaddwd by ones, on the SSE4.2 and AVX2 levels; elsewhere (and on the AVX-VNNI model) bytes
+/// widened to int16 pairs through pmaddwd (bytes 0 and 2, then 1 and 3).
 template <class Arch>
 inline I32<Arch> dot_u8s8(I32<Arch> acc, I32<Arch> a, I32<Arch> b) noexcept {
   if constexpr (kHasBf16Vnni<Arch>) {
@@ -92,7 +97,7 @@ inline I32<Arch> dot_u8s8(I32<Arch> acc, I32<Arch> a, I32<Arch> b) noexcept {
         : "+v"(sum)
         : "v"(static_cast<__m512i>(a)), "v"(static_cast<__m512i>(b)));
     return sum;
-  } else if constexpr (kHasAvxVnni<Arch>) {
+  } else if constexpr (kHasAvxVnni<Arch> && !kIsAvxVnniModel<Arch>) {
     // Inline asm rather than _mm256_dpbusd_avx_epi32, for the register tiles' sake as above.
     // {vex} (%{ %}: braces escaped from the asm dialect syntax): the AVX-VNNI encoding (the
     // assembler's default is AVX512-VL's EVEX one, which a CPU without AVX-512 faults on); "x":
