@@ -289,15 +289,16 @@ inline void score_tile(const MlaProblem& p, const PreparedQueries& q, int vector
 /// Register tiles (tokens x head vectors): with VNNI the 32 zmm registers hold a 6 x 4 int32
 /// tile plus 4 query vectors and a key (each query vector loaded once per 6 tokens: at 128
 /// heads a sequence's queries, 64 KiB, stream from L2, and 3 tokens per load measured 1.3x
-/// slower); plain AVX-512 3 x 4; AVX-VNNI (16 ymm) 6 x 2 beside 2 query vectors and a key;
-/// pmaddubsw (16 registers) 4 x 2 beside 2 query vectors, a key's |k| and k words, a temporary
-/// and the ones vector; SSE2's pmaddwd pairs 2 x 2. Single head vectors (16 heads on AVX-512)
-/// use more tokens to keep the dpbusd chains independent.
+/// slower); plain AVX-512 3 x 4; AVX-VNNI (16 ymm) 4 x 2 beside 2 query vectors and a key (at
+/// 6 x 2, 15 registers, GCC 12 kept half the accumulators on the stack); pmaddubsw (16
+/// registers) 4 x 2 beside 2 query vectors, a key's |k| and k words, a temporary and the ones
+/// vector; SSE2's pmaddwd pairs 2 x 2. Single head vectors (16 heads on AVX-512) use more tokens
+/// to keep the dpbusd chains independent.
 template <class Arch>
-constexpr int kWideTokens = simd::kHasVpdpbusd<Arch>  ? 6
-                            : simd::kIsAvx512<Arch>   ? 3
-                            : simd::kHasMaddubs<Arch> ? 4
-                                                      : 2;
+constexpr int kWideTokens = simd::kHasBf16Vnni<Arch>                             ? 6
+                            : simd::kIsAvx512<Arch>                              ? 3
+                            : simd::kHasMaddubs<Arch> || simd::kHasAvxVnni<Arch> ? 4
+                                                                                 : 2;
 template <class Arch>
 constexpr int kWideVectors = simd::kIsAvx512<Arch> ? 4 : 2;
 template <class Arch>
