@@ -16,11 +16,13 @@ targets=("$@")
 if [ "${targets[*]}" = "--other-side" ]; then
   if grep -qw avx512f /proc/cpuinfo; then targets=(x86-64-v3); else targets=(sapphirerapids); fi
 fi
-# The default targets are the x86 servers users run: AVX2 (x86-64-v3, as on Zen 3), Zen 4, Ice
-# Lake, Sapphire / Emerald Rapids and Granite Rapids (the last two with AMX: the AMX kernel's
-# compile sees their tile macros). x86-64-v2 and x86-64-v4 enable nothing that these and the
-# build's own compiles (the scalar and SSE4.2 kernels) do not: name them to check them too.
-[ ${#targets[@]} -gt 0 ] || targets=(x86-64-v3 znver4 icelake-server sapphirerapids graniterapids)
+# The default targets are the x86 CPUs users run: AVX2 (x86-64-v3, as on Zen 3), Alder Lake (AVX2
+# with AVX-VNNI, as later Core and Xeon 6 E-cores), Zen 4, Ice Lake, Sapphire / Emerald Rapids
+# and Granite Rapids (the last two with AMX: the AMX kernel's compile sees their tile macros).
+# x86-64-v2 and x86-64-v4 enable nothing that these and the build's own compiles (the scalar and
+# SSE4.2 kernels) do not: name them to check them too.
+[ ${#targets[@]} -gt 0 ] ||
+  targets=(x86-64-v3 alderlake znver4 icelake-server sapphirerapids graniterapids)
 database=$build/compile_commands.json
 [ -f "$database" ] || { echo "check_march: no $database (configure $build first)" >&2; exit 2; }
 
@@ -51,6 +53,11 @@ march_flags() {
       # Sapphire Rapids' ISA plus AMX-FP16 and PREFETCHI, which GCC 12 has no flags for.
       echo "-march=sapphirerapids"
       echo "check_march: $compiler has no -march=graniterapids; checking sapphirerapids" >&2 ;;
+    sierraforest | arrowlake)
+      # Alder Lake's ISA (AVX2, AVX-VNNI) plus AVX-IFMA, AVX-VNNI-INT8, AVX-NE-CONVERT and
+      # CMPCCXADD, which GCC 12 has no flags for and no kernel uses.
+      echo "-march=alderlake"
+      echo "check_march: $compiler has no -march=$march; checking alderlake" >&2 ;;
     *) echo "check_march: $compiler has no -march=$march" >&2; exit 2 ;;
   esac
 }
