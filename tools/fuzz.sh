@@ -43,7 +43,7 @@ info=build/asan-ubsan/tools/ditops-info
 variant_of() { DITOPS_ISA=$1 "$info" | sed -n 's/^ *kernel variant *//p'; }
 declare -A variant_of_cap=() cap_of_variant=()
 isas=()
-for cap in $(echo "${caps:-avx512,avx512bw,avx2,sse4.2,scalar}" | tr ',' ' '); do
+for cap in $(echo "${caps:-avx512,avx512bw,avxvnni,avx2,sse4.2,scalar}" | tr ',' ' '); do
   variant=$(variant_of "$cap")
   if [ -z "$variant" ]; then
     echo "tools/fuzz.sh: DITOPS_ISA=$cap selects no kernel variant" >&2
