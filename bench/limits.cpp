@@ -78,6 +78,9 @@ PeakProbe int8_probe() {
   if (core::kernel_variant() == core::kAvx512Bf16Variant) {
     return {vnni_loop_avx512, "zmm vpdpbusd", 128};
   }
+  if (core::kernel_variant() == core::kAvx2VnniVariant) {
+    return {vnni_loop_avx2, "ymm vpdpbusd (AVX-VNNI)", 64};
+  }
   if (core::active_isa() >= core::Isa::avx2) {
     // Counted per vpmaddubsw (with its vpmaddwd and vpaddd): 32 multiply-adds.
     return {int8_loop_avx2, "ymm vpmaddubsw + vpmaddwd + vpaddd", 64};

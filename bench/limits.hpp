@@ -68,12 +68,14 @@ int copies_to_defeat_cache(std::int64_t bytes);
                      "+v"(acc##5), "+v"(acc##6), "+v"(acc##7), "+v"(acc##8), "+v"(acc##9), \
                      "+v"(acc##10), "+v"(acc##11))
 
-/// Kernels of the probes, per ISA (bench/peak_avx512.cpp, bench/peak_avx2.cpp). Each runs
+/// Kernels of the probes, per ISA (bench/peak_avx512.cpp, bench/peak_avx2.cpp,
+/// bench/peak_avxvnni.cpp). Each runs
 /// `iterations` of a dependency-free block and returns the operations performed.
 double fma_loop_avx512(std::int64_t iterations);
 double bf16_loop_avx512(std::int64_t iterations);
 double vnni_loop_avx512(std::int64_t iterations);
 double fma_loop_avx2(std::int64_t iterations);
 double int8_loop_avx2(std::int64_t iterations);
+double vnni_loop_avx2(std::int64_t iterations);
 
 }  // namespace ditops::bench
