@@ -68,8 +68,8 @@ Isa detect_active() {
   const char* cap = std::getenv("DITOPS_ISA");
   if (cap == nullptr || *cap == '\0') return supported;
   if (plain_avx512_requested()) return std::min(Isa::avx512, supported);
-  if (std::strcmp(cap, "avxvnni") == 0) return std::min(Isa::avx2, supported);
-  if (std::strcmp(cap, "amx") == 0) return supported;
+  if (isa_env_is(cap, "avxvnni")) return std::min(Isa::avx2, supported);
+  if (isa_env_is(cap, "amx")) return supported;
   for (int level = 0; level < kIsaCount; ++level) {
     if (std::strcmp(cap, isa_name(static_cast<Isa>(level))) == 0) {
       return static_cast<Isa>(std::min(level, static_cast<int>(supported)));
@@ -85,8 +85,8 @@ Isa detect_active() {
 /// Whether DITOPS_ISA names a level below AMX (one detect_active obeys): every value it takes
 /// but amx.
 bool caps_below_amx(const char* cap) {
-  if (cap == nullptr || *cap == '\0' || std::strcmp(cap, "amx") == 0) return false;
-  if (std::strcmp(cap, "avx512bw") == 0 || std::strcmp(cap, "avxvnni") == 0) return true;
+  if (cap == nullptr || *cap == '\0' || isa_env_is(cap, "amx")) return false;
+  if (isa_env_is(cap, "avx512bw") || isa_env_is(cap, "avxvnni")) return true;
   for (int level = 0; level < kIsaCount; ++level) {
     if (std::strcmp(cap, isa_name(static_cast<Isa>(level))) == 0) return true;
   }
