@@ -10,13 +10,26 @@ cd "$(dirname "$0")/.."
 build=${1:?usage: tools/check_tidy.sh BUILD_DIR}
 database=$build/compile_commands.json
 [ -f "$database" ] || { echo "check_tidy: no $database (configure $build first)" >&2; exit 2; }
-# One entry per source file of ops/ and loader/ (a kernel source appears once per variant).
-mapfile -t files < <(sed -n 's/^ *"file": "\(.*\)",\{0,1\}$/\1/p' "$database" |
-  grep -E "^$PWD/(ops|loader)/" | sort -u)
+# One entry per source file of ops/ and loader/. A kernel source has one compile command per
+# variant, and clang-tidy -p analyses a file once per command of it: a database of the first
+# command of each file (the scalar variant for a kernel) checks each file once, not six times.
+tidy_db=$(mktemp -d)
+trap 'rm -rf "$tidy_db"' EXIT
+mapfile -t files < <(python3 - "$database" "$tidy_db/compile_commands.json" "$PWD" <<'PY'
+import json, sys
+database, out, root = sys.argv[1:]
+first = {}
+for entry in json.load(open(database)):
+    if entry["file"].startswith((f"{root}/ops/", f"{root}/loader/")):
+        first.setdefault(entry["file"], entry)
+json.dump(list(first.values()), open(out, "w"))
+print("\n".join(sorted(first)))
+PY
+)
 [ ${#files[@]} -gt 0 ] || { echo "check_tidy: no ops/ or loader/ file in $database" >&2; exit 2; }
 # GCC's warning flags clang lacks (-Wno-restrict) are not findings.
 if printf '%s\0' "${files[@]}" |
-   xargs -0 -n 4 -P 2 clang-tidy -p "$build" --quiet --extra-arg=-Wno-unknown-warning-option \
+   xargs -0 -n 4 -P 2 clang-tidy -p "$tidy_db" --quiet --extra-arg=-Wno-unknown-warning-option \
      2>/dev/null; then
   echo "check_tidy: ${#files[@]} files clean (.clang-tidy)"
 else
