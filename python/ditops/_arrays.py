@@ -1,5 +1,5 @@
 """What every call shares: telling torch tensors from numpy arrays, making outputs of the
-caller's kind, refusing calls that would need a gradient."""
+caller's kind, refusing arguments of the wrong type and calls that would need a gradient."""
 
 import numpy as np
 
@@ -50,9 +50,13 @@ def empty(like, shape, dtype=None):
                     dtype=like.dtype if dtype is None else dtype)
 
 
-def int32_vector(values, like):
-    """cu_seqlens / seq_lens: a contiguous int32 vector of `like`'s kind, from a list, a numpy
-    array or a tensor (copied only when not already that)."""
+def int32_vector(values, like, call, name):
+    """cu_seqlens / seq_lens: a contiguous int32 vector of `like`'s kind, from a list, a tuple, a
+    numpy array or a tensor (copied only when not already that); another type is a TypeError
+    naming the call and the argument."""
+    if not (isinstance(values, (list, tuple, np.ndarray)) or is_torch(values)):
+        raise TypeError(f"ditops.{call}: {name} must be a list, a numpy.ndarray or a "
+                        f"torch.Tensor of int32 offsets, got {type(values).__name__}")
     if is_torch(like):
         values = torch.as_tensor(values, dtype=torch.int32, device="cpu")
         return values.contiguous()
@@ -82,12 +86,20 @@ def float32_table(table, x):
     return table if table.dtype == np.float32 else table.astype(np.float32)
 
 
-def forbid_grad(call, *tensors):
-    """ditops computes forward passes only: a call that autograd would have to differentiate
-    raises here instead of returning outputs without a gradient."""
+def check_inputs(call, optional=(), **tensors):
+    """The one check at the boundary of every public call, before anything reads its inputs:
+    each of `tensors` (keyword: the argument's name) is a torch tensor or a numpy array, or None
+    where `optional` names it, else a TypeError naming the call and the argument; and, ditops
+    computing forward passes only, none requires grad while autograd records (a RuntimeError
+    instead of outputs without a gradient)."""
+    for name, value in tensors.items():
+        if not (is_torch(value) or isinstance(value, np.ndarray)
+                or (value is None and name in optional)):
+            kinds = "a torch.Tensor or a numpy.ndarray" + (" or None" if name in optional else "")
+            raise TypeError(f"ditops.{call}: {name} must be {kinds}, got {type(value).__name__}")
     if torch is None or not torch.is_grad_enabled():
         return
-    for tensor in tensors:
+    for tensor in tensors.values():
         if is_torch(tensor) and tensor.requires_grad:
             raise RuntimeError(
                 f"ditops.{call} is forward-only (no gradient); an input requires grad: call it "

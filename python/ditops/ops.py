@@ -195,8 +195,10 @@ _mla = Op(
 def _attention(query, key, value, mask, scale, causal, head_first, backend, return_lse, out,
                int8_chunk):
     """ditops' own attention semantics: mask None, boolean (True = attend) or additive float;
-    causal bottom-right aligned."""
-    _arrays.forbid_grad("attention_forward", query, key, value, mask)
+    causal bottom-right aligned. Checked here as well as in the public calls: the diffusers
+    backend calls it directly."""
+    _arrays.check_inputs("attention_forward", ("attn_mask",), query=query, key=key, value=value,
+                         attn_mask=mask)
     mask = _arrays.float32_mask(mask)
     return call(_attention_lse if return_lse else _attention_op, query, key, value, mask, scale,
                 causal, head_first, backend, int8_chunk, out=out)
@@ -249,6 +251,8 @@ def attention_forward(query, key, value, attn_mask=None, scale=None, fused=True,
     MindIE-SD's opt_mode, op_type, layout (checked, then the tuner chooses the kernel). GQA: key
     and value may have fewer heads."""
     options = _attention_options(kwargs)
+    _arrays.check_inputs("attention_forward", ("attn_mask", "out"), query=query, key=key,
+                         value=value, attn_mask=attn_mask, out=options["out"])
     for name, value_ in (("query", query), ("key", key), ("value", value)):
         if len(value_.shape) != 4:
             raise _ditops.Error(f"attention_forward: {name} has rank {len(value_.shape)}, "
@@ -271,6 +275,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     float, broadcastable to [B, N, Sq, Sk]; is_causal top-left aligned (query i attends keys
     0..i), not together with attn_mask; key/value with fewer heads only with enable_gqa;
     dropout_p must be 0 (inference)."""
+    _arrays.check_inputs("scaled_dot_product_attention", ("attn_mask",), query=query, key=key,
+                         value=value, attn_mask=attn_mask)
     if dropout_p != 0.0:
         raise _ditops.Error(f"scaled_dot_product_attention: dropout_p ({dropout_p}) must be 0")
     if is_causal and attn_mask is not None:
@@ -313,9 +319,9 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=N
                             "reserves them): pass None")
     if dropout_p != 0.0:
         raise _ditops.Error(f"attention_forward_varlen: dropout_p ({dropout_p}) must be 0")
-    _arrays.forbid_grad("attention_forward_varlen", q, k, v)
-    cu_q = _arrays.int32_vector(cu_seqlens_q, q)
-    cu_k = _arrays.int32_vector(cu_seqlens_k, q)
+    _arrays.check_inputs("attention_forward_varlen", q=q, k=k, v=v)
+    cu_q = _arrays.int32_vector(cu_seqlens_q, q, "attention_forward_varlen", "cu_seqlens_q")
+    cu_k = _arrays.int32_vector(cu_seqlens_k, q, "attention_forward_varlen", "cu_seqlens_k")
     for name, given, cu in (("max_seqlen_q", max_seqlen_q, cu_q), ("max_seqlen_k", max_seqlen_k,
                                                                    cu_k)):
         lengths = [int(b) - int(a) for a, b in zip(cu[:-1], cu[1:])]
@@ -333,7 +339,8 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b, out=None, lse=None):
     whose lse is -inf on one side takes the other side; -inf on both gives 0 and -inf. `out`
     and `lse` (optional) receive the result, and may be out_a / lse_a (or the b side) to merge
     in place; by default out has out_a's dtype."""
-    _arrays.forbid_grad("merge_attention_states", out_a, out_b)
+    _arrays.check_inputs("merge_attention_states", ("out", "lse"), out_a=out_a, lse_a=lse_a,
+                         out_b=out_b, lse_b=lse_b, out=out, lse=lse)
     if out is None and lse is None:
         return call(_merge, out_a, lse_a, out_b, lse_b)
     if out is None:
@@ -353,7 +360,7 @@ def rotary_position_embedding(x, cos, sin, rotated_mode="rotated_half", head_fir
     Computed in fp32 whatever cos's float dtype (MindIE-SD computes in cos's dtype), returned in
     x's. fused=False is accepted for MindIE-SD's signature; both run the same kernel."""
     del fused
-    _arrays.forbid_grad("rotary_position_embedding", x, cos, sin)
+    _arrays.check_inputs("rotary_position_embedding", x=x, cos=cos, sin=sin)
     if len(cos.shape) != len(sin.shape) or len(cos.shape) not in (2, 4):
         raise _ditops.Error(f"rotary_position_embedding: cos {list(cos.shape)} and sin "
                             f"{list(sin.shape)} must both be [S, D] or 4-D")
@@ -363,7 +370,7 @@ def rotary_position_embedding(x, cos, sin, rotated_mode="rotated_half", head_fir
 
 def rms_norm(x, weight, eps=1e-6):
     """x / sqrt(mean(x²) + eps) · weight over the last dimension."""
-    _arrays.forbid_grad("rms_norm", x, weight)
+    _arrays.check_inputs("rms_norm", x=x, weight=weight)
     return call(_rms_norm, x, weight, float(eps))
 
 
@@ -376,7 +383,8 @@ def rms_norm_rotary_position_embedding(x, weight, cos, sin, eps=1e-6,
     .unflatten(2, (N, D)) of a projection gives); None: each head, unweighted. x, cos, sin,
     rotated_mode and head_first as rotary_position_embedding; `out` (optional, may be x)
     receives the result."""
-    _arrays.forbid_grad("rms_norm_rotary_position_embedding", x, weight, cos, sin)
+    _arrays.check_inputs("rms_norm_rotary_position_embedding", ("weight", "out"), x=x,
+                         weight=weight, cos=cos, sin=sin, out=out)
     if len(cos.shape) != len(sin.shape) or len(cos.shape) not in (2, 4):
         raise _ditops.Error(f"rms_norm_rotary_position_embedding: cos {list(cos.shape)} and sin "
                             f"{list(sin.shape)} must both be [S, D] or 4-D")
@@ -386,13 +394,13 @@ def rms_norm_rotary_position_embedding(x, weight, cos, sin, eps=1e-6,
 
 def add_rms_norm(x, residual, weight, eps=1e-6):
     """(rms_norm(x + residual, weight, eps), x + residual)."""
-    _arrays.forbid_grad("add_rms_norm", x, residual, weight)
+    _arrays.check_inputs("add_rms_norm", x=x, residual=residual, weight=weight)
     return call(_add_rms_norm, x, residual, weight, float(eps))
 
 
 def cfg_combine(cond, uncond, scale, out=None):
     """Classifier-free guidance: uncond + scale · (cond - uncond)."""
-    _arrays.forbid_grad("cfg_combine", cond, uncond)
+    _arrays.check_inputs("cfg_combine", ("out",), cond=cond, uncond=uncond, out=out)
     return call(_cfg_combine, cond, uncond, float(scale), out=out)
 
 
@@ -400,7 +408,7 @@ def block_sparse_attention(q, k, v, block_mask, block_size, head_first=False, sc
                            return_lse=False):
     """Attention over the key blocks block_mask keeps (bool [B|1, N|1, ceil(Sq / block_size),
     ceil(Sk / block_size)]), block_size 64 or 128; cost proportional to the kept blocks."""
-    _arrays.forbid_grad("block_sparse_attention", q, k, v)
+    _arrays.check_inputs("block_sparse_attention", q=q, k=k, v=v, block_mask=block_mask)
     out, lse = call(_block_sparse, q, k, v, block_mask, int(block_size), scale, head_first,
                     return_lse)
     return (out, lse) if return_lse else out
@@ -423,7 +431,7 @@ def rainfusion_attention(q, k, v, latent_shape, txt_len=0, sparsity=0.64, patter
     video tokens and txt_len text tokens, text first unless text_first=False). patterns: one of
     "dense", "spatial", "temporal", "textural" per (batch, head); None classifies the heads
     online."""
-    _arrays.forbid_grad("rainfusion_attention", q, k, v)
+    _arrays.check_inputs("rainfusion_attention", q=q, k=k, v=v)
     layout = _layout_args(latent_shape, txt_len, text_first, sparsity, textural_stride,
                           recall_threshold, dense_first_frame)
     return call(_rainfusion, q, k, v, list(patterns or []), *layout, scale, head_first)
@@ -434,8 +442,9 @@ def mla_decode_paged(q_nope, q_rope, nope, nope_scale, rope, block_table, seq_le
     """DeepSeek MLA paged decode over an int8 latent cache (see the C++ mla.hpp): q_nope
     [B, H, 512], q_rope [B, H, 64], cache nope int8 [blocks, block_size, 512], nope_scale
     float32 [blocks, block_size, G], rope [blocks, block_size, 64]; returns [B, H, 512]."""
-    _arrays.forbid_grad("mla_decode_paged", q_nope, q_rope)
-    lens = _arrays.int32_vector(seq_lens, q_nope)
+    _arrays.check_inputs("mla_decode_paged", q_nope=q_nope, q_rope=q_rope, nope=nope,
+                         nope_scale=nope_scale, rope=rope, block_table=block_table)
+    lens = _arrays.int32_vector(seq_lens, q_nope, "mla_decode_paged", "seq_lens")
     return call(_mla, q_nope, q_rope, nope, nope_scale, rope, block_table, lens, scale,
                 int(chunk), int(num_splits))
 
@@ -443,5 +452,7 @@ def mla_decode_paged(q_nope, q_rope, nope, nope_scale, rope, block_table, seq_le
 def select_attention(query, key, value, attn_mask=None, scale=None, causal=False,
                      head_first=False, backend="automatic"):
     """What attention_forward would run for these arguments: (backend, detail, from_cache)."""
+    _arrays.check_inputs("select_attention", ("attn_mask",), query=query, key=key, value=value,
+                         attn_mask=attn_mask)
     return _ditops.select_attention(query, key, value, _arrays.float32_mask(attn_mask), scale,
                                     causal, head_first, backend)

@@ -11,7 +11,7 @@ import torch
 
 from . import _ditops
 from ._op import Op, call
-from ._arrays import forbid_grad, native
+from ._arrays import check_inputs, native
 
 # The layers of the live QuantLinear modules, by id: a custom op takes the id (an int the graph
 # can hold), not the C++ object. Emptied at exit, before the module's types go.
@@ -59,7 +59,7 @@ class QuantLinear(torch.nn.Module):
         _LAYERS.pop(self.layer_id, None)
 
     def forward(self, x):
-        forbid_grad("QuantLinear", x)
+        check_inputs("QuantLinear", x=x)
         if x.dtype == torch.float16:
             return self.forward(x.float()).half()
         if x.stride(-1) != 1:  # the kernels read rows with a contiguous last dimension

@@ -412,3 +412,69 @@ def test_mla_decode_paged_matches_the_dequantized_cache():
         want = torch.softmax(scores, dim=-1) @ latent
         error = ((out[b].double() - want).norm() / want.norm()).item()
         assert error < 3e-2, error
+
+
+# ---- argument types -----------------------------------------------------------------------------
+
+
+def _typed_calls():
+    """(function, valid keyword arguments, its tensor arguments, those that may be None) for
+    every public call that takes tensors."""
+    q, k = randn(1, 16, 2, 32), randn(1, 16, 2, 32)
+    angles = torch.rand(16, 32)
+    cu = torch.tensor([0, 16], dtype=torch.int32)
+    lse = torch.zeros(1, 2, 16)
+    nope = torch.randint(-8, 8, (2, 64, 512), dtype=torch.int8)
+    qkv = dict(query=q, key=k, value=k)
+    return [
+        (ditops.attention_forward, dict(qkv, attn_mask=None), list(qkv) + ["attn_mask"],
+         {"attn_mask"}),
+        (ditops.scaled_dot_product_attention, dict(qkv, attn_mask=None),
+         list(qkv) + ["attn_mask"], {"attn_mask"}),
+        (ditops.select_attention, dict(qkv, attn_mask=None), list(qkv) + ["attn_mask"],
+         {"attn_mask"}),
+        (ditops.attention_forward_varlen,
+         dict(q=q[0], k=k[0], v=k[0], cu_seqlens_q=cu, cu_seqlens_k=cu),
+         ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"], set()),
+        (ditops.merge_attention_states,
+         dict(out_a=q, lse_a=lse, out_b=k, lse_b=lse, out=None, lse=None),
+         ["out_a", "lse_a", "out_b", "lse_b", "out", "lse"], {"out", "lse"}),
+        (ditops.rotary_position_embedding, dict(x=q, cos=angles.cos(), sin=angles.sin()),
+         ["x", "cos", "sin"], set()),
+        (ditops.rms_norm, dict(x=q, weight=torch.ones(32)), ["x", "weight"], set()),
+        (ditops.rms_norm_rotary_position_embedding,
+         dict(x=q, weight=torch.ones(32), cos=angles.cos(), sin=angles.sin(), out=None),
+         ["x", "weight", "cos", "sin", "out"], {"weight", "out"}),
+        (ditops.add_rms_norm, dict(x=q, residual=k, weight=torch.ones(32)),
+         ["x", "residual", "weight"], set()),
+        (ditops.cfg_combine, dict(cond=q, uncond=k, scale=2.0, out=None), ["cond", "uncond", "out"],
+         {"out"}),
+        (ditops.block_sparse_attention,
+         dict(q=q, k=k, v=k, block_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool), block_size=64),
+         ["q", "k", "v", "block_mask"], set()),
+        (ditops.rainfusion_attention, dict(q=q, k=k, v=k, latent_shape=[1, 4, 4]),
+         ["q", "k", "v"], set()),
+        (ditops.sparse_attention, dict(q=q, k=k, v=k, input_layout="BSND"), ["q", "k", "v"],
+         set()),
+        (ditops.mla_decode_paged,
+         dict(q_nope=randn(1, 2, 512), q_rope=randn(1, 2, 64), nope=nope,
+              nope_scale=torch.ones(2, 64, 1), rope=randn(2, 64, 64),
+              block_table=torch.tensor([[0, 1]], dtype=torch.int32), seq_lens=[100]),
+         ["q_nope", "q_rope", "nope", "nope_scale", "rope", "block_table", "seq_lens"], set()),
+    ]
+
+
+@pytest.mark.parametrize("function, kwargs, tensors, optional", _typed_calls(),
+                         ids=lambda value: getattr(value, "__name__", ""))
+def test_wrong_types_are_type_errors_naming_the_call_and_argument(function, kwargs, tensors,
+                                                                  optional):
+    function(**kwargs)  # the valid call runs
+    for name in tensors:
+        wrong_values = ["a string", {"a": 1}, 3.0, object()]
+        if name not in optional:
+            wrong_values.append(None)
+        if name not in ("seq_lens", "cu_seqlens_q", "cu_seqlens_k"):  # lists are offsets there
+            wrong_values.append([1.0, 2.0])
+        for wrong in wrong_values:
+            with pytest.raises(TypeError, match=rf"ditops\.{function.__name__}: {name} must be"):
+                function(**{**kwargs, name: wrong})

@@ -99,7 +99,7 @@ def layernorm_scale_shift(layernorm, x, scale, shift, fused=True):
         raise ParametersInvalid(f"layernorm_scale_shift: layernorm.normalized_shape "
                                 f"{list(layernorm.normalized_shape)} must be [x.size(-1)] "
                                 f"([{x.size(-1)}])")
-    _arrays.forbid_grad("layernorm_scale_shift", x, scale, shift)
+    _arrays.check_inputs("layernorm_scale_shift", x=x, scale=scale, shift=shift)
     scale = scale[:, None] if scale.dim() == 2 else scale
     shift = shift[:, None] if shift.dim() == 2 else shift
     return _run("layernorm_scale_shift", x, layernorm.weight, layernorm.bias, scale, shift,
@@ -139,7 +139,7 @@ def fast_layernorm(norm, x, impl_mode=0, fused=True):
         raise ParametersInvalid(f"fast_layernorm: x's last dimensions "
                                 f"{list(x.shape[len(leading):])} must equal "
                                 f"norm.normalized_shape {list(shape)}")
-    _arrays.forbid_grad("fast_layernorm", x)
+    _arrays.check_inputs("fast_layernorm", x=x)
     # LayerNorm over the last k dimensions is LayerNorm over them flattened into one.
     width = math.prod(shape)
     flat = [None if t is None else t.reshape(width) for t in (norm.weight, norm.bias)]

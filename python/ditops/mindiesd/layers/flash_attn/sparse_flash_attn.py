@@ -1,6 +1,6 @@
 """MindIE-SD's sparse_attention."""
 
-from .... import ops
+from .... import _arrays, ops
 from ..._unsupported import refusing
 from ...utils.exception import ParametersInvalid, raises_parameters_invalid
 from . import sparse_flash_attn_rf_v2 as rf_v2
@@ -35,7 +35,9 @@ def sparse_attention(q, k, v, attn_mask=None, scale=None, is_causal=False, head_
     choice; precision "bf16" only ("mix", "fp8": FeatureNotSupported). "ada_bsa":
     FeatureNotSupported. attn_mask, is_causal, head_num, inner_precise, latent_shape_k,
     keep_sink, keep_recent, cdf_threshold and **kwargs change nothing (MindIE-SD uses them only
-    in ada_bsa or on the NPU). Bad arguments raise ParametersInvalid."""
+    in ada_bsa or on the NPU). Bad arguments raise ParametersInvalid; q, k or v not a tensor,
+    TypeError."""
+    _arrays.check_inputs("sparse_attention", q=q, k=k, v=v)
     if input_layout not in ("BSND", "BNSD"):
         raise ParametersInvalid(f"input_layout must be 'BSND' or 'BNSD', got {input_layout!r}.")
     if sparse_type not in SPARSE_TYPES:
