@@ -174,13 +174,11 @@ RainFusionOptions rainfusion_options(std::int64_t frames, std::int64_t height, s
   return rf;
 }
 
-}  // namespace
+// Calls that run kernels release the GIL: other Python threads go on meanwhile.
+const nb::call_guard<nb::gil_scoped_release> release{};
 
-NB_MODULE(_ditops, m) {
-  m.doc() = "ditops' C++ API over DLPack arrays; use the ditops package, not this module.";
-  nb::exception<Error>(m, "Error", PyExc_ValueError);
-  const auto release = nb::call_guard<nb::gil_scoped_release>();
-
+// Threads, the CPU and the attention backends' names.
+void bind_runtime(nb::module_& m) {
   m.def("backend_names", &backend_names);
   m.def("set_num_threads", &set_num_threads, nb::arg("n"));
   m.def("num_threads", &num_threads);
@@ -197,7 +195,10 @@ NB_MODULE(_ditops, m) {
     result["physical_cores"] = info.physical_cores;
     return result;
   });
+}
 
+// Dense and variable-length attention, the backend choice, merging partial results.
+void bind_attention(nb::module_& m) {
   m.def(
       "attention_forward",
       [](const Array& q, const Array& k, const Array& v, const Array& out,
@@ -251,6 +252,20 @@ NB_MODULE(_ditops, m) {
       nb::arg("out"), nb::arg("lse").none(), nb::arg("scale").none(), nb::arg("causal"),
       nb::arg("backend"), release);
 
+  m.def(
+      "merge_attention_states",
+      [](const Array& out_a, const Array& lse_a, const Array& out_b, const Array& lse_b,
+         const Array& out, const Array& lse) {
+        merge_attention_states(as_view(out_a, "out_a"), as_view(lse_a, "lse_a"),
+                               as_view(out_b, "out_b"), as_view(lse_b, "lse_b"),
+                               as_view(out, "out"), as_view(lse, "lse"));
+      },
+      nb::arg("out_a"), nb::arg("lse_a"), nb::arg("out_b"), nb::arg("lse_b"), nb::arg("out"),
+      nb::arg("lse"), release);
+}
+
+// The row-wise operators: RoPE, the norms, classifier-free guidance.
+void bind_rowwise(nb::module_& m) {
   m.def(
       "rotary_position_embedding",
       [](const Array& x, const Array& cos, const Array& sin, const Array& out,
@@ -307,23 +322,15 @@ NB_MODULE(_ditops, m) {
       nb::arg("shift").none(), nb::arg("eps"), nb::arg("out"), release);
 
   m.def(
-      "merge_attention_states",
-      [](const Array& out_a, const Array& lse_a, const Array& out_b, const Array& lse_b,
-         const Array& out, const Array& lse) {
-        merge_attention_states(as_view(out_a, "out_a"), as_view(lse_a, "lse_a"),
-                               as_view(out_b, "out_b"), as_view(lse_b, "lse_b"),
-                               as_view(out, "out"), as_view(lse, "lse"));
-      },
-      nb::arg("out_a"), nb::arg("lse_a"), nb::arg("out_b"), nb::arg("lse_b"), nb::arg("out"),
-      nb::arg("lse"), release);
-
-  m.def(
       "cfg_combine",
       [](const Array& cond, const Array& uncond, float scale, const Array& out) {
         cfg_combine(as_view(cond, "cond"), as_view(uncond, "uncond"), scale, as_view(out, "out"));
       },
       nb::arg("cond"), nb::arg("uncond"), nb::arg("scale"), nb::arg("out"), release);
+}
 
+// RainFusion and block-sparse attention.
+void bind_sparse(nb::module_& m) {
   nb::class_<RainFusionOptions>(m, "RainFusionOptions")
       .def(
           "__init__",
@@ -405,7 +412,10 @@ NB_MODULE(_ditops, m) {
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("block_mask"), nb::arg("block_size"),
       nb::arg("out"), nb::arg("lse").none(), nb::arg("scale").none(), nb::arg("head_first"),
       release);
+}
 
+// MLA paged decode and its cache.
+void bind_mla(nb::module_& m) {
   m.def(
       "mla_decode_paged",
       [](const Array& q_nope, const Array& q_rope, const Array& nope, const Array& nope_scale,
@@ -435,7 +445,10 @@ NB_MODULE(_ditops, m) {
       },
       nb::arg("latent"), nb::arg("slots"), nb::arg("nope"), nb::arg("nope_scale"), nb::arg("rope"),
       release);
+}
 
+// Quantized linear layers, quantized models and msmodelslim exports.
+void bind_linear(nb::module_& m) {
   nb::class_<QuantLinear>(m, "QuantLinear")
       .def_prop_ro("algo", [](const QuantLinear& l) { return quant_algo_name(l.algo()); })
       .def_prop_ro("in_features", &QuantLinear::in_features)
@@ -536,6 +549,19 @@ NB_MODULE(_ditops, m) {
           nb::arg("name"), release)
       .def("set_timestep_step", &QuantModel::set_timestep_step, nb::arg("step"))
       .def("timestep_step", [](const QuantModel& model) { return model.timestep()->step(); });
+}
+
+}  // namespace
+
+NB_MODULE(_ditops, m) {
+  m.doc() = "ditops' C++ API over DLPack arrays; use the ditops package, not this module.";
+  nb::exception<Error>(m, "Error", PyExc_ValueError);
+  bind_runtime(m);
+  bind_attention(m);
+  bind_rowwise(m);
+  bind_sparse(m);
+  bind_mla(m);
+  bind_linear(m);
 }
 
 }  // namespace ditops::python
