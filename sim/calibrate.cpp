@@ -136,6 +136,78 @@ struct Bounds {
   double low, high;  // in log space, relative to the start
 };
 
+/// The parameter `name` of the table, checked to be fittable from `start` and not among
+/// `chosen` already.
+const HwParamInfo* fittable_param(const std::string& name, const HwParams& start,
+                                  const std::vector<const HwParamInfo*>& chosen) {
+  const HwParamInfo* info = find_hw_param(name);
+  if (info == nullptr) throw SimError("unknown hardware parameter '" + name + "'");
+  if (std::find(chosen.begin(), chosen.end(), info) != chosen.end()) {
+    throw SimError("parameter '" + name + "' named twice");
+  }
+  if (!(start.*info->field > 0))
+    throw SimError("cannot fit " + name + " from a starting value of 0");
+  if (info->integer) throw SimError(name + " is a count, not a fittable rate or latency");
+  return info;
+}
+
+/// [1/4, 4] x the start, inside the parameter's range, in log space relative to the start.
+Bounds fit_bounds(const HwParamInfo& info, double start) {
+  return {std::max(-kBound, std::log(std::max(info.min, 1e-300) / start)),
+          std::min(kBound, std::log(info.max / start))};
+}
+
+using Matrix = std::vector<std::vector<double>>;
+
+/// The normal matrix J^T J of a Jacobian [rows][n].
+Matrix normal_matrix(const Matrix& jacobian, std::size_t n) {
+  Matrix normal(n, std::vector<double>(n, 0.0));
+  for (const std::vector<double>& row : jacobian) {
+    for (std::size_t a = 0; a < n; ++a) {
+      for (std::size_t b = 0; b < n; ++b) normal[a][b] += row[a] * row[b];
+    }
+  }
+  return normal;
+}
+
+/// Broyden's rank-one update of the Jacobian for the step from x to x_new, which moved the
+/// residuals from r to r_new: J += (r_new - r - J s) s^T / (s^T s), s = x_new - x.
+void broyden_update(Matrix& jacobian, const std::vector<double>& x,
+                    const std::vector<double>& x_new, const std::vector<double>& r,
+                    const std::vector<double>& r_new) {
+  const std::size_t n = x.size();
+  std::vector<double> s(n);
+  double ss = 0;
+  for (std::size_t a = 0; a < n; ++a) {
+    s[a] = x_new[a] - x[a];
+    ss += s[a] * s[a];
+  }
+  for (std::size_t j = 0; j < jacobian.size() && ss > 0; ++j) {
+    double predicted_change = 0;
+    for (std::size_t a = 0; a < n; ++a) predicted_change += jacobian[j][a] * s[a];
+    const double miss = r_new[j] - r[j] - predicted_change;
+    for (std::size_t a = 0; a < n; ++a) jacobian[j][a] += miss * s[a] / ss;
+  }
+}
+
+/// Leave-one-out residuals from the leverages h_jj = J_j (J^T J)^-1 J_j^T of the last
+/// linearization: the residual a fit without row j would leave there, to first order.
+std::vector<double> held_out_residuals(const Matrix& jacobian, const std::vector<double>& r,
+                                       std::size_t n) {
+  Matrix normal = normal_matrix(jacobian, n);
+  for (std::size_t a = 0; a < n; ++a) normal[a][a] += 1e-9;
+  std::vector<double> held_out;
+  for (std::size_t j = 0; j < jacobian.size(); ++j) {
+    double leverage = 0;
+    if (n > 0) {
+      const std::vector<double> solved = solve_spd(normal, jacobian[j]);
+      for (std::size_t a = 0; a < n; ++a) leverage += jacobian[j][a] * solved[a];
+    }
+    held_out.push_back(r[j] / std::max(1.0 - leverage, 1e-3));
+  }
+  return held_out;
+}
+
 }  // namespace
 
 std::vector<Measurement> parse_measurements(const std::string& text, const std::string& name,
@@ -281,19 +353,9 @@ FitResult fit_parameters(const std::vector<Measurement>& rows, const HwParams& s
   std::vector<const HwParamInfo*> infos;
   std::vector<Bounds> bounds;
   for (const std::string& name : names) {
-    const HwParamInfo* info = find_hw_param(name);
-    if (info == nullptr) throw SimError("unknown hardware parameter '" + name + "'");
-    if (std::find(infos.begin(), infos.end(), info) != infos.end()) {
-      throw SimError("parameter '" + name + "' named twice");
-    }
-    const double value = start.*info->field;
-    if (!(value > 0)) throw SimError("cannot fit " + name + " from a starting value of 0");
-    if (info->integer) throw SimError(name + " is a count, not a fittable rate or latency");
-    infos.push_back(info);
-    result.start.push_back(value);
-    // [1/4, 4] x the start, inside the parameter's range.
-    bounds.push_back({std::max(-kBound, std::log(std::max(info->min, 1e-300) / value)),
-                      std::min(kBound, std::log(info->max / value))});
+    infos.push_back(fittable_param(name, start, infos));
+    result.start.push_back(start.*infos.back()->field);
+    bounds.push_back(fit_bounds(*infos.back(), result.start.back()));
   }
   const std::size_t n = infos.size();
   const auto params_at = [&](const std::vector<double>& x) {
@@ -315,7 +377,7 @@ FitResult fit_parameters(const std::vector<Measurement>& rows, const HwParams& s
   const std::vector<double> r_start = r;
   double cost = squared(r);
   double damping = 1e-2;
-  std::vector<std::vector<double>> jacobian(rows.size(), std::vector<double>(n, 0.0));
+  Matrix jacobian(rows.size(), std::vector<double>(n, 0.0));
   // Forward differences, stepping inward at an upper bound. Between full Jacobians, Broyden's
   // rank-one update keeps the linearization current at one simulation of the set per step.
   const auto full_jacobian = [&] {
@@ -331,17 +393,14 @@ FitResult fit_parameters(const std::vector<Measurement>& rows, const HwParams& s
   if (n > 0) full_jacobian();
   bool fresh = true;  // the Jacobian was just computed by differences
   for (int iteration = 0; iteration < kMaxIterations && n > 0; ++iteration) {
-    std::vector<std::vector<double>> normal(n, std::vector<double>(n, 0.0));
+    const Matrix normal = normal_matrix(jacobian, n);
     std::vector<double> gradient(n, 0.0);
     for (std::size_t j = 0; j < rows.size(); ++j) {
-      for (std::size_t a = 0; a < n; ++a) {
-        gradient[a] += jacobian[j][a] * r[j];
-        for (std::size_t b = 0; b < n; ++b) normal[a][b] += jacobian[j][a] * jacobian[j][b];
-      }
+      for (std::size_t a = 0; a < n; ++a) gradient[a] += jacobian[j][a] * r[j];
     }
     bool improved = false, moved = false;
     for (int attempt = 0; attempt < kMaxDampingTries; ++attempt) {
-      std::vector<std::vector<double>> damped = normal;
+      Matrix damped = normal;
       std::vector<double> rhs(n);
       for (std::size_t a = 0; a < n; ++a) {
         damped[a][a] += damping * normal[a][a] + 1e-9;
@@ -356,19 +415,7 @@ FitResult fit_parameters(const std::vector<Measurement>& rows, const HwParams& s
       const std::vector<double> rc = evaluate(candidate);
       const double candidate_cost = squared(rc);
       if (candidate_cost < cost) {
-        // Broyden: J += (r_new - r - J s) s^T / (s^T s), s the step taken.
-        std::vector<double> s(n);
-        double ss = 0;
-        for (std::size_t a = 0; a < n; ++a) {
-          s[a] = candidate[a] - x[a];
-          ss += s[a] * s[a];
-        }
-        for (std::size_t j = 0; j < rows.size() && ss > 0; ++j) {
-          double predicted_change = 0;
-          for (std::size_t a = 0; a < n; ++a) predicted_change += jacobian[j][a] * s[a];
-          const double miss = rc[j] - r[j] - predicted_change;
-          for (std::size_t a = 0; a < n; ++a) jacobian[j][a] += miss * s[a] / ss;
-        }
+        broyden_update(jacobian, x, candidate, r, rc);
         const double gain = (cost - candidate_cost) / std::max(cost, 1e-300);
         x = candidate;
         r = rc;
@@ -393,30 +440,14 @@ FitResult fit_parameters(const std::vector<Measurement>& rows, const HwParams& s
   result.fitted = params_at(x);
   validate(result.fitted);
   for (std::size_t i = 0; i < n; ++i) result.value.push_back(result.fitted.*infos[i]->field);
-  // Leave-one-out residuals from the leverages h_jj = J_j (J^T J)^-1 J_j^T of the last
-  // linearization: the prediction a fit without row j would make, to first order.
-  std::vector<std::vector<double>> normal(n, std::vector<double>(n, 0.0));
-  for (std::size_t j = 0; j < rows.size(); ++j) {
-    for (std::size_t a = 0; a < n; ++a) {
-      for (std::size_t b = 0; b < n; ++b) normal[a][b] += jacobian[j][a] * jacobian[j][b];
-    }
-  }
-  for (std::size_t a = 0; a < n; ++a) normal[a][a] += 1e-9;
-  std::vector<double> held_out;
+  const std::vector<double> held_out = held_out_residuals(jacobian, r, n);
   const std::vector<double> predicted = predict_all(rows, result.fitted, threads);
   for (std::size_t j = 0; j < rows.size(); ++j) {
-    double leverage = 0;
-    if (n > 0) {
-      const std::vector<double> solved = solve_spd(normal, jacobian[j]);
-      for (std::size_t a = 0; a < n; ++a) leverage += jacobian[j][a] * solved[a];
-    }
-    const double loo = r[j] / std::max(1.0 - leverage, 1e-3);
-    held_out.push_back(loo);
     FitRow row;
     row.measured = rows[j].value;
     row.before = rows[j].value * std::exp(r_start[j]);
     row.after = predicted[j];
-    row.held_out = rows[j].value * std::exp(loo);
+    row.held_out = rows[j].value * std::exp(held_out[j]);
     result.rows.push_back(row);
   }
   result.error_before = rms(r_start);

@@ -686,7 +686,7 @@ std::uint64_t estimate_from_plan(const FaConfig& config, const HwParams& hw, con
 }  // namespace
 
 Program build_fa_program(const FaConfig& config, const HwParams& hw, FaPlan* plan_out) {
-  const FaPlan plan = plan_fa(config, hw);
+  FaPlan plan = plan_fa(config, hw);  // moved out at the end, after the build that reads it
   FaBuilder builder(config, hw, plan);
   // A little above the estimate: one growth step of a vector this size would copy all of it.
   const std::uint64_t estimate = estimate_from_plan(config, hw, plan);

@@ -280,21 +280,14 @@ nlohmann::ordered_json summary_json(const Summary& summary) {
   return json;
 }
 
-void write_chrome_trace(std::ostream& out, const Program& program, const SimResult& result,
-                        const HwParams& hw) {
-  // Chrome trace event format: ts/dur in microseconds; one process per core, one thread per
-  // pipe; "s"/"f" flow events link a cross-core set to the wait it released.
-  const double per_us = cycles_per_us(hw);
-  constexpr double kTiny = 0.001;  // 1 ns: zero-length sets and waits stay visible and bindable
-  nlohmann::json events = nlohmann::json::array();
-  const std::vector<int> cores = active_cores(program, result);
-  std::vector<bool> shown(static_cast<std::size_t>(program.num_cores), false);
-  for (const int core : cores) shown[static_cast<std::size_t>(core)] = true;
-  // Cores that only joined a barrier still show when a flow touches them.
-  for (const auto& [set, wait] : result.cross_flows) {
-    if (set != kNoInstr) shown[static_cast<std::size_t>(program.instrs[set].core)] = true;
-    shown[static_cast<std::size_t>(program.instrs[wait].core)] = true;
-  }
+namespace {
+
+// Chrome trace: zero-length sets and waits last 1 ns, so they stay visible and bindable.
+constexpr double kTraceTinyUs = 0.001;
+
+/// The trace's process (core) and thread (pipe) names and orders, for the cores shown.
+void append_trace_names(nlohmann::json& events, const Program& program,
+                        const std::vector<bool>& shown) {
   for (int core = 0; core < program.num_cores; ++core) {
     if (!shown[static_cast<std::size_t>(core)]) continue;
     events.push_back({{"ph", "M"},
@@ -320,6 +313,57 @@ void write_chrome_trace(std::ostream& out, const Program& program, const SimResu
                         {"args", {{"sort_index", local}}}});
     }
   }
+}
+
+/// "s"/"f" flow events linking each cross-core set to the wait it released.
+void append_trace_flows(nlohmann::json& events, const Program& program, const SimResult& result,
+                        double per_us) {
+  // Both ends inside the (at least kTraceTinyUs long) events they bind to.
+  const auto bound_at = [&](std::uint32_t index) {
+    const InstrRecord& record = result.records[index];
+    return std::max(record.end / per_us, record.start / per_us + kTraceTinyUs) - kTraceTinyUs / 2;
+  };
+  std::uint64_t flow_id = 0;
+  for (const auto& [set, wait] : result.cross_flows) {
+    if (set == kNoInstr) continue;
+    const PackedInstr& from = program.instrs[set];
+    const PackedInstr& to = program.instrs[wait];
+    ++flow_id;
+    events.push_back({{"ph", "s"},
+                      {"name", program.labels[from.label]},
+                      {"cat", "flag"},
+                      {"id", flow_id},
+                      {"pid", from.core},
+                      {"tid", local_pipe_index(from.unit, from.pipe)},
+                      {"ts", bound_at(set)}});
+    events.push_back({{"ph", "f"},
+                      {"bp", "e"},
+                      {"name", program.labels[from.label]},
+                      {"cat", "flag"},
+                      {"id", flow_id},
+                      {"pid", to.core},
+                      {"tid", local_pipe_index(to.unit, to.pipe)},
+                      {"ts", bound_at(wait)}});
+  }
+}
+
+}  // namespace
+
+void write_chrome_trace(std::ostream& out, const Program& program, const SimResult& result,
+                        const HwParams& hw) {
+  // Chrome trace event format: ts/dur in microseconds; one process per core, one thread per
+  // pipe; "s"/"f" flow events link a cross-core set to the wait it released.
+  const double per_us = cycles_per_us(hw);
+  nlohmann::json events = nlohmann::json::array();
+  const std::vector<int> cores = active_cores(program, result);
+  std::vector<bool> shown(static_cast<std::size_t>(program.num_cores), false);
+  for (const int core : cores) shown[static_cast<std::size_t>(core)] = true;
+  // Cores that only joined a barrier still show when a flow touches them.
+  for (const auto& [set, wait] : result.cross_flows) {
+    if (set != kNoInstr) shown[static_cast<std::size_t>(program.instrs[set].core)] = true;
+    shown[static_cast<std::size_t>(program.instrs[wait].core)] = true;
+  }
+  append_trace_names(events, program, shown);
   if (result.records.size() != program.instrs.size()) {
     out << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ns"}}.dump() << '\n';
     return;
@@ -361,7 +405,7 @@ void write_chrome_trace(std::ostream& out, const Program& program, const SimResu
         category = "flag";
         break;
     }
-    duration = std::max(duration, kTiny);
+    duration = std::max(duration, kTraceTinyUs);
     events.push_back({{"ph", "X"},
                       {"name", name},
                       {"cat", category},
@@ -371,33 +415,7 @@ void write_chrome_trace(std::ostream& out, const Program& program, const SimResu
                       {"dur", duration},
                       {"args", args}});
   }
-  std::uint64_t flow_id = 0;
-  for (const auto& [set, wait] : result.cross_flows) {
-    if (set == kNoInstr) continue;
-    const PackedInstr& from = program.instrs[set];
-    const PackedInstr& to = program.instrs[wait];
-    const InstrRecord& set_record = result.records[set];
-    const InstrRecord& wait_record = result.records[wait];
-    const double wait_end =
-        std::max(wait_record.end / per_us, wait_record.start / per_us + kTiny) - kTiny / 2;
-    ++flow_id;
-    events.push_back(
-        {{"ph", "s"},
-         {"name", program.labels[from.label]},
-         {"cat", "flag"},
-         {"id", flow_id},
-         {"pid", from.core},
-         {"tid", local_pipe_index(from.unit, from.pipe)},
-         {"ts", std::max(set_record.end / per_us, set_record.start / per_us + kTiny) - kTiny / 2}});
-    events.push_back({{"ph", "f"},
-                      {"bp", "e"},
-                      {"name", program.labels[from.label]},
-                      {"cat", "flag"},
-                      {"id", flow_id},
-                      {"pid", to.core},
-                      {"tid", local_pipe_index(to.unit, to.pipe)},
-                      {"ts", wait_end}});
-  }
+  append_trace_flows(events, program, result, per_us);
   out << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ns"}}.dump() << '\n';
 }
 
@@ -453,11 +471,68 @@ void write_pipe_csv(std::ostream& out, const Program& program, const SimResult& 
   if (!cores.empty()) write_row("mean", mean);
 }
 
+namespace {
+
+// The SVG chart's label column and plot widths (pixels).
+constexpr double kLabelWidth = 96;
+constexpr double kPlotWidth = 1400;
+
+/// The stage colors and the bubble pattern, in a row under the title.
+void write_svg_legend(std::ostream& out) {
+  char buffer[512];
+  double legend_x = 8;
+  for (const StageTag tag : {StageTag::qk, StageTag::sm, StageTag::pv, StageTag::up,
+                             StageTag::combine, StageTag::setup}) {
+    std::snprintf(buffer, sizeof buffer,
+                  "<rect x=\"%.0f\" y=\"40\" width=\"12\" height=\"10\" fill=\"%s\"/><text "
+                  "x=\"%.0f\" y=\"49\">%s</text>\n",
+                  legend_x, stage_color(tag), legend_x + 16, stage_tag_name(tag));
+    out << buffer;
+    legend_x += 74;
+  }
+  std::snprintf(buffer, sizeof buffer,
+                "<rect x=\"%.0f\" y=\"40\" width=\"12\" height=\"10\" fill=\"url(#bubble)\" "
+                "stroke=\"#e15759\" stroke-width=\"0.5\"/><text x=\"%.0f\" y=\"49\">bubble "
+                "(blocked on a wait; hover for the flag)</text>\n",
+                legend_x, legend_x + 16);
+  out << buffer;
+}
+
+/// The time axis under the plot (at plot_bottom), ticks of 1, 2 or 5 x 10^k us.
+void write_time_axis(std::ostream& out, double total_us, double x_per_us, double plot_bottom) {
+  char buffer[512];
+  const double raw_step = total_us / 10.0;
+  const double magnitude = std::pow(10.0, std::floor(std::log10(raw_step > 0 ? raw_step : 1.0)));
+  double step = magnitude;
+  for (const double factor : {1.0, 2.0, 5.0, 10.0}) {
+    if (magnitude * factor >= raw_step) {
+      step = magnitude * factor;
+      break;
+    }
+  }
+  std::snprintf(buffer, sizeof buffer,
+                "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"black\"/>\n",
+                kLabelWidth, plot_bottom, kLabelWidth + kPlotWidth, plot_bottom);
+  out << buffer;
+  for (double tick = 0; tick <= total_us * 1.0001; tick += step) {
+    const double x = kLabelWidth + tick * x_per_us;
+    std::snprintf(buffer, sizeof buffer,
+                  "<line x1=\"%.2f\" y1=\"%.1f\" x2=\"%.2f\" y2=\"%.1f\" stroke=\"black\"/><text "
+                  "x=\"%.2f\" y=\"%.1f\" text-anchor=\"middle\">%g</text>\n",
+                  x, plot_bottom, x, plot_bottom + 5, x, plot_bottom + 17, tick);
+    out << buffer;
+  }
+  std::snprintf(buffer, sizeof buffer,
+                "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"middle\">time (us)</text>\n",
+                kLabelWidth + kPlotWidth / 2, plot_bottom + 33);
+  out << buffer;
+}
+
+}  // namespace
+
 void write_svg(std::ostream& out, const Program& program, const SimResult& result,
                const HwParams& hw, const std::string& title) {
   constexpr int kMaxCores = 32;  // beyond this the chart stops being readable
-  constexpr double kLabelWidth = 96;
-  constexpr double kPlotWidth = 1400;
   constexpr double kRowHeight = 11;
   constexpr double kCoreGap = 9;
   constexpr double kTop = 64;
@@ -498,23 +573,7 @@ void write_svg(std::ostream& out, const Program& program, const SimResult& resul
       result.makespan / per_us, result.makespan, cores.size(), program.num_cores,
       all_cores.size() > cores.size() ? " (more active cores not drawn)" : "");
   out << buffer;
-  // Legend.
-  double legend_x = 8;
-  for (const StageTag tag : {StageTag::qk, StageTag::sm, StageTag::pv, StageTag::up,
-                             StageTag::combine, StageTag::setup}) {
-    std::snprintf(buffer, sizeof buffer,
-                  "<rect x=\"%.0f\" y=\"40\" width=\"12\" height=\"10\" fill=\"%s\"/><text "
-                  "x=\"%.0f\" y=\"49\">%s</text>\n",
-                  legend_x, stage_color(tag), legend_x + 16, stage_tag_name(tag));
-    out << buffer;
-    legend_x += 74;
-  }
-  std::snprintf(buffer, sizeof buffer,
-                "<rect x=\"%.0f\" y=\"40\" width=\"12\" height=\"10\" fill=\"url(#bubble)\" "
-                "stroke=\"#e15759\" stroke-width=\"0.5\"/><text x=\"%.0f\" y=\"49\">bubble "
-                "(blocked on a wait; hover for the flag)</text>\n",
-                legend_x, legend_x + 16);
-  out << buffer;
+  write_svg_legend(out);
   // Lane labels and guides.
   for (std::size_t i = 0; i < cores.size(); ++i) {
     for (int local = 0; local < kPipesPerCore; ++local) {
@@ -551,33 +610,7 @@ void write_svg(std::ostream& out, const Program& program, const SimResult& resul
                   xml_escape(tip).c_str(), record.start / per_us, end / per_us);
     out << buffer;
   }
-  // Time axis with 1-2-5 ticks.
-  const double total_us = span / per_us;
-  const double raw_step = total_us / 10.0;
-  const double magnitude = std::pow(10.0, std::floor(std::log10(raw_step > 0 ? raw_step : 1.0)));
-  double step = magnitude;
-  for (const double factor : {1.0, 2.0, 5.0, 10.0}) {
-    if (magnitude * factor >= raw_step) {
-      step = magnitude * factor;
-      break;
-    }
-  }
-  std::snprintf(buffer, sizeof buffer,
-                "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"black\"/>\n",
-                kLabelWidth, plot_bottom, kLabelWidth + kPlotWidth, plot_bottom);
-  out << buffer;
-  for (double tick = 0; tick <= total_us * 1.0001; tick += step) {
-    const double x = kLabelWidth + tick * per_us * scale;
-    std::snprintf(buffer, sizeof buffer,
-                  "<line x1=\"%.2f\" y1=\"%.1f\" x2=\"%.2f\" y2=\"%.1f\" stroke=\"black\"/><text "
-                  "x=\"%.2f\" y=\"%.1f\" text-anchor=\"middle\">%g</text>\n",
-                  x, plot_bottom, x, plot_bottom + 5, x, plot_bottom + 17, tick);
-    out << buffer;
-  }
-  std::snprintf(buffer, sizeof buffer,
-                "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"middle\">time (us)</text>\n",
-                kLabelWidth + kPlotWidth / 2, plot_bottom + 33);
-  out << buffer;
+  write_time_axis(out, span / per_us, per_us * scale, plot_bottom);
   out << "</svg>\n";
 }
 
