@@ -35,7 +35,8 @@ namespace {
 /// The task kernel of a run: flash_bf16's on AMX-BF16 tiles (amx_flash.cpp) where the CPU, the
 /// OS and DITOPS_ISA allow them (bf16_dot is set only where the avx512+bf16+vnni variant runs,
 /// whose kernel that is), else the variant's. The one place the AMX kernel is chosen.
-decltype(AttentionKernels::flash_task) flash_task_kernel(const FlashTiles& tiles) {
+decltype(AttentionKernels::flash_task) flash_task_kernel(
+    [[maybe_unused]] const FlashTiles& tiles) {  // unread where no AMX kernel is compiled
 #if defined(DITOPS_AMX_COMPILED) && DITOPS_AMX_COMPILED
   if (tiles.bf16_dot && tiles.k_layout == KLayout::packed &&
       core::amx_usable(core::AmxUnit::bf16)) {
