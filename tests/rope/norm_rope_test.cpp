@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "tests/reference/norm_rope_ref.hpp"
+#include "tests/rope/tables.hpp"
 #include "tests/support/expect_rejected.hpp"
 #include "tests/support/line_offsets.hpp"
 #include "tests/support/tolerance.hpp"
@@ -44,61 +45,6 @@ const std::int64_t kDims[] = {2, 6, 8, 34, 64, 96, 128, 130, 3072};
 
 enum class TableKind { seq_dim, broadcast_all, per_batch, per_head };
 enum class WeightKind { none, f32, same_dtype };
-
-double angle(std::int64_t batch, std::int64_t head, std::int64_t seq, std::int64_t k,
-             std::int64_t dim, RotatedMode mode) {
-  const std::int64_t freq = mode == RotatedMode::rotated_half ? k % (dim / 2) : k / 2;
-  return (seq + 1 + 0.25 * batch + 0.125 * head) *
-         std::pow(10000.0, -2.0 * static_cast<double>(freq) / static_cast<double>(dim));
-}
-
-/// cos and sin tables of `t_shape` ([S, D], or 4-D in x's dimension order) filled from the
-/// index of each element, and their lookups by x's (i0, i1, i2, k).
-template <class C>
-struct Tables {
-  std::vector<std::int64_t> shape;
-  int seq_dim, head_dim;
-  std::int64_t dim;
-  TestTensor<C> cos, sin;
-
-  Tables(std::vector<std::int64_t> t_shape, bool head_first, RotatedMode mode, std::int64_t pad)
-      : shape(t_shape),
-        seq_dim(head_first ? 2 : 1),
-        head_dim(head_first ? 1 : 2),
-        dim(t_shape.back()),
-        cos(t_shape, pad),
-        sin(t_shape, pad) {
-    for (std::int64_t r = 0; r < cos.size() / dim; ++r) {
-      std::int64_t idx[3] = {0, 0, 0}, rest = r;
-      if (shape.size() == 2) {
-        idx[seq_dim] = r;
-      } else {
-        for (int d = 2; d >= 0; --d) {
-          idx[d] = rest % shape[d];
-          rest /= shape[d];
-        }
-      }
-      for (std::int64_t k = 0; k < dim; ++k) {
-        const double a = angle(idx[0], idx[head_dim], idx[seq_dim], k, dim, mode);
-        cos.at(r * dim + k) = from_float<C>(static_cast<float>(std::cos(a)));
-        sin.at(r * dim + k) = from_float<C>(static_cast<float>(std::sin(a)));
-      }
-    }
-  }
-
-  RopeTableLookup lookup(const TestTensor<C>& t) const {
-    return [this, &t](std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t k) {
-      const std::int64_t idx[3] = {a, b, c};
-      std::int64_t row = 0;
-      if (shape.size() == 2) {
-        row = idx[seq_dim];
-      } else {
-        for (int d = 0; d < 3; ++d) row = row * shape[d] + (shape[d] == 1 ? 0 : idx[d]);
-      }
-      return t.value(row * dim + k);
-    };
-  }
-};
 
 /// `count` weights in [0.5, 1.5], exactly representable in W.
 template <class W>
@@ -155,7 +101,7 @@ struct NormRopeCase {
     const std::int64_t x_pad = per_token ? 0 : pad, out_pad = per_token ? 0 : pad + 2;
     TestTensor<T> x(x_shape, x_pad), out(x_shape, out_pad);
     x.fill_normal(rng, 0.f, x_scale);
-    Tables<C> tables(t_shape, head_first, mode, pad);
+    RopeTables<C> tables(t_shape, head_first, mode, pad);
     const std::int64_t group = per_token ? heads * dim : dim;
     std::vector<float> weight_f32;
     std::vector<T> weight_same;
@@ -280,7 +226,7 @@ void expect_every_offset(std::int64_t seq, std::int64_t heads, std::int64_t dim,
   std::mt19937 rng(11);
   const std::vector<T> x0 = normal_values<T>(count, 13);
   std::vector<float> weight = make_weight<float>(group, rng);
-  Tables<T> tables({seq, dim}, false, mode, 0);
+  RopeTables<T> tables({seq, dim}, false, mode, 0);
   OffsetBuffer<T> x(count), out(count);
   const std::string context = std::string(dtype_name(detail::dtype_of<T>())) + " S" +
                               std::to_string(seq) + " N" + std::to_string(heads) + " D" +
@@ -354,7 +300,7 @@ void expect_close_to_unfused(std::int64_t group_heads, double rtol, double atol_
   x.fill_normal(rng);
   std::vector<float> weight = make_weight<float>(group_heads * kDim, rng);
   for (RotatedMode mode : {RotatedMode::rotated_half, RotatedMode::rotated_interleaved}) {
-    Tables<float> tables({kSeq, kDim}, false, mode, 0);
+    RopeTables<float> tables({kSeq, kDim}, false, mode, 0);
     rms_norm_rotary_position_embedding(x.view(), view(weight.data(), {group_heads * kDim}), 1e-6f,
                                        tables.cos.view(), tables.sin.view(), fused.view(), mode);
     TensorView grouped_x = x.view(), grouped_normalized = normalized.view();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tests/reference/rope_ref.hpp"
+#include "tests/rope/tables.hpp"
 #include "tests/support/expect_rejected.hpp"
 #include "tests/support/line_offsets.hpp"
 #include "tests/support/tolerance.hpp"
@@ -25,15 +26,6 @@ const std::int64_t kDims[] = {2, 6, 8, 34, 64, 72, 80, 96, 128, 256, 3072, 5120,
 /// The 4-D kinds broadcast the dims they do not name; heads_only ([1, N, 1, D] or [1, 1, N, D])
 /// broadcasts the sequence, x's innermost row dim in BNSD.
 enum class TableKind { seq_dim, broadcast_all, per_batch, per_head, heads_only };
-
-/// cos/sin of angle theta(s, k) = (s + 1) * 10000^(-2*(k mod D/2)/D) laid out for `mode`, with
-/// per-batch and per-head variations for the 4-D kinds so that broadcasting errors show.
-double angle(std::int64_t batch, std::int64_t head, std::int64_t seq, std::int64_t k,
-             std::int64_t dim, RotatedMode mode) {
-  const std::int64_t freq = mode == RotatedMode::rotated_half ? k % (dim / 2) : k / 2;
-  return (seq + 1 + 0.25 * batch + 0.125 * head) *
-         std::pow(10000.0, -2.0 * static_cast<double>(freq) / static_cast<double>(dim));
-}
 
 template <class T, class C>
 struct RopeCase {
@@ -73,43 +65,13 @@ struct RopeCase {
       if (table == TableKind::per_head) t_shape[head_dim] = heads;
     }
     TestTensor<T> x(x_shape, pad), out(x_shape, pad + 2);
-    TestTensor<C> cos_t(t_shape, pad), sin_t(t_shape, pad);
+    RopeTables<C> tables(t_shape, head_first, mode, pad);
     x.fill_normal(rng);
-    // Fill the tables from the index of each element.
-    const std::int64_t t_rows = cos_t.size() / dim;
-    for (std::int64_t r = 0; r < t_rows; ++r) {
-      std::int64_t idx[3] = {0, 0, 0}, rest = r;
-      if (t_shape.size() == 2) {
-        idx[seq_dim] = r;
-      } else {
-        for (int d = 2; d >= 0; --d) {
-          idx[d] = rest % t_shape[d];
-          rest /= t_shape[d];
-        }
-      }
-      for (std::int64_t k = 0; k < dim; ++k) {
-        const double a = angle(idx[0], idx[head_dim], idx[seq_dim], k, dim, mode);
-        cos_t.at(r * dim + k) = from_float<C>(static_cast<float>(std::cos(a)));
-        sin_t.at(r * dim + k) = from_float<C>(static_cast<float>(std::sin(a)));
-      }
-    }
-    auto lookup = [&](const TestTensor<C>& t) {
-      return [&t, &t_shape, seq_dim, dim = dim](std::int64_t a, std::int64_t b, std::int64_t c,
-                                                std::int64_t k) {
-        const std::int64_t idx[3] = {a, b, c};
-        std::int64_t row = 0;
-        if (t_shape.size() == 2) {
-          row = idx[seq_dim];
-        } else {
-          for (int d = 0; d < 3; ++d) row = row * t_shape[d] + (t_shape[d] == 1 ? 0 : idx[d]);
-        }
-        return t.value(row * dim + k);
-      };
-    };
-    const auto ref =
-        rope_reference(x, mode == RotatedMode::rotated_interleaved, lookup(cos_t), lookup(sin_t));
+    const auto ref = rope_reference(x, mode == RotatedMode::rotated_interleaved,
+                                    tables.lookup(tables.cos), tables.lookup(tables.sin));
     TestTensor<T>& dst = in_place ? x : out;
-    rotary_position_embedding(x.view(), cos_t.view(), sin_t.view(), dst.view(), mode, head_first);
+    rotary_position_embedding(x.view(), tables.cos.view(), tables.sin.view(), dst.view(), mode,
+                              head_first);
     expect_close(dst, ref, rowwise_tolerance<T>(), describe());
   }
 };
@@ -329,7 +291,7 @@ void expect_every_line_offset_equal() {
   for (RotatedMode mode : {RotatedMode::rotated_half, RotatedMode::rotated_interleaved}) {
     for (std::int64_t s = 0; s < seq; ++s) {
       for (std::int64_t k = 0; k < kDim; ++k) {
-        const double a = angle(0, 0, s, k, kDim, mode);
+        const double a = rope_angle(0, 0, s, k, kDim, mode);
         cos_t[s * kDim + k] = from_float<T>(static_cast<float>(std::cos(a)));
         sin_t[s * kDim + k] = from_float<T>(static_cast<float>(std::sin(a)));
       }
