@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from . import _ditops
+from . import _ditops, quant
 
 
 class ExportReport:
@@ -123,14 +123,13 @@ class Calibration:
         parameters per recorded step, dynamic after the last), "W8A8" (static, from the range
         over all steps) or "W8A8_DYNAMIC" (per token; the ranges serve SmoothQuant only).
         smooth: SmoothQuant's alpha in [0, 1] (0.5 is usual) or None. keep_float: shell
-        patterns of layers kept in floating point (default ditops.diffusers.KEEP_FLOAT:
+        patterns of layers kept in floating point (default ditops.quant.KEEP_FLOAT:
         embedders, modulation, the final projection). Layers that never ran are kept too (they
         cannot be calibrated), as are rank-2 weights of modules that are not nn.Linear. Returns
         an ExportReport. ditops.Error naming the layer for bad input; nothing is written
         then."""
         if keep_float is None:
-            from .diffusers import KEEP_FLOAT
-            keep_float = KEEP_FLOAT
+            keep_float = quant.KEEP_FLOAT
         if isinstance(keep_float, str):
             keep_float = (keep_float,)
         if not os.path.isdir(out_dir):

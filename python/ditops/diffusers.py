@@ -24,8 +24,9 @@ import re
 import torch
 
 from . import _ditops, ops, quant
-from .mindiesd.layers.flash_attn.sparse_flash_attn_rf_v2 import rainfusion_v2_attention
-from .mindiesd.quantization.utils import match_layer_pattern
+from .quantization.utils import match_layer_pattern
+from .rainfusion_v2 import rainfusion_v2_attention
+from .step_cache import CacheAgent, CacheConfig
 
 _BACKENDS = {"dense": "ditops", "int8": "ditops_int8", "rainfusion": "ditops_rainfusion"}
 
@@ -550,6 +551,7 @@ def disable(model):
         setattr(module, attribute, norm)
     for module, attribute, linear in state["linears"]:
         setattr(module, attribute, linear)
+    quant.hold_linears(model, False)
     if state["rope"]:
         _patch_rope(False)
     model.set_attn_processor(state["processors"])
@@ -614,8 +616,6 @@ def _cache_sites(model):
 def _cache_config(cache, model, blocks_count):
     """The CacheConfig optimize's agent reads: `cache` itself, or a copy with the model's
     blocks_count where cache gives 0. Any other blocks_count than the model's raises."""
-    from .mindiesd import CacheConfig
-
     if not isinstance(cache, CacheConfig):
         raise ValueError("ditops.diffusers.optimize: cache must be None or a "
                          f"ditops.mindiesd.CacheConfig, not {type(cache).__name__}")
@@ -682,8 +682,6 @@ def _cached_attention_forward(agent, forward):
 def _cache_agent(model, cache):
     """(the CacheAgent optimize puts on `model` for `cache`, the config it reads), built and
     checked before anything of the model changes."""
-    from .mindiesd import CacheAgent
-
     blocks, _, _ = _cache_sites(model)
     config = _cache_config(cache, model, len(blocks))
     return CacheAgent(config), config  # the agent checks the rest (ConfigError, a ValueError)
@@ -714,7 +712,7 @@ def _apply_cache(model, state, agent, method):
 # the embedders (patch, text, timestep), the modulation (the AdaLN linears that produce scale,
 # shift and gate), the timestep projections and the final projection. Their inputs or outputs
 # set every token's scale, and they cost little of the forward.
-KEEP_FLOAT = ("*embed*", "*norm*.linear", "norm_out*", "*time_proj*", "proj_out")
+KEEP_FLOAT = quant.KEEP_FLOAT
 
 _QUANTIZE = (None, "w8a8_dynamic")
 
@@ -868,6 +866,7 @@ def optimize(pipe_or_transformer, quantize=None, attention="dense", keep_float=K
             parent_name, _, attribute = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
             state["linears"].append((parent, attribute, linear))
+            quant.hold_linears(model)
             setattr(parent, attribute, quant.QuantLinear(layer, name, linear.weight.dtype))
             report.on_ditops.setdefault(kind, []).append(prefix + name)
             report.weight_bytes += layer.weight_bytes

@@ -115,6 +115,15 @@ _add_rms_norm = Op(
     ),
 )
 
+# layer_norm's kernel: plain LayerNorm when scale and shift are None, else AdaLN.
+_layer_norm = Op(
+    "layer_norm_scale_shift",
+    "(Tensor x, Tensor? weight, Tensor? bias, Tensor? scale, Tensor? shift, float eps) -> Tensor",
+    lambda x, *rest: [(None, None)],
+    lambda x, weight, bias, scale, shift, eps, out: _ditops.layer_norm_scale_shift(
+        x, weight, bias, scale, shift, eps, out),
+)
+
 _cfg_combine = Op(
     "cfg_combine",
     "(Tensor cond, Tensor uncond, float scale) -> Tensor",
@@ -390,6 +399,18 @@ def rms_norm_rotary_position_embedding(x, weight, cos, sin, eps=1e-6,
                             f"{list(sin.shape)} must both be [S, D] or 4-D")
     cos, sin = (_arrays.float32_table(table, x) for table in (cos, sin))
     return call(_norm_rope, x, weight, float(eps), cos, sin, rotated_mode, head_first, out=out)
+
+
+def layer_norm(x, weight=None, bias=None, eps=1e-5, scale=None, shift=None):
+    """LayerNorm over x's last dimension D: (x - mean) / sqrt(var + eps) · weight + bias, each
+    row's statistics in fp32, one rounding to x's dtype (float32, bfloat16 or float16). weight
+    and bias [D] (float32 or x's dtype) or None. With scale and shift (AdaLN, given together,
+    of one dtype, x's rank, leading extents x's or 1): then · (1 + scale) + shift."""
+    _arrays.check_inputs("layer_norm", ("weight", "bias", "scale", "shift"), x=x,
+                         weight=weight, bias=bias, scale=scale, shift=shift)
+    if (scale is None) != (shift is None):
+        raise _ditops.Error("layer_norm: scale and shift must be given together")
+    return call(_layer_norm, x, weight, bias, scale, shift, float(eps))
 
 
 def add_rms_norm(x, residual, weight, eps=1e-6):

@@ -1,8 +1,8 @@
 """W8A8 linear layers in PyTorch models: QuantLinear (a torch module over a ditops layer), the
 layers quantize() builds from an msmodelslim export or from a model's own weights, and the
 denoising step of each converted model's W8A8_TIMESTEP layers (set_timestep: one model;
-set_every_timestep: all of them, MindIE-SD's TimestepManager). The MindIE-SD surface over this
-(quantize, its configurations) is ditops.mindiesd.quantization."""
+set_every_timestep: all of them, MindIE-SD's TimestepManager). quantize() and its
+configurations, over this: ditops.quantization."""
 
 import atexit
 import weakref
@@ -95,6 +95,33 @@ def replace_layers(model, layers):
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, QuantLinear(layer, name))
     model._ditops_quantized_layers = getattr(model, "_ditops_quantized_layers", 0) + len(layers)
+
+
+# Models whose nn.Linear layers an integration (ditops.diffusers.optimize) has replaced and will
+# put back: quantize() refuses them, its layers would be lost when the originals return.
+_HELD = weakref.WeakSet()
+
+
+def hold_linears(model, held=True):
+    """Marks `model`'s linear layers as replaced by an integration that restores them (held),
+    or no longer (held=False)."""
+    if held:
+        _HELD.add(model)
+    else:
+        _HELD.discard(model)
+
+
+def holds_linears(model):
+    """Whether an integration holds `model`'s linear layers (hold_linears)."""
+    return model in _HELD
+
+
+# Linear layers ditops keeps in floating point when it quantizes a diffusers transformer
+# (optimize(quantize="w8a8_dynamic"), Calibration.export): the embedders (patch, text,
+# timestep), the modulation (the AdaLN linears that produce scale, shift and gate), the timestep
+# projections and the final projection. Their inputs or outputs set every token's scale, and
+# they cost little of the forward. fnmatch patterns over the layers' dotted names.
+KEEP_FLOAT = ("*embed*", "*norm*.linear", "norm_out*", "*time_proj*", "proj_out")
 
 
 # A step no policy makes static: what a converted model's timestep layers are at while no step

@@ -14,7 +14,7 @@ from conftest import close, reference_attention
 from ditops.mindiesd import sparse_attention
 from ditops.mindiesd._unsupported import FeatureNotSupported
 from ditops.mindiesd.layers.flash_attn import sparse_flash_attn_ada_bsa as ada_bsa
-from ditops.mindiesd.layers.flash_attn.sparse_flash_attn_rf_v2 import rainfusion_v2_attention
+from ditops.rainfusion_v2 import rainfusion_v2_attention
 from ditops.mindiesd.layers.flash_attn.sparse_flash_attn_rf_v3 import bsa_sparse_attention_v3
 from ditops.mindiesd.utils.exception import ParametersInvalid
 

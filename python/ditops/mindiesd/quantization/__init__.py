@@ -1,6 +1,12 @@
-from .quantize import quantize
-from .utils import TimestepManager
-from .config import OnlineQuantConfig, QuantConfig, TimestepPolicyConfig
+"""mindiesd.quantization: MindIE-SD's quantize() and its configurations (ditops.quantization)."""
+
+from ...quantization import (
+    OnlineQuantConfig,
+    QuantConfig,
+    TimestepManager,
+    TimestepPolicyConfig,
+    quantize,
+)
 
 __all__ = ["quantize", "TimestepManager", "OnlineQuantConfig", "QuantConfig",
            "TimestepPolicyConfig"]
