@@ -25,7 +25,11 @@ Schedules (steps counted from 0; a "reuse" step takes the cached value):
         blocks 10-50 of 60): steps 5, 6, 8, 9, ..., 17, 18 skip blocks 1 and 2.
 
     PYTHONPATH=build/release/python build/venv/bin/python bench/python/cache_loop.py \\
-        [--model flux|wan|all] [--runs 3] [--threads 2] [--no-ditops]
+        [--model flux|wan|all] [--runs 3] [--threads 2] [--no-ditops] [--json FILE]
+
+--json FILE writes the times as Google Benchmark JSON (bench_json.py): rows
+cache_loop/model:M/method:C, method 0 the loop without the cache, 1 attention_cache and 2
+dit_block_cache, the final latent's rel-L2 in their labels.
 """
 
 import argparse
@@ -37,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+import bench_json
 import ditops
 import ditops.diffusers
 
@@ -71,7 +76,7 @@ def rel_l2(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def bench(name, model, inputs, args):
+def bench(name, model, inputs, args, results):
     # enable before wrapping: it finds Wan's self-attentions by their path (blocks.N.attn1).
     if args.ditops:
         ditops.diffusers.enable(model)
@@ -104,10 +109,16 @@ def bench(name, model, inputs, args):
     medians = {method: statistics.median(values) for method, values in seconds.items()}
     print("| configuration | median s per loop | speedup | final latent rel-L2 to uncached |")
     print("|---|---:|---:|---:|")
-    for method in methods:
-        error = "-" if method is None else f"{rel_l2(latents[method], latents[None]):.1e}"
+    for index, method in enumerate(methods):
+        error = None if method is None else rel_l2(latents[method], latents[None])
         print(f"| {method or 'no cache'} | {medians[method]:.2f} | "
-              f"{medians[None] / medians[method]:.2f}x | {error} |")
+              f"{medians[None] / medians[method]:.2f}x | "
+              f"{'-' if error is None else f'{error:.1e}'} |")
+        label = f"{method or 'no cache'}, {STEPS} steps"
+        if error is not None:
+            label += f"; final latent rel-L2 to uncached {error:.1e}"
+        results.add(f"cache_loop/model:{name}/method:{index}", seconds[method], unit="s",
+                    label=label, counters={"rel_l2": error})
     for method, values in seconds.items():
         print(f"  {method or 'no cache'}: " + " / ".join(f"{value:.2f}" for value in values))
 
@@ -119,6 +130,7 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-ditops", dest="ditops", action="store_false",
                         help="diffusers' own attention instead of ditops.diffusers.enable")
+    parser.add_argument("--json", help="write the times to this file (bench_json.py)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     ditops.set_num_threads(args.threads)
@@ -130,12 +142,15 @@ def main():
                                       "64 image + 32 text tokens"),
                 "wan": (wan_shaped, "Wan-shaped: hidden 1536, FFN 8960, 3 blocks, 128 latent + "
                                     "32 text tokens")}
+    results = bench_json.Results("cache_loop.py", threads=args.threads, runs=args.runs,
+                                 steps=STEPS, ditops=args.ditops)
     with torch.inference_mode():
         for name in (["flux", "wan"] if args.model == "all" else [args.model]):
             build, title = builders[name]
             print(f"\n{title}")
             model, inputs = build()
-            bench(name, model, inputs, args)
+            bench(name, model, inputs, args, results)
+    results.write(args.json)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,12 @@ after mallopt(M_MMAP_MAX, 0) and a trim threshold beyond any output, which keep 
 in the heap: the kernels' own time.
 
     PYTHONPATH=build/release/python build/venv/bin/python bench/python/layernorm_scale_shift.py \
-        [--runs 11] [--triad-gbs X Y]
+        [--runs 11] [--triad-gbs X Y] [--shape flux|wan|all] [--memory fresh|reused|all]
+        [--threads 1 2] [--json FILE]
+
+--json FILE writes the times as Google Benchmark JSON (bench_json.py): rows
+layernorm_scale_shift/memory:M/shape:S/dtype:D/threads:T/call:C/lib:L, lib 0 torch and 1
+ditops, with GB/s (and frac_bw, the fraction of the triad, with --triad-gbs).
 """
 
 import argparse
@@ -25,10 +30,13 @@ import time
 import torch
 import torch.nn.functional as F
 
+import bench_json
 import ditops
 from ditops.mindiesd import fast_layernorm, layernorm_scale_shift
 
-SHAPES = [("FLUX image stream", (1, 4608, 3072)), ("Wan 2.1 1.3B 480p latent", (1, 32760, 1536))]
+SHAPES = {"flux": ("FLUX image stream", (1, 4608, 3072)),
+          "wan": ("Wan 2.1 1.3B 480p latent", (1, 32760, 1536))}
+DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
 def torch_adaln(norm, x, scale, shift):
@@ -44,8 +52,9 @@ def keep_freed_memory():
         raise RuntimeError("mallopt refused")
 
 
-def interleaved_medians(candidates, runs):
-    """Median seconds per call of each candidate, the candidates run in turn `runs` times."""
+def interleaved(candidates, runs):
+    """Seconds per call of each candidate in each turn, the candidates run in turn `runs`
+    times."""
     for call in candidates.values():
         call()
     seconds = {name: [] for name in candidates}
@@ -54,7 +63,7 @@ def interleaved_medians(candidates, runs):
             start = time.perf_counter()
             call()
             seconds[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in seconds.items()}
+    return seconds
 
 
 def main():
@@ -62,6 +71,10 @@ def main():
     parser.add_argument("--runs", type=int, default=11)
     parser.add_argument("--triad-gbs", type=float, nargs=2, help="memory triad GB/s at 1 and 2 "
                         "threads (ditops_bench --benchmark_filter=BM_memory_triad)")
+    parser.add_argument("--shape", choices=[*SHAPES, "all"], default="all")
+    parser.add_argument("--memory", choices=["fresh", "reused", "all"], default="all")
+    parser.add_argument("--threads", type=int, nargs="+", choices=[1, 2], default=[1, 2])
+    parser.add_argument("--json", help="write the times to this file (bench_json.py)")
     args = parser.parse_args()
     print(f"ditops {ditops.__version__}, torch {torch.__version__}, isa "
           f"{ditops.cpu_info()['isa']}, medians of {args.runs} interleaved runs")
@@ -70,23 +83,29 @@ def main():
           (" ditops frac triad |" if args.triad_gbs else ""))
     print("|---|---|---|---:|---|---:|---:|---:|---:|---:|" + ("---:|" if args.triad_gbs else ""))
     torch.manual_seed(0)
+    results = bench_json.Results("layernorm_scale_shift.py", runs=args.runs)
     for memory in ("fresh", "reused"):
+        if args.memory not in (memory, "all"):
+            continue
         if memory == "reused":
             keep_freed_memory()
         with torch.inference_mode():
-            for name, shape in SHAPES:
+            for key, (name, shape) in SHAPES.items():
+                if args.shape not in (key, "all"):
+                    continue
                 for dtype in (torch.float32, torch.bfloat16):
-                    run_shape(args, memory, name, shape, dtype)
+                    run_shape(args, results, memory, key, name, shape, dtype)
+    results.write(args.json)
 
 
-def run_shape(args, memory, name, shape, dtype):
+def run_shape(args, results, memory, key, name, shape, dtype):
     hidden = shape[-1]
     x = torch.randn(shape).to(dtype)
     scale = (0.5 * torch.randn(shape[0], hidden)).to(dtype)
     shift = torch.randn(shape[0], hidden).to(dtype)
     norm = torch.nn.LayerNorm(hidden, eps=1e-6).to(dtype)
     bytes_moved = 2 * x.numel() * x.element_size()
-    for threads in (1, 2):
+    for threads in args.threads:
         ditops.set_num_threads(threads)
         torch.set_num_threads(threads)
         pairs = [
@@ -96,7 +115,8 @@ def run_shape(args, memory, name, shape, dtype):
              lambda: F.layer_norm(x, (hidden,), norm.weight, norm.bias, norm.eps)),
         ]
         for call, ours, theirs in pairs:
-            median = interleaved_medians({"ditops": ours, "torch": theirs}, args.runs)
+            seconds = interleaved({"ditops": ours, "torch": theirs}, args.runs)
+            median = {lib: statistics.median(values) for lib, values in seconds.items()}
             row = (f"| {memory} | {name} {list(shape)} | {str(dtype)[6:]} | {threads} | {call} | "
                    f"{median['ditops'] * 1e3:.2f} | {median['torch'] * 1e3:.2f} | "
                    f"{median['torch'] / median['ditops']:.2f} | "
@@ -106,6 +126,18 @@ def run_shape(args, memory, name, shape, dtype):
                 triad = args.triad_gbs[threads - 1]
                 row += f" {bytes_moved / median['ditops'] / 1e9 / triad:.0%} |"
             print(row, flush=True)
+            short, baseline = (("adaln", "F.layer_norm, * (1 + scale) + shift")
+                               if call == "layernorm_scale_shift" else
+                               ("layernorm", "F.layer_norm"))
+            for lib, (who, what) in enumerate((("torch", f"torch {baseline}"),
+                                               ("ditops", call))):
+                counters = {"GB/s": bytes_moved / median[who] / 1e9}
+                if args.triad_gbs:
+                    counters["frac_bw"] = counters["GB/s"] / args.triad_gbs[threads - 1]
+                results.add(f"layernorm_scale_shift/memory:{memory}/shape:{key}/"
+                            f"dtype:{DTYPE_NAMES[dtype]}/threads:{threads}/call:{short}/lib:{lib}",
+                            seconds[who], unit="ms", counters=counters,
+                            label=f"{what}, {name} {list(shape)}, {memory} output memory")
 
 if __name__ == "__main__":
     main()

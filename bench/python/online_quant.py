@@ -1,12 +1,15 @@
 """Online W8A8 on whole diffusers transformers: MindIE-SD's
 `quantize(model, online_config=OnlineQuantConfig())` (every nn.Linear a W8A8_DYNAMIC layer of
 its own weights, in memory, no export) against the fp32 model, on the FLUX- and Wan-shaped
-transformers of model_speed.py (its builders; random fp32 weights): torch default / quantized /
-quantized + ditops.diffusers.enable, one forward at a time, interleaved (A, B, C, A, B, C, ...),
-medians; each output's rel-L2 to the fp32 model's, and the time quantize() took.
+transformers of model_speed.py (its builders and --size; random fp32 weights): torch default /
+quantized / quantized + ditops.diffusers.enable, one forward at a time, interleaved (A, B, C, A,
+B, C, ...), medians; each output's rel-L2 to the fp32 model's, and the time quantize() took.
 
     PYTHONPATH=build/release/python build/venv/bin/python bench/python/online_quant.py \
-        [--model flux|wan|all] [--runs 3] [--threads 2]
+        [--model flux|wan|all] [--size full|small] [--runs 3] [--threads 2] [--json FILE]
+
+--json FILE writes the times as Google Benchmark JSON (bench_json.py): rows
+online_quant/model:M/config:C, config 0 the fp32 model.
 """
 
 import argparse
@@ -14,6 +17,7 @@ import time
 
 import torch
 
+import bench_json
 import ditops
 import ditops.diffusers
 import model_speed
@@ -21,16 +25,9 @@ from ditops.mindiesd import OnlineQuantConfig, quantize
 from ditops.mindiesd.quantization.mode import QuantAlgorithm
 
 
-# The shapes model_speed.py times (its titles say them).
-FLUX_TITLE = ("FLUX-shaped: hidden 3072, 24 x 128 heads, 4096 image + 512 text tokens, "
-              "1 double + 1 single block, fp32")
-WAN_TITLE = ("Wan-shaped: hidden 1536, 12 x 128 heads, 1 block, 8 x 30 x 52 latent + 512 text "
-             "tokens, fp32")
-
-
-def bench(build, title, config, args):
-    model, inputs = build()
-    quantized, _ = build()
+def bench(name, build, title, config, args, results):
+    model, inputs = build(size=args.size)
+    quantized, _ = build(size=args.size)
     layers = sum(isinstance(m, torch.nn.Linear) for m in quantized.modules())
     start = time.perf_counter()
     quantize(quantized, online_config=config)
@@ -45,7 +42,8 @@ def bench(build, title, config, args):
         ("quantize + ditops.diffusers.enable", quantized,
          lambda: ditops.diffusers.enable(quantized)),
     ]
-    model_speed.compare(title, configs, inputs, args.runs)
+    model_speed.compare(title, configs, inputs, args.runs, results,
+                        f"online_quant/model:{name}/")
 
 
 def main():
@@ -53,6 +51,9 @@ def main():
     parser.add_argument("--model", choices=["flux", "wan", "all"], default="all")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--size", choices=sorted(model_speed.SIZES), default="full",
+                        help="the token counts (small: a quick run at the real widths)")
+    parser.add_argument("--json", help="write the times to this file (bench_json.py)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     ditops.set_num_threads(args.threads)
@@ -60,15 +61,20 @@ def main():
     info = ditops.cpu_info()
     print(f"torch {torch.__version__}, threads {args.threads}, ditops isa {info['isa']} "
           f"(avx512_vnni {info['avx512_vnni']}, avx512_bf16 {info['avx512_bf16']})")
+    results = bench_json.Results("online_quant.py", threads=args.threads, runs=args.runs,
+                                 size=args.size)
     with torch.inference_mode():
         if args.model in ("flux", "all"):
-            bench(model_speed.flux_shaped, FLUX_TITLE, OnlineQuantConfig(), args)
+            bench("flux", model_speed.flux_shaped, model_speed.flux_title(args.size, "fp32"),
+                  OnlineQuantConfig(), args, results)
         if args.model in ("wan", "all"):
             # Wan's condition embedder reads its time embedder's parameters for their dtype,
             # which quantized layers do not have (MindIE-SD's neither): kept in fp32.
             config = OnlineQuantConfig(fallback_layers={"condition_embedder.time_embedder.*":
                                                         QuantAlgorithm.W16A16})
-            bench(model_speed.wan_shaped, WAN_TITLE, config, args)
+            bench("wan", model_speed.wan_shaped, model_speed.wan_title(args.size, "fp32"),
+                  config, args, results)
+    results.write(args.json)
 
 
 if __name__ == "__main__":

@@ -1,33 +1,50 @@
 """The Python layer's cost per call at tiny shapes, where the kernels take well under a
 microsecond: each public call on torch tensors (under torch.inference_mode) and on numpy arrays,
 beside the same C++ call made through the raw binding on numpy arrays (the C++ call plus
-nanobind's argument conversion, ~0.3 us). Best of 7 repetitions of 20000 calls.
+nanobind's argument conversion, ~0.3 us). 7 repetitions of 20000 calls, the three ways of a
+call taking turns; the overhead is each repetition's time less the C++ call's in the same turn,
+and the tables show medians over the repetitions.
 
-    PYTHONPATH=build/release/python build/venv/bin/python bench/python/overhead.py
+    PYTHONPATH=build/release/python build/venv/bin/python bench/python/overhead.py \
+        [--calls 20000] [--repetitions 7] [--json FILE]
+
+--json FILE writes the overheads as Google Benchmark JSON (bench_json.py): a row per call and
+input kind, its time the overhead in us over the C++ call.
 """
 
+import argparse
+import statistics
 import time
 
 import numpy as np
 import torch
 
+import bench_json
 import ditops
 from ditops import _ditops
 
 
-def best_us(function, calls=20000, repetitions=7):
-    for _ in range(1000):
-        function()
-    best = float("inf")
-    for _ in range(repetitions):
-        start = time.perf_counter()
-        for _ in range(calls):
+def per_call_us(functions, calls, repetitions):
+    """Each function's us per call in each repetition, the functions taking turns."""
+    for function in functions:
+        for _ in range(1000):
             function()
-        best = min(best, (time.perf_counter() - start) / calls * 1e6)
-    return best
+    times = [[] for _ in functions]
+    for _ in range(repetitions):
+        for function, spent in zip(functions, times):
+            start = time.perf_counter()
+            for _ in range(calls):
+                function()
+            spent.append((time.perf_counter() - start) / calls * 1e6)
+    return times
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=20000, help="calls per repetition")
+    parser.add_argument("--repetitions", type=int, default=7)
+    parser.add_argument("--json", help="write the overheads to this file (bench_json.py)")
+    args = parser.parse_args()
     ditops.set_num_threads(1)
     x = torch.randn(1, 8, 2, 16)
     w = torch.ones(16)
@@ -37,33 +54,48 @@ def main():
     out = np.empty_like(xn)
     lse = np.empty((1, 2, 8), np.float32)
     cases = [
-        ("rms_norm [1,8,2,16]", lambda a, b: ditops.rms_norm(a, b), (x, w), (xn, wn),
+        ("rms_norm", "rms_norm [1,8,2,16]", lambda a, b: ditops.rms_norm(a, b), (x, w), (xn, wn),
          lambda: _ditops.rms_norm(xn, wn, 1e-6, out)),
-        ("add_rms_norm", lambda a, b: ditops.add_rms_norm(a, a, b), (x, w), (xn, wn),
-         lambda: _ditops.add_rms_norm(xn, xn, wn, 1e-6, out, out.copy())),
-        ("rotary_position_embedding", lambda a, c, s: ditops.rotary_position_embedding(a, c, s),
-         (x, cos, sin), (xn, cn, sn),
+        ("add_rms_norm", "add_rms_norm", lambda a, b: ditops.add_rms_norm(a, a, b), (x, w),
+         (xn, wn), lambda: _ditops.add_rms_norm(xn, xn, wn, 1e-6, out, out.copy())),
+        ("rope", "rotary_position_embedding",
+         lambda a, c, s: ditops.rotary_position_embedding(a, c, s), (x, cos, sin), (xn, cn, sn),
          lambda: _ditops.rotary_position_embedding(xn, cn, sn, out, "rotated_half", False)),
-        ("cfg_combine", lambda a: ditops.cfg_combine(a, a, 2.0), (x,), (xn,),
+        ("cfg_combine", "cfg_combine", lambda a: ditops.cfg_combine(a, a, 2.0), (x,), (xn,),
          lambda: _ditops.cfg_combine(xn, xn, 2.0, out)),
-        ("attention_forward S=8 N=2 D=16", lambda a: ditops.attention_forward(a, a, a), (x,),
-         (xn,), lambda: _ditops.attention_forward(xn, xn, xn, out, None, None, None, False,
-                                                  False, "automatic", 2)),
-        ("attention_forward + lse", lambda a: ditops.attention_forward(a, a, a, return_lse=True),
-         (x,), (xn,), lambda: _ditops.attention_forward(xn, xn, xn, out, None, lse, None, False,
-                                                        False, "automatic", 2)),
+        ("attention", "attention_forward S=8 N=2 D=16",
+         lambda a: ditops.attention_forward(a, a, a), (x,), (xn,),
+         lambda: _ditops.attention_forward(xn, xn, xn, out, None, None, None, False, False,
+                                           "automatic", 2)),
+        ("attention_lse", "attention_forward + lse",
+         lambda a: ditops.attention_forward(a, a, a, return_lse=True), (x,), (xn,),
+         lambda: _ditops.attention_forward(xn, xn, xn, out, None, lse, None, False, False,
+                                           "automatic", 2)),
     ]
-    print(f"ditops {ditops.__version__}, isa {ditops.cpu_info()['isa']}, 1 thread")
+    print(f"ditops {ditops.__version__}, isa {ditops.cpu_info()['isa']}, 1 thread, medians of "
+          f"{args.repetitions} x {args.calls} calls")
     print("| call | torch tensors us | numpy us | C++ call (raw binding, numpy) us |"
           " overhead torch us | overhead numpy us |")
     print("|---|---:|---:|---:|---:|---:|")
+    results = bench_json.Results("overhead.py", threads=1, calls=args.calls)
     with torch.inference_mode():
-        for name, public, torch_args, numpy_args, raw in cases:
-            on_torch = best_us(lambda: public(*torch_args))
-            on_numpy = best_us(lambda: public(*numpy_args))
-            native = best_us(raw)
-            print(f"| {name} | {on_torch:.2f} | {on_numpy:.2f} | {native:.2f} | "
-                  f"{on_torch - native:.2f} | {on_numpy - native:.2f} |")
+        for key, name, public, torch_args, numpy_args, raw in cases:
+            times = dict(zip(("torch", "numpy", "native"), per_call_us(
+                [lambda: public(*torch_args), lambda: public(*numpy_args), raw], args.calls,
+                args.repetitions)))
+            over = {kind: [t - n for t, n in zip(times[kind], times["native"])]
+                    for kind in ("torch", "numpy")}
+            print(f"| {name} | {statistics.median(times['torch']):.2f} | "
+                  f"{statistics.median(times['numpy']):.2f} | "
+                  f"{statistics.median(times['native']):.2f} | "
+                  f"{statistics.median(over['torch']):.2f} | "
+                  f"{statistics.median(over['numpy']):.2f} |")
+            native = statistics.median(times["native"])
+            for kind, tensors in (("torch", "torch tensors"), ("numpy", "numpy arrays")):
+                results.add(f"overhead/{key}/input:{kind}", [us * 1e-6 for us in over[kind]],
+                            unit="us", label=f"{name}, {tensors}: over the C++ call "
+                                             f"({native:.2f} us)")
+    results.write(args.json)
 
 
 if __name__ == "__main__":

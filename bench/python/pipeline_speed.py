@@ -40,13 +40,17 @@ the first is compared with the first bit for bit (disable restores the default m
         [--model flux|wan|all] [--size tiny|small|full] [--steps 20] [--dtype f32|bf16]
         [--runs 3] [--threads 2] [--narrow] [--json FILE] [--png DIR] [--markdown FILE]
 
---png DIR writes, per model, MODEL_outputs.png (each configuration's decoded output side by
-side, Wan's middle frame) and MODEL_time.png (where the time goes: stacked bars per
-configuration), drawn with PIL.
+--json FILE writes the figures as Google Benchmark JSON (bench_json.py): rows
+pipeline_speed/model:M/dtype:D/config:C, config 0 diffusers' default, each run's total time;
+the median entry has the medians of first_step, steady_step, text_encoder, transformer, vae,
+other and optimize (seconds), psnr (dB) and rel_l2 as counters, each run's entry its step
+times (steps); the context says whether disable restored the default output (restored).
+--markdown FILE writes the tables. --png DIR writes, per model, MODEL_outputs.png (each
+configuration's decoded output side by side, Wan's middle frame) and MODEL_time.png (where the
+time goes: stacked bars per configuration), drawn with PIL.
 """
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -55,6 +59,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import bench_json
 import ditops
 import ditops.diffusers
 from ditops.mindiesd import CacheConfig
@@ -261,6 +266,30 @@ def table(result):
     return "\n".join(lines)
 
 
+def json_results(results, args):
+    """The figures as bench_json rows, one per model and configuration."""
+    rows = bench_json.Results(
+        "pipeline_speed.py", threads=args.threads, runs=args.runs, steps=args.steps,
+        restored={result["model"]: result["restored"] for result in results},
+        shapes={result["model"]: result["shape"] for result in results}, text=args.text)
+    for result in results:
+        height, width, frames = result["shape"]
+        size = f"{width} x {height}" + (f", {frames} frames" if frames else "")
+        for index, row in enumerate(result["results"]):
+            label = (f"{row['configuration']}; {size}, {result['steps']} steps; first / steady "
+                     f"step {row['first_step']:.2f} / {row['steady_step']:.2f} s")
+            if row["rel_l2"] is not None:
+                label += ("; output equal" if row["psnr"] is None else
+                          f"; PSNR {row['psnr']:.1f} dB") + f", latent rel-L2 {row['rel_l2']:.1e}"
+            counters = {key: row[key] for key in ("first_step", "steady_step", "text_encoder",
+                                                  "transformer", "vae", "other", "optimize",
+                                                  "psnr", "rel_l2")}
+            rows.add(f"pipeline_speed/model:{result['model']}/dtype:{args.dtype}/config:{index}",
+                     row["totals"], unit="s", label=label, counters=counters,
+                     extra=[dict(steps=steps) for steps in row["step_times"]])
+    return rows
+
+
 # ---- PNG output (PIL only) -------------------------------------------------------------------
 
 # The parts of the time, their colors and legends.
@@ -348,7 +377,7 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--narrow", action="store_true",
                         help="the test suite's small widths instead of the real models'")
-    parser.add_argument("--json", help="write the figures to this file")
+    parser.add_argument("--json", help="write the figures to this file (bench_json.py)")
     parser.add_argument("--png", help="write the outputs and time charts into this directory")
     parser.add_argument("--markdown", help="write the tables to this file too")
     args = parser.parse_args()
@@ -381,9 +410,7 @@ def main():
                 outputs_png(result, outputs, directory / f"{name}_outputs.png")
                 time_png(result, directory / f"{name}_time.png")
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(
-            torch=torch.__version__, diffusers=diffusers.__version__, threads=args.threads,
-            isa=info["isa"], dtype=args.dtype, runs=args.runs, models=results), indent=1) + "\n")
+        json_results(results, args).write(args.json)
     if args.markdown:
         Path(args.markdown).write_text("\n".join(tables) + "\n")
 

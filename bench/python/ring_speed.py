@@ -5,7 +5,10 @@ rank) timed alternately, medians of `--runs`. Also the share of the ring's time 
 waiting for a key/value shard (the communication the attention did not hide).
 
     PYTHONPATH=build/release/python build/venv/bin/python bench/python/ring_speed.py \\
-        --seq 8192 --processes 2
+        --seq 8192 --processes 2 [--runs 3] [--json FILE]
+
+--json FILE writes the times as Google Benchmark JSON (bench_json.py): rows
+ring_speed/seq:S/processes:P, P 1 the single process, with GFLOP/s.
 """
 
 import argparse
@@ -18,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import bench_json
 
 def worker(rank, world, store, args, results):
     os.sched_setaffinity(0, {rank % os.cpu_count()})
@@ -66,8 +70,7 @@ def worker(rank, world, store, args, results):
         ring.append(max(t[0].item() for t in everyone))
         waited.append(max(t[1].item() for t in everyone))
     if rank == 0:
-        results.put((statistics.median(single), statistics.median(ring),
-                     statistics.median(waited), ditops.cpu_info()["isa"]))
+        results.put((single, ring, statistics.median(waited), ditops.cpu_info()["isa"]))
     dist.destroy_process_group()
 
 
@@ -78,13 +81,15 @@ def main():
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--json", help="write the times to this file (bench_json.py)")
     args = parser.parse_args()
     context = mp.get_context("spawn")
     results = context.Queue()
     with tempfile.TemporaryDirectory() as scratch:
         mp.spawn(worker, args=(args.processes, os.path.join(scratch, "store"), args, results),
                  nprocs=args.processes)
-    single, ring, waited, isa = results.get()
+    singles, rings, waited, isa = results.get()
+    single, ring = statistics.median(singles), statistics.median(rings)
     flops = 4.0 * args.seq * args.seq * args.heads * args.dim
     print(f"isa {isa}; S {args.seq}, {args.heads} heads x {args.dim}, fp32, non-causal; "
           f"medians of {args.runs}")
@@ -93,6 +98,16 @@ def main():
     print(f"| 1 process, 1 core | {single:.2f} | {flops / single / 1e9:.0f} | 1.00x | |")
     print(f"| ring, {args.processes} processes x 1 core | {ring:.2f} | {flops / ring / 1e9:.0f} | "
           f"{single / ring:.2f}x | {waited:.1%} |")
+    results = bench_json.Results("ring_speed.py", runs=args.runs)
+    shape = f"S {args.seq}, {args.heads} heads x {args.dim}, fp32"
+    results.add(f"ring_speed/seq:{args.seq}/processes:1", singles, unit="s",
+                label=f"attention_forward, 1 process on 1 core, {shape}",
+                counters={"GFLOP/s": flops / single / 1e9})
+    results.add(f"ring_speed/seq:{args.seq}/processes:{args.processes}", rings, unit="s",
+                label=f"ring_attention, {args.processes} processes x 1 core (gloo), {shape}, "
+                      f"waiting {waited * 100:.1f} %",
+                counters={"GFLOP/s": flops / ring / 1e9, "waiting": waited})
+    results.write(args.json)
 
 
 if __name__ == "__main__":
