@@ -385,19 +385,6 @@ void bind_sparse(nb::module_& m) {
       nb::arg("lse").none(), nb::arg("scale").none(), nb::arg("head_first"), release);
 
   m.def(
-      "rainfusion_adaptive_blocks",
-      [](const Array& q, const Array& k, const RainFusionOptions& rf, int block_size,
-         const Array& block_mask, std::optional<float> scale, bool head_first) {
-        AttentionOptions options;
-        options.scale = scale;
-        options.head_first = head_first;
-        rainfusion_adaptive_blocks(as_view(q, "query"), as_view(k, "key"), rf, block_size,
-                                   as_view(block_mask, "block_mask"), options);
-      },
-      nb::arg("q"), nb::arg("k"), nb::arg("rf"), nb::arg("block_size"), nb::arg("block_mask"),
-      nb::arg("scale").none(), nb::arg("head_first"), release);
-
-  m.def(
       "block_sparse_attention",
       [](const Array& q, const Array& k, const Array& v, const Array& block_mask, int block_size,
          const Array& out, const OptionalArray& lse, std::optional<float> scale, bool head_first) {

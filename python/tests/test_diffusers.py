@@ -5,6 +5,8 @@ disable(model) gives diffusers' output back bit for bit. Also torch.compile(full
 an enabled model, ditops.quantize on a W8A8 export that tools/ditops-quantize wrote, and
 optimize(cache=) (MindIE-SD's CacheAgent on the model's blocks) in a denoising loop."""
 
+import functools
+import importlib
 import os
 import pathlib
 import subprocess
@@ -14,6 +16,7 @@ import torch
 
 import ditops
 import ditops.diffusers
+import ditops.diffusers.backends
 import models
 from ditops.mindiesd import CacheConfig
 from ditops.mindiesd.utils.exception import ConfigError
@@ -28,13 +31,13 @@ def rel_l2(a, b):
 def counted(monkeypatch):
     """Counts the calls of ditops' attention, RMSNorm and rotary embedding."""
     # The backends call ditops' attention with torch's mask meaning (ops._attention), and
-    # RainFusion's rf_v2 attention as ditops.diffusers imported it.
+    # RainFusion's rf_v2 attention as ditops.diffusers.backends imported it.
     where = {"attention_forward": (ditops.ops, "_attention"),
              "rms_norm": (ditops.ops, "rms_norm"),
              "rotary_position_embedding": (ditops.ops, "rotary_position_embedding"),
              "rms_norm_rotary_position_embedding": (ditops.ops,
                                                     "rms_norm_rotary_position_embedding"),
-             "sparse_attention": (ditops.diffusers, "rainfusion_v2_attention")}
+             "sparse_attention": (ditops.diffusers.backends, "rainfusion_v2_attention")}
     calls = dict.fromkeys(where, 0)
     for name, (module, attribute) in where.items():
         original = getattr(module, attribute)
@@ -177,7 +180,7 @@ def test_enable_refuses_an_unsupported_diffusers_before_touching_the_model(monke
     monkeypatch.setattr(diffusers, "__version__", "9.0.0")
     with pytest.raises(RuntimeError, match="diffusers 9.0.0 is outside the supported range"):
         ditops.diffusers.enable(model)
-    assert getattr(model, "_ditops_state", None) is None
+    assert not ditops.diffusers.is_optimized(model)
     assert dict(model.attn_processors) == processors
     assert torch.equal(model(**inputs)[0], want)
 
@@ -278,7 +281,7 @@ def test_optimize_takes_a_pipeline_and_refuses_bad_arguments():
         ditops.diffusers.optimize(model, bf16_linears="cpu")
     with pytest.raises(ValueError, match="expected a diffusers transformer or a pipeline"):
         ditops.diffusers.optimize(object())
-    assert getattr(model, "_ditops_state", None) is None
+    assert not ditops.diffusers.is_optimized(model)
 
 
 # ---- optimize(cache=): MindIE-SD's CacheAgent on the blocks, in a denoising loop ---------------
@@ -446,7 +449,7 @@ def test_optimize_cache_fills_blocks_count_0_and_refuses_bad_configs():
          r"block_end \(10000\) must be <= blocks_count \(4\)"),
         (CacheConfig("attention_cache", 4, 0), ConfigError, "steps_count must be >= 1"),
         (dict(method="attention_cache", blocks_count=4, steps_count=STEPS), ValueError,
-         "cache must be None or a ditops.mindiesd.CacheConfig, not dict"),
+         "cache must be None or a ditops.CacheConfig, not dict"),
     ]
     for cache, error, message in refused:
         with pytest.raises(error, match=message):
@@ -463,6 +466,16 @@ def test_optimize_cache_fills_blocks_count_0_and_refuses_bad_configs():
         ditops.diffusers.optimize(Pipeline(), cache=CacheConfig("attention_cache", 4, STEPS))
     # Refused before anything of the models changed.
     for refused_model in (model, other, Pipeline.transformer_2):
-        assert getattr(refused_model, "_ditops_state", None) is None
+        assert not ditops.diffusers.is_optimized(refused_model)
         assert not any("forward" in vars(m) for m in refused_model.modules())
     assert torch.equal(model(**inputs)[0], want)
+
+
+def test_diffusers_private_names_resolve():
+    """Every private name of diffusers the integration uses (ditops.diffusers._internals, the
+    one module that imports diffusers) exists in the diffusers this runs with: the suite runs
+    at both ends of SUPPORTED_DIFFUSERS."""
+    from ditops.diffusers import _internals
+
+    for module, name in _internals.PRIVATE_NAMES:
+        functools.reduce(getattr, name.split("."), importlib.import_module(module))
