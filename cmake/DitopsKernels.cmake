@@ -52,19 +52,29 @@ set(DITOPS_ISA_avx2vnni_BASE avx2)
 # level left out dispatches to the nearest compiled level below it, an extension variant left
 # out to its level's kernels (the kernels are the lower level's, while ditops-info still names
 # the CPU's level).
+# A variant is named by its key (avx512bf16) or by the name ditops-info prints for it
+# (avx512+bf16+vnni: `ditops-info`'s "kernel variant" line can be passed as it is).
 set(DITOPS_KERNEL_VARIANTS "all" CACHE STRING
-    "Kernel variants to compile: all, or a ;-list of ${DITOPS_ISA_LEVELS}")
+    "Kernel variants to compile: all, or a ;-list of ${DITOPS_ISA_LEVELS} (or their names)")
 if(DITOPS_KERNEL_VARIANTS STREQUAL "all")
   set(DITOPS_COMPILED_LEVELS ${DITOPS_ISA_LEVELS})
 else()
-  foreach(isa IN LISTS DITOPS_KERNEL_VARIANTS)
-    if(NOT isa IN_LIST DITOPS_ISA_LEVELS)
-      message(FATAL_ERROR "DITOPS_KERNEL_VARIANTS: ${isa} is not one of ${DITOPS_ISA_LEVELS}")
+  set(requested_levels "")
+  foreach(variant IN LISTS DITOPS_KERNEL_VARIANTS)
+    set(key "")
+    foreach(isa IN LISTS DITOPS_ISA_LEVELS)
+      if(variant STREQUAL isa OR variant STREQUAL DITOPS_ISA_${isa}_NAME)
+        set(key ${isa})
+      endif()
+    endforeach()
+    if(NOT key)
+      message(FATAL_ERROR "DITOPS_KERNEL_VARIANTS: ${variant} is not one of ${DITOPS_ISA_LEVELS}")
     endif()
+    list(APPEND requested_levels ${key})
   endforeach()
   set(DITOPS_COMPILED_LEVELS "")
   foreach(isa IN LISTS DITOPS_ISA_LEVELS)  # in level order
-    if(isa STREQUAL "scalar" OR isa IN_LIST DITOPS_KERNEL_VARIANTS)
+    if(isa STREQUAL "scalar" OR isa IN_LIST requested_levels)
       list(APPEND DITOPS_COMPILED_LEVELS ${isa})
     endif()
   endforeach()

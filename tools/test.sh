@@ -55,13 +55,9 @@ phase_done "pip install ."
 
 if [ "${1:-}" != "--quick" ]; then
   # The sanitized suite runs at the level dispatch picks on this machine: its kernels (and the
-  # scalar ones, always compiled) are the only ones the build needs.
+  # scalar ones, always compiled) are the only ones the build needs (ditops-info's name for it
+  # is one DITOPS_KERNEL_VARIANTS takes).
   variant=$(build/release/tools/ditops-info | sed -n 's/^ *kernel variant *//p')
-  case "$variant" in
-    avx512+bf16+vnni) variant=avx512bf16 ;;
-    avx2+vnni) variant=avx2vnni ;;
-    sse4.2) variant=sse4_2 ;;
-  esac
   cmake --preset asan-ubsan -DDITOPS_KERNEL_VARIANTS="$variant"
   # Sanitized: the operator suite at the level dispatch picks and the fuzz harnesses (the
   # simulator and the tools run in the Release build; their parsers are fuzzed here).
