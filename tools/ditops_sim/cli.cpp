@@ -36,71 +36,67 @@ const FlagSpec kTraceFlag{"--trace", "FILE.json", "",
 const FlagSpec kCsvFlag{"--csv", "FILE.csv", "", "msprof-like PipeUtilization CSV"};
 const FlagSpec kSvgFlag{"--svg", "FILE.svg", "", "Gantt chart of the pipes"};
 
+// The flags of every command that builds and runs a program, and of those that draw it.
+const std::vector<FlagSpec> kProgramFlags{kOptFlag, kHwFlag, kSetFlag, kMaxInstructionsFlag,
+                                          kModeFlag};
+const std::vector<FlagSpec> kDrawingFlags{kTraceFlag, kCsvFlag, kSvgFlag};
+// The MLA problem beyond the (batch, kv) grid, shared by mla and sweep.
+const std::vector<FlagSpec> kMlaShapeFlags{
+    {"--heads", "N", "128", "query heads (one latent KV head)"},
+    {"--q-len", "N", "1", "query tokens per sequence (MTP)"},
+    {"--cores", "N", "24", "AI cores the kernel launches on (at most num_cores)"},
+    {"--block-size", "64|128", "128", "paged KV block size"}};
+
+// The groups of flags in order, as one list.
+std::vector<FlagSpec> flags(std::initializer_list<std::vector<FlagSpec>> groups) {
+  std::vector<FlagSpec> all;
+  for (const std::vector<FlagSpec>& group : groups) {
+    all.insert(all.end(), group.begin(), group.end());
+  }
+  return all;
+}
+
 const std::vector<CommandSpec>& commands() {
   static const std::vector<CommandSpec> table = {
-      {"mla",
-       "simulate the int8 MLA paged-decode kernel once and report where the time goes",
-       {{"--batch", "N", "1", "sequences"},
-        {"--kv", "N", "2048", "KV tokens per sequence"},
-        {"--heads", "N", "128", "query heads (one latent KV head)"},
-        {"--q-len", "N", "1", "query tokens per sequence (MTP)"},
-        {"--cores", "N", "24", "AI cores the kernel launches on (at most num_cores)"},
-        {"--block-size", "64|128", "128", "paged KV block size"},
-        {"--chunk", "1|2|4", "2", "QK stages run ahead of their PVs (ops/schedule)"},
-        kOptFlag,
-        kHwFlag,
-        kSetFlag,
-        kMaxInstructionsFlag,
-        kModeFlag,
-        kTraceFlag,
-        kCsvFlag,
-        kSvgFlag,
-        kJsonFlag}},
-      {"sweep",
-       "simulate the MLA kernel over a (batch, kv, chunk) grid; ratios to chunk 1",
-       {{"--batch", "N[,N...]", "1,2,4,8,16,24,48", "sequences"},
-        {"--kv", "N[,N...]", "512,2048,4096", "KV tokens per sequence"},
-        {"--chunk", "C[,C...]", "1,2,4", "chunk sizes (1, 2 or 4)"},
-        {"--heads", "N", "128", "query heads"},
-        {"--q-len", "N", "1", "query tokens per sequence"},
-        {"--cores", "N", "24", "AI cores"},
-        {"--block-size", "64|128", "128", "paged KV block size"},
-        kOptFlag,
-        kHwFlag,
-        kSetFlag,
-        kMaxInstructionsFlag,
-        kModeFlag,
-        {"--cpu", "BENCH.json", "",
-         "put the CPU kernel's chunk ratios beside the simulator's (ditops_bench mla_grid "
-         "--benchmark_out)"},
-        {"--cpu-threads", "N", "2", "the CPU runs' thread count to compare (needs --cpu)"},
-        kJsonFlag}},
+      {"mla", "simulate the int8 MLA paged-decode kernel once and report where the time goes",
+       flags({{{"--batch", "N", "1", "sequences"}, {"--kv", "N", "2048", "KV tokens per sequence"}},
+              kMlaShapeFlags,
+              {{"--chunk", "1|2|4", "2", "QK stages run ahead of their PVs (ops/schedule)"}},
+              kProgramFlags,
+              kDrawingFlags,
+              {kJsonFlag}})},
+      {"sweep", "simulate the MLA kernel over a (batch, kv, chunk) grid; ratios to chunk 1",
+       flags({{{"--batch", "N[,N...]", "1,2,4,8,16,24,48", "sequences"},
+               {"--kv", "N[,N...]", "512,2048,4096", "KV tokens per sequence"},
+               {"--chunk", "C[,C...]", "1,2,4", "chunk sizes (1, 2 or 4)"}},
+              kMlaShapeFlags,
+              kProgramFlags,
+              {{"--cpu", "BENCH.json", "",
+                "put the CPU kernel's chunk ratios beside the simulator's (ditops_bench mla_grid "
+                "--benchmark_out)"},
+               {"--cpu-threads", "N", "2", "the CPU runs' thread count to compare (needs --cpu)"},
+               kJsonFlag}})},
       {"fa",
        "simulate prefill flash attention (dense or block-sparse) once and report where the "
        "time goes",
-       {{"--batch", "N", "1", "batch"},
-        {"--heads", "N", "24", "attention heads"},
-        {"--seq", "N", "4608", "query tokens (with --video: text + T x H x W)"},
-        {"--kv-seq", "N", "SEQ", "key tokens"},
-        {"--dim", "N", "128", "head dimension (a multiple of 16)"},
-        {"--dtype", "bf16|int8", "bf16", "q, k, v and P element type"},
-        {"--cores", "N", "24", "AI cores"},
-        {"--chunk", "1|2|4", "2", "QK stages run ahead of their PVs (ops/schedule)"},
-        {"--density", "D", "1.0", "uniform block sparsity: kept share of 128-token KV blocks"},
-        {"--video", "T,H,W", "", "RainFusion layout: latent frames x height x width"},
-        {"--text", "N", "0", "RainFusion text tokens (before the video)"},
-        {"--sparsity", "S", "0.64", "RainFusion spatial/temporal sparsity in [0, 1)"},
-        {"--pattern", "NAME[,NAME...]", "spatial,temporal,textural",
-         "RainFusion pattern of head h: the list's entry h mod its length"},
-        kOptFlag,
-        kHwFlag,
-        kSetFlag,
-        kMaxInstructionsFlag,
-        kModeFlag,
-        kTraceFlag,
-        kCsvFlag,
-        kSvgFlag,
-        kJsonFlag}},
+       flags(
+           {{{"--batch", "N", "1", "batch"},
+             {"--heads", "N", "24", "attention heads"},
+             {"--seq", "N", "4608", "query tokens (with --video: text + T x H x W)"},
+             {"--kv-seq", "N", "SEQ", "key tokens"},
+             {"--dim", "N", "128", "head dimension (a multiple of 16)"},
+             {"--dtype", "bf16|int8", "bf16", "q, k, v and P element type"},
+             {"--cores", "N", "24", "AI cores"},
+             {"--chunk", "1|2|4", "2", "QK stages run ahead of their PVs (ops/schedule)"},
+             {"--density", "D", "1.0", "uniform block sparsity: kept share of 128-token KV blocks"},
+             {"--video", "T,H,W", "", "RainFusion layout: latent frames x height x width"},
+             {"--text", "N", "0", "RainFusion text tokens (before the video)"},
+             {"--sparsity", "S", "0.64", "RainFusion spatial/temporal sparsity in [0, 1)"},
+             {"--pattern", "NAME[,NAME...]", "spatial,temporal,textural",
+              "RainFusion pattern of head h: the list's entry h mod its length"}},
+            kProgramFlags,
+            kDrawingFlags,
+            {kJsonFlag}})},
       {"calibrate",
        "fit hardware parameters to measured MLA times or speedups (sim/README.md: \"How to "
        "calibrate against msprof\")",
