@@ -6,15 +6,20 @@
 # Usage: tools/bench-results.sh run BUILD_DIR [FAMILY...]
 #        tools/bench-results.sh render [BUILD_DIR]
 #
-#   run      runs each family's benchmarks (all families, or the ones named) from BUILD_DIR
-#            (built: bench/ditops_bench, bench/ditops_linear_bench, tools/ditops-info) and
+#   run      runs each family's benchmarks (the C++ families, or the ones named; `python`
+#            names every python-* family) from BUILD_DIR (built: bench/ditops_bench,
+#            bench/ditops_linear_bench, tools/ditops-info; for the python-* families the
+#            Python module in BUILD_DIR/python, run by ${DITOPS_VENV:-build/venv}/bin/python) and
 #            writes bench/results/<machine>/<family>.json and machine.txt. <machine> is a slug
 #            for the CPU and the dispatched ISA (zen4-avx512, zen3-avx2, xeon-emr-avx512),
 #            from /proc/cpuinfo and ditops-info (DITOPS_ISA=avx2 gives zen4-avx2). A family's
 #            file is replaced only when its run succeeds. Every benchmark runs 3 repetitions
 #            and reports their aggregates: the tables show the medians. Run it on an idle
 #            machine: about 20 minutes on 2 Zen 4 cores. The families and their filters are
-#            declared below (bench/README.md lists them too).
+#            declared below (bench/README.md lists them too). The python-* families run
+#            bench/python scripts with --json (bench/python/bench_json.py writes the same JSON
+#            shape: one entry per repetition and their aggregates) at small sizes: about 12
+#            minutes in all on 2 Zen 1 cores that another job kept busy (load average 3-5).
 #   render   writes bench/RESULTS.md from bench/RESULTS.in.md: each line
 #              <!-- table: MACHINE/FAMILY.json [filter=REGEX] [baseline=ARG:VALUE] [time] -->
 #            becomes bench-summary's table of that file's rows (BUILD_DIR/tools/bench-summary,
@@ -57,6 +62,22 @@ options[mla]=--benchmark_min_time=0.2
 binary[linear]=ditops_linear_bench
 filter[linear]='^BM_linear/.*/misaligned:0/|^BM_linear/shape:[0-4]/kind:[01]/threads:2/misaligned:1/|^BM_linear_bf16/|^BM_dnnl_bf16/'
 repetitions=(--benchmark_repetitions=3 --benchmark_report_aggregates_only=true)
+
+# python-* family: script (under bench/python) and its options; {build} stands for BUILD_DIR.
+# Sized to keep the run short on 2 cores: few tokens at the models' real widths, one or a few runs.
+python_families=(python-overhead python-linear python-layernorm python-sparse python-ring
+  python-models python-quant python-cache python-pipeline)
+declare -A script
+script[python-overhead]='overhead.py --calls 5000 --repetitions 7'
+script[python-linear]='linear_speed.py --tokens 256 --runs 3'
+script[python-layernorm]='layernorm_scale_shift.py --runs 5 --shape flux --memory reused'
+script[python-sparse]='sparse_speed.py --frames 3 --runs 3'
+script[python-ring]='ring_speed.py --seq 2048 --processes 2 --runs 3'
+script[python-models]='model_speed.py --size small --runs 1 --tools {build}/tools'
+script[python-quant]='online_quant.py --size small --runs 1'
+script[python-cache]='cache_loop.py --model wan --runs 1'
+script[python-pipeline]='pipeline_speed.py --size tiny --height 128 --width 128 --text 64 --steps 4 --runs 1'
+python=${DITOPS_VENV:-build/venv}/bin/python
 
 [ $# -ge 1 ] || usage
 command=$1
@@ -106,13 +127,15 @@ machine_slug() {
 }
 
 # The commit the build in $build was configured from (its CMakeCache's source directory: this
-# checkout or another), and how many source files there differ from it.
+# checkout or another), and how many source files there differ from it (python/ too where $1 is
+# "python").
 tree_state() {
-  local source changed
+  local source changed paths=(ops include bench cmake CMakeLists.txt tools)
+  [ "${1:-}" != python ] || paths+=(python)
   source=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null)
   [ -n "$source" ] || source=.
-  changed=$(git -C "$source" status --porcelain -- ops include bench cmake CMakeLists.txt tools \
-    ':!bench/results' ':!bench/*.md' | wc -l)
+  changed=$(git -C "$source" status --porcelain -- "${paths[@]}" ':!bench/results' ':!bench/*.md' |
+    wc -l)
   if [ "$changed" -eq 0 ]; then
     echo "commit $(git -C "$source" rev-parse --short HEAD)"
   else
@@ -122,27 +145,54 @@ tree_state() {
 
 run() {
   [ -n "$build" ] || usage
-  local selected=("$@") name
-  [ ${#selected[@]} -gt 0 ] || selected=("${families[@]}")
-  for name in "${selected[@]}"; do
-    [ -n "${binary[$name]:-}" ] || {
-      echo "tools/bench-results.sh: unknown family '$name' (families: ${families[*]})" >&2
+  local requested=("$@") selected=() name cxx=0 py=0
+  [ ${#requested[@]} -gt 0 ] || requested=("${families[@]}")
+  for name in "${requested[@]}"; do
+    if [ "$name" = python ]; then
+      selected+=("${python_families[@]}")
+    elif [ -n "${binary[$name]:-}" ] || [ -n "${script[$name]:-}" ]; then
+      selected+=("$name")
+    else
+      echo "tools/bench-results.sh: unknown family '$name' (families: ${families[*]}" \
+        "${python_families[*]}; python: every python-* family)" >&2
       exit 2
-    }
+    fi
   done
-  for tool in bench/ditops_bench bench/ditops_linear_bench tools/ditops-info; do
+  for name in "${selected[@]}"; do
+    if [ -n "${script[$name]:-}" ]; then py=1; else cxx=1; fi
+  done
+  local tools=(tools/ditops-info)
+  [ "$cxx" -eq 0 ] || tools+=(bench/ditops_bench bench/ditops_linear_bench)
+  for tool in "${tools[@]}"; do
     [ -x "$build/$tool" ] || {
       echo "tools/bench-results.sh: $build/$tool is not built (cmake --build $build first)" >&2
       exit 2
     }
   done
-  local info slug dir state
+  if [ "$py" -eq 1 ]; then
+    compgen -G "$build/python/ditops/_ditops*.so" >/dev/null || {
+      echo "tools/bench-results.sh: $build has no Python module (configure it with" \
+        "-DDITOPS_PYTHON=ON and build it)" >&2
+      exit 2
+    }
+    "$python" -c 'import torch, diffusers, transformers' 2>/dev/null || {
+      echo "tools/bench-results.sh: $python cannot import torch, diffusers and transformers" \
+        "(tools/setup.sh installs them; DITOPS_VENV names another virtual environment)" >&2
+      exit 2
+    }
+  fi
+  local info slug dir state python_state
   info=$("$build/tools/ditops-info")
   slug=$(machine_slug "$info")
   dir=bench/results/$slug
   state=$(tree_state)
+  python_state=$(tree_state python)
   mkdir -p "$dir"
-  echo "tools/bench-results.sh: machine $slug, $state; writing $dir/"
+  if [ "$cxx" -eq 1 ]; then
+    echo "tools/bench-results.sh: machine $slug, $state; writing $dir/"
+  else
+    echo "tools/bench-results.sh: machine $slug, $python_state; writing $dir/"
+  fi
   # Earlier runs' lines for the families not run now.
   local lines=() rerun
   rerun=$(
@@ -150,13 +200,26 @@ run() {
     echo "${selected[*]}"
   )
   if [ -f "$dir/machine.txt" ]; then
-    mapfile -t lines < <(grep -E '^  [a-z0-9]+: ' "$dir/machine.txt" | grep -v -E "^  ($rerun): " || true)
+    mapfile -t lines < <(grep -E '^  [a-z0-9-]+: ' "$dir/machine.txt" | grep -v -E "^  ($rerun): " || true)
   fi
-  local start load status=0
+  local start load status=0 options
   for name in "${selected[@]}"; do
     load=$(cut -d' ' -f1 /proc/loadavg)
     echo "== $name (load average $load) =="
     start=$SECONDS
+    if [ -n "${script[$name]:-}" ]; then
+      read -ra options <<<"${script[$name]//\{build\}/$build}"
+      if ! PYTHONPATH=$build/python "$python" "bench/python/${options[0]}" "${options[@]:1}" \
+        --json "$dir/$name.json.tmp"; then
+        echo "tools/bench-results.sh: family $name failed; $dir/$name.json left as it was" >&2
+        rm -f -- "$dir/$name.json.tmp"
+        status=1
+        continue
+      fi
+      mv -- "$dir/$name.json.tmp" "$dir/$name.json"
+      lines+=("  $name: $(date -u +%F), $python_state, ${options[*]}; $((SECONDS - start)) s, load average $load at its start")
+      continue
+    fi
     if ! "$build/bench/${binary[$name]}" --benchmark_filter="${filter[$name]}" "${repetitions[@]}" \
       ${options[$name]:+"${options[$name]}"} --benchmark_out="$dir/$name.json.tmp" --benchmark_out_format=json; then
       echo "tools/bench-results.sh: family $name failed; $dir/$name.json left as it was" >&2
@@ -219,7 +282,7 @@ render() {
         for info in bench/results/*/machine.txt; do
           [ -f "$info" ] || continue
           local dates
-          dates=$(sed -n 's/^  [a-z0-9]*: \([0-9-]*\), \(commit [^,]*\),.*/\1, \2/p' "$info" | sort -u |
+          dates=$(sed -n 's/^  [a-z0-9-]*: \([0-9-]*\), \(commit [^,]*\),.*/\1, \2/p' "$info" | sort -u |
             paste -sd ';' | sed 's/;/; /g')
           echo "| \`$(field "$info" machine)\` | $(field "$info" cpu) |" \
             "$(awk '/isa \(dispatch\)/ {print $3; exit}' "$info"), $(awk '/kernel variant/ {print $3; exit}' "$info") |" \
@@ -256,9 +319,15 @@ render() {
         family=${family%.json}
         info=$(dirname "$json")/machine.txt
         echo
-        local when
+        local when runs
         when=$(sed -n "s/^  $family: \\([0-9-]*\\), \\(commit [^,]*\\),.*/\\1, \\2/p" "$info" 2>/dev/null)
-        echo "Source: [$spec](results/$spec)$shown; ${when:-its run not in machine.txt}; medians of 3 runs."
+        # The repetitions the JSON's first entry reports: its rows are their medians.
+        runs=$(grep -m 1 -o -E '"repetitions": [0-9]+' "$json" | grep -o -E '[0-9]+$' || true)
+        case "$runs" in
+          '' | 1) runs="one run" ;;
+          *) runs="medians of $runs runs" ;;
+        esac
+        echo "Source: [$spec](results/$spec)$shown; ${when:-its run not in machine.txt}; $runs."
       else
         echo "$line"
       fi
