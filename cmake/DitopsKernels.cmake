@@ -53,14 +53,54 @@ set(DITOPS_ISA_avx2vnni_BASE avx2)
 # out to its level's kernels (the kernels are the lower level's, while ditops-info still names
 # the CPU's level).
 # A variant is named by its key (avx512bf16) or by the name ditops-info prints for it
-# (avx512+bf16+vnni: `ditops-info`'s "kernel variant" line can be passed as it is).
+# (avx512+bf16+vnni: `ditops-info`'s "kernel variant" line can be passed as it is). "native":
+# the variants the CPU building it dispatches to (ditops_native_variants), for a build that only
+# runs where it was built (tools/demo.sh).
 set(DITOPS_KERNEL_VARIANTS "all" CACHE STRING
-    "Kernel variants to compile: all, or a ;-list of ${DITOPS_ISA_LEVELS} (or their names)")
+    "Kernel variants to compile: all, native, or a ;-list of ${DITOPS_ISA_LEVELS} (or their names)")
+
+# The variants this machine runs without DITOPS_ISA: its highest level and that level's
+# extensions, where the compiler finds the CPU has a variant when -march=native already implies
+# every flag of it (adding them changes no predefined macro). A build of these alone runs on
+# another CPU at the nearest compiled level below its own (scalar at worst), and on this one
+# under a DITOPS_ISA below its level likewise.
+function(ditops_native_variants out)
+  set(probe ${CMAKE_CXX_COMPILER} -march=native -dM -E -x c++ /dev/null)
+  execute_process(COMMAND ${probe} OUTPUT_VARIABLE native RESULT_VARIABLE failed)
+  if(failed)
+    message(FATAL_ERROR "DITOPS_KERNEL_VARIANTS=native: ${CMAKE_CXX_COMPILER} does not take "
+                        "-march=native; name the variants instead")
+  endif()
+  set(top "")
+  set(variants "")
+  foreach(isa IN LISTS DITOPS_ISA_LEVELS)
+    if(isa STREQUAL "scalar")
+      continue()
+    endif()
+    execute_process(COMMAND ${probe} ${DITOPS_ISA_${isa}_FLAGS} OUTPUT_VARIABLE with_flags)
+    if(NOT with_flags STREQUAL native)
+      continue()
+    endif()
+    if(NOT DEFINED DITOPS_ISA_${isa}_BASE)
+      set(top ${isa})
+      set(variants ${isa})
+    elseif(DITOPS_ISA_${isa}_BASE STREQUAL top)
+      list(APPEND variants ${isa})
+    endif()
+  endforeach()
+  set(${out} ${variants} PARENT_SCOPE)
+endfunction()
+
+set(requested_variants ${DITOPS_KERNEL_VARIANTS})
+if(DITOPS_KERNEL_VARIANTS STREQUAL "native")
+  ditops_native_variants(requested_variants)
+  message(STATUS "ditops: kernel variants for this CPU: scalar ${requested_variants}")
+endif()
 if(DITOPS_KERNEL_VARIANTS STREQUAL "all")
   set(DITOPS_COMPILED_LEVELS ${DITOPS_ISA_LEVELS})
 else()
   set(requested_levels "")
-  foreach(variant IN LISTS DITOPS_KERNEL_VARIANTS)
+  foreach(variant IN LISTS requested_variants)
     set(key "")
     foreach(isa IN LISTS DITOPS_ISA_LEVELS)
       if(variant STREQUAL isa OR variant STREQUAL DITOPS_ISA_${isa}_NAME)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The main job: builds Release and writes a report to out/: the machine's measured limits, the
-# kernel benchmark summary (throughput as a fraction of those limits, ratio to the baseline run
-# in the same process) and the simulator's pipeline report for the int8 MLA decode kernel.
+# The main job: builds Release (build/demo: only the kernel variants this CPU runs) and writes a
+# report to out/: the machine's measured limits, the kernel benchmark summary (throughput as a
+# fraction of those limits, ratio to the baseline run in the same process) and the simulator's
+# pipeline report for the int8 MLA decode kernel.
 #
-# Usage: tools/demo.sh [--full | --tiny] [--out DIR] [--build-dir DIR]
+# Usage: tools/demo.sh [--full | --tiny] [--pipelines] [--out DIR] [--build-dir DIR]
 #   (no flag)        the quick report: under 5 minutes on 2 cores from a fresh clone, build
 #                    included. 2 threads; RMSNorm, fused add+RMSNorm and RoPE on one shape each,
 #                    attention on the FLUX S=2048 shapes (int8 at chunk 2), the MLA decode subset,
@@ -12,11 +13,13 @@
 #                    beside them at S=2048 (about a minute more). The DiT block example
 #                    (examples/dit_block) at a small shape (CFG fused and two passes, two
 #                    instances, each attention and linear kind) and at FLUX's (one CFG block).
-#                    With the Python module built (a build tree configured with -DDITOPS_PYTHON=ON,
-#                    as tools/test.sh configures build/release) and torch, diffusers and
-#                    transformers in the venv: a whole FLUX pipeline at full width (two blocks)
-#                    at 256 x 256, 4 steps, diffusers' default beside ditops.diffusers.optimize
-#                    (about a minute more).
+#                    Where build/venv has torch, diffusers and transformers (--pipelines, or
+#                    tools/test.sh, installed them): the Python module too, and a whole FLUX
+#                    pipeline at full width (two blocks) at 256 x 256, 4 steps, diffusers' default
+#                    beside ditops.diffusers.optimize, with its PNGs (about two minutes more).
+#   --pipelines      first installs torch, diffusers and transformers from PyPI into build/venv
+#                    (the tests' venv: about 6 GB and several minutes the first time), so that the
+#                    pipeline section runs.
 #   --full           the long grids as well (about 5 more minutes): RMSNorm and RoPE on every
 #                    shape and dtype at 1 and 2 threads, int8 attention at chunk 1/2/4 on three
 #                    FLUX shapes, and the CPU chunk ratios over the simulator sweep's whole grid;
@@ -28,7 +31,8 @@
 #                    empty, or an earlier demo run's (it holds the file .ditops-demo); the demo
 #                    replaces only its own files there. Anything else is refused with status 2.
 #   --build-dir DIR  a build tree already built (ditops-info, ditops_bench, ditops-sim and
-#                    bench-summary): no package install, no configure, no build.
+#                    bench-summary; build/release after tools/test.sh): no package install, no
+#                    configure, no build.
 #
 # The sections (build, machine, benchmarks, sparse, simulator, cpu-vs-simulator, peers, pipeline,
 # summary) run one after the other, each with its log in DIR/logs/. A section that fails is
@@ -37,15 +41,17 @@
 set -euo pipefail
 
 usage() {
-  echo "usage: tools/demo.sh [--full | --tiny] [--out DIR] [--build-dir DIR]" >&2
+  echo "usage: tools/demo.sh [--full | --tiny] [--pipelines] [--out DIR] [--build-dir DIR]" >&2
   exit 2
 }
 
 mode=quick
 out=""
 build=""
+pipelines=0
 while [ $# -gt 0 ]; do
   case "$1" in
+    --pipelines) pipelines=1 ;;
     --full | --tiny)
       [ "$mode" = quick ] || { echo "tools/demo.sh: --full and --tiny exclude each other" >&2; usage; }
       mode=${1#--}
@@ -132,17 +138,27 @@ case "$mode" in
     ;;
 esac
 
+# Whether build/venv can run the pipeline section (torch, diffusers, transformers).
+pipeline_venv_ready() {
+  "$ditops_venv/bin/python" -c 'import torch, diffusers, transformers, tokenizers, PIL' \
+    2>/dev/null
+}
+
+# build/demo: Release with the kernel variants this CPU dispatches to and scalar (a third of the
+# kernels a portable build compiles, or less), no test suite; the Python module where the
+# venv can run the pipelines.
 section_build() {
   ditops_ensure_packages demo
-  cmake --preset release
-  # One target for the four tools: make builds the targets named on its command line one after
-  # the other, but the dependencies of one target in parallel.
-  cmake --build --preset release --target demo-tools
-  # The Python module too where the tree was configured with it (tools/test.sh configures
-  # build/release so): the pipeline section runs on it.
-  if grep -q '^DITOPS_PYTHON:BOOL=ON' build/release/CMakeCache.txt; then
-    cmake --build --preset release --target _ditops
+  [ "$pipelines" = 0 ] || ditops_ensure_venv
+  local python_module=()
+  if pipeline_venv_ready; then
+    python_module=(-DDITOPS_PYTHON=ON "-DPython_EXECUTABLE=$ditops_venv/bin/python")
   fi
+  cmake --preset demo "${python_module[@]}"
+  # One target for the tools: make builds the targets named on its command line one after the
+  # other, but the dependencies of one target in parallel.
+  cmake --build --preset demo --target demo-tools
+  if [ ${#python_module[@]} -gt 0 ]; then cmake --build --preset demo --target _ditops; fi
 }
 
 section_check_build() {
@@ -250,14 +266,14 @@ section_peers() {
 # venv has torch, diffusers and transformers; otherwise the summary says why not.
 section_pipeline() {
   local python=$ditops_venv/bin/python
-  if ! "$python" -c 'import torch, diffusers, transformers, tokenizers, PIL' 2>/dev/null; then
+  if ! pipeline_venv_ready; then
     note "skipped: torch, diffusers and transformers are not installed in $ditops_venv" \
-      "(tools/test.sh installs them)"
+      "(tools/demo.sh --pipelines installs them)"
     return 0
   fi
   if ! compgen -G "$build/python/ditops/_ditops*.so" >/dev/null; then
     note "skipped: $build has no Python module (configure it with -DDITOPS_PYTHON=ON," \
-      "as tools/test.sh does)"
+      "as tools/demo.sh and tools/test.sh do where the venv has torch)"
     return 0
   fi
   PYTHONPATH=$build/python DITOPS_TOOLS_DIR=$build/tools OMP_NUM_THREADS=2 \
@@ -369,7 +385,7 @@ run_section() {
 if [ -n "$build" ]; then
   run_section build section_check_build
 else
-  build=$PWD/build/release
+  build=$PWD/build/demo
   run_section build section_build
 fi
 run_section machine section_machine
