@@ -18,12 +18,13 @@
 #            machine: about 20 minutes on 2 Zen 4 cores. The families and their filters are
 #            declared below (bench/README.md lists them too). The python-* families run
 #            bench/python scripts with --json (bench/python/bench_json.py writes the same JSON
-#            shape: one entry per repetition and their aggregates) at small sizes: about 12
-#            minutes in all on 2 Zen 1 cores that another job kept busy (load average 3-5).
+#            shape: one entry per repetition and their aggregates) at small sizes: about 10
+#            minutes in all on 2 Zen 1 cores that another job shared (load average 1.4-3.5).
 #   render   writes bench/RESULTS.md from bench/RESULTS.in.md: each line
 #              <!-- table: MACHINE/FAMILY.json [filter=REGEX] [baseline=ARG:VALUE] [time] -->
 #            becomes bench-summary's table of that file's rows (BUILD_DIR/tools/bench-summary,
-#            default build/release) and a line naming its source; the line <!-- machines -->
+#            default build/release) and a line naming its source (file, date, commit, load
+#            average, repetitions); the line <!-- machines -->
 #            becomes a table of the machines in bench/results/. REGEX has no spaces.
 set -euo pipefail
 
@@ -320,7 +321,9 @@ render() {
         info=$(dirname "$json")/machine.txt
         echo
         local when runs
-        when=$(sed -n "s/^  $family: \\([0-9-]*\\), \\(commit [^,]*\\),.*/\\1, \\2/p" "$info" 2>/dev/null)
+        # Date, commit and the load average at the family's start, from its machine.txt line.
+        when=$(sed -n "s/^  $family: \\([0-9-]*\\), \\(commit [^,]*\\),.*; [0-9]* s, \\(load average [0-9.]*\\) at its start\$/\\1, \\2, \\3/p" \
+          "$info" 2>/dev/null)
         # The repetitions the JSON's first entry reports: its rows are their medians.
         runs=$(grep -m 1 -o -E '"repetitions": [0-9]+' "$json" | grep -o -E '[0-9]+$' || true)
         case "$runs" in
