@@ -131,6 +131,31 @@ Ring ProgramBuilder::make_ring(int unit, Pipe producer, Pipe consumer, Pipe rele
   return ring;
 }
 
+StagedRings ProgramBuilder::make_staged_rings(const StagedRingLayout& layout) {
+  StagedRings rings;
+  rings.k_tiles =
+      make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, 0, 0, layout.k_slots, "K tile (L1)");
+  if (layout.v_tiles) {
+    rings.v_tiles = make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, 2, 2, 2, "V tile (L1)");
+  }
+  rings.p_tiles =
+      make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, layout.p_id, layout.p_id, 2, "P tile (L1)");
+  rings.q_tile =
+      make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, layout.q_id, layout.q_id, 1, "q (L1)");
+  rings.l0 = make_ring(0, Pipe::mte1, Pipe::m, Pipe::m, 0, 0, 2, "L0A/L0B");
+  rings.l0c = make_ring(0, Pipe::m, Pipe::fix, Pipe::fix, 0, 0, 2, "L0C");
+  for (int aiv = 0; aiv < 2; ++aiv) {
+    const int unit = aiv + 1;
+    rings.s_in[aiv] = make_ring(unit, Pipe::mte2, Pipe::v, Pipe::v, 0, 0, 2, "S tile (UB)");
+    rings.p_out[aiv] = make_ring(unit, Pipe::v, Pipe::mte3, Pipe::mte3, 0, 0, 2, "P tile (UB)");
+    rings.o_tmp[aiv] =
+        make_ring(unit, Pipe::mte2, Pipe::v, Pipe::v, 4, 4, layout.o_tmp_slots, "O_tmp tile (UB)");
+    rings.o_acc[aiv] =
+        make_ring(unit, Pipe::mte2, Pipe::v, Pipe::mte3, 6, 0, layout.o_acc_slots, "O tile (UB)");
+  }
+  return rings;
+}
+
 int ProgramBuilder::acquire(int core, Ring& ring, StageTag stage, int block) {
   const int slot = static_cast<int>(ring.uses % ring.slots);
   if (ring.uses >= ring.slots) {

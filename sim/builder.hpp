@@ -34,6 +34,26 @@ struct Ring {
   std::uint32_t free_label = 0;
 };
 
+/// The rings of the staged QK-SM-PV-UP pipeline on one AI core (the MLA decode and prefill
+/// flash-attention programs): on the AIC the K (and V) tiles, the P tiles and q in L1 (MTE2 ->
+/// MTE1), the L0A/L0B and L0C double buffers; on each AIV the S tiles in (MTE2 -> V), the P
+/// tiles out (V -> MTE3), the O_tmp tiles in (MTE2 -> V) and the running O (released by MTE3).
+struct StagedRings {
+  Ring k_tiles, v_tiles, p_tiles, q_tile, l0, l0c;  // AIC; v_tiles only where V has its own
+  Ring s_in[2], p_out[2], o_tmp[2], o_acc[2];       // per AIV
+};
+
+/// Where the kernels' rings differ: slot counts and the AIC's MTE2 -> MTE1 event ids (K tiles
+/// from 0; V tiles, where they have their own, 2-3 with K at 0-1).
+struct StagedRingLayout {
+  int k_slots = 2;
+  bool v_tiles = false;
+  int p_id = 4;  // the P tiles (2 slots)
+  int q_id = 6;
+  int o_tmp_slots = 1;  // 2 with UP ping-pong
+  int o_acc_slots = 1;
+};
+
 /// One matmul C[m, n] = A[m, k] B[k, n] on the AIC, A and B in L1, C to GM.
 struct Matmul {
   int m, n, k;
@@ -115,6 +135,9 @@ class ProgramBuilder {
   // ---- rings ----------------------------------------------------------------------------------
   Ring make_ring(int unit, Pipe producer, Pipe consumer, Pipe releaser, int ready_id, int free_id,
                  int slots, const std::string& name);
+  /// The staged pipeline's rings of one core (AIV event ids: MTE2 -> V 0-1 S, 4-5 O_tmp, 6-7 O;
+  /// V -> MTE3 0-1 P; MTE3 -> MTE2 0-1 O free).
+  StagedRings make_staged_rings(const StagedRingLayout& layout);
   /// The next slot; the producer first waits until the slot's previous contents were released.
   int acquire(int core, Ring& ring, StageTag stage, int block);
   void ready(int core, const Ring& ring, int slot, StageTag stage, int block,

@@ -200,30 +200,11 @@ class FaBuilder : private ProgramBuilder {
   }
 
  private:
-  struct CoreRings {
-    Ring k_tiles, v_tiles, p_tiles, q_tile, l0, l0c;  // AIC
-    Ring s_in[2], p_out[2], o_tmp[2], o_acc[2];       // per AIV
-  };
-
   void init_core(int core) {
-    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
-    // AIC MTE2 -> MTE1 ids: K 0-1, V 2-3, P 4-5, q 6.
-    rings.k_tiles = make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, 0, 0, 2, "K tile (L1)");
-    rings.v_tiles = make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, 2, 2, 2, "V tile (L1)");
-    rings.p_tiles = make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, 4, 4, 2, "P tile (L1)");
-    rings.q_tile = make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, 6, 6, 1, "q (L1)");
-    rings.l0 = make_ring(0, Pipe::mte1, Pipe::m, Pipe::m, 0, 0, 2, "L0A/L0B");
-    rings.l0c = make_ring(0, Pipe::m, Pipe::fix, Pipe::fix, 0, 0, 2, "L0C");
-    // AIV: MTE2 -> V 0-1 S, 4-5 O_tmp, 6 O; V -> MTE3 0-1 P, 2 O; MTE3 -> MTE2 0 O free.
-    const int up_slots = config_.opts.up_pingpong ? 2 : 1;
-    for (int aiv = 0; aiv < 2; ++aiv) {
-      const int unit = aiv + 1;
-      rings.s_in[aiv] = make_ring(unit, Pipe::mte2, Pipe::v, Pipe::v, 0, 0, 2, "S tile (UB)");
-      rings.p_out[aiv] = make_ring(unit, Pipe::v, Pipe::mte3, Pipe::mte3, 0, 0, 2, "P tile (UB)");
-      rings.o_tmp[aiv] =
-          make_ring(unit, Pipe::mte2, Pipe::v, Pipe::v, 4, 4, up_slots, "O_tmp tile (UB)");
-      rings.o_acc[aiv] = make_ring(unit, Pipe::mte2, Pipe::v, Pipe::mte3, 6, 0, 1, "O (UB)");
-    }
+    StagedRingLayout layout;
+    layout.v_tiles = true;
+    layout.o_tmp_slots = config_.opts.up_pingpong ? 2 : 1;
+    cores_[static_cast<std::size_t>(core)] = make_staged_rings(layout);
   }
 
   bool flag_at_group_start(const sched::StageInstance& item) const {
@@ -234,7 +215,7 @@ class FaBuilder : private ProgramBuilder {
   }
 
   void matmul(int core, const Matmul& mm) {
-    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    StagedRings& rings = cores_[static_cast<std::size_t>(core)];
     emit_matmul(core, mm, rings.l0, rings.l0c, config_.opts.unit_flag ? kUnitFlagPieces : 1);
   }
 
@@ -274,7 +255,7 @@ class FaBuilder : private ProgramBuilder {
   void emit_task(const FaTask& task, const std::vector<KvTile>& tiles,
                  const sched::Schedule& schedule) {
     const int core = task.core;
-    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    StagedRings& rings = cores_[static_cast<std::size_t>(core)];
     const int count = static_cast<int>(tiles.size());
     const double q_bytes = static_cast<double>(task.rows) * config_.dim * element_bytes(config_);
     stage(core, 0, -1, {{kLoadQ, task.rows}}, [&] {
@@ -306,7 +287,7 @@ class FaBuilder : private ProgramBuilder {
 
   void emit_qk(const FaTask& task, const KvTile& tile, int block, bool set) {
     const int core = task.core;
-    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    StagedRings& rings = cores_[static_cast<std::size_t>(core)];
     const double e = element_bytes(config_);
     const int k_slot =
         load_kv(core, rings.k_tiles, tile, StageTag::qk, block, label("QK load K tile (HBM->L1)"),
@@ -319,7 +300,7 @@ class FaBuilder : private ProgramBuilder {
 
   void emit_pv(const FaTask& task, const KvTile& tile, int block, bool wait, bool set) {
     const int core = task.core;
-    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    StagedRings& rings = cores_[static_cast<std::size_t>(core)];
     const double e = element_bytes(config_);
     if (wait) wait_cross(core, 0, Pipe::mte2, kFlagSoftmaxReady, StageTag::pv, block);
     const double p_tile = static_cast<double>(config_.block) * plan_.kv_tile_tokens * e;
@@ -348,7 +329,7 @@ class FaBuilder : private ProgramBuilder {
                    const sched::Schedule& schedule, int aiv) {
     const int core = task.core;
     const int unit = aiv + 1;
-    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    StagedRings& rings = cores_[static_cast<std::size_t>(core)];
     const int rows = aiv_rows(task, aiv);
     const int count = static_cast<int>(tiles.size());
     const double o_bytes = static_cast<double>(rows) * config_.dim * kAccBytes;
@@ -388,7 +369,7 @@ class FaBuilder : private ProgramBuilder {
   void emit_sm(const FaTask& task, const KvTile& tile, int block, int aiv, bool wait, bool set) {
     const int core = task.core;
     const int unit = aiv + 1;
-    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    StagedRings& rings = cores_[static_cast<std::size_t>(core)];
     const int rows = aiv_rows(task, aiv);
     const double e = element_bytes(config_);
     const std::uint32_t load_s = label("SM load S (L2->UB)");
@@ -423,7 +404,7 @@ class FaBuilder : private ProgramBuilder {
   void emit_up(const FaTask& task, int block, int aiv, bool wait) {
     const int core = task.core;
     const int unit = aiv + 1;
-    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    StagedRings& rings = cores_[static_cast<std::size_t>(core)];
     const double o_bytes = static_cast<double>(aiv_rows(task, aiv)) * config_.dim * kAccBytes;
     if (wait) wait_cross(core, unit, Pipe::mte2, kFlagUpdateReady, StageTag::up, block);
     const int slot = acquire(core, rings.o_tmp[aiv], StageTag::up, block);
@@ -438,7 +419,7 @@ class FaBuilder : private ProgramBuilder {
 
   const FaConfig& config_;
   const FaPlan& plan_;
-  std::vector<CoreRings> cores_;
+  std::vector<StagedRings> cores_;
   int sm_rows_ = kSmRows;
 };
 

@@ -84,42 +84,19 @@ class MlaBuilder : private ProgramBuilder {
   }
 
  private:
-  struct CoreRings {
-    Ring k_tiles, v_tiles, p_tiles, q_tile, l0, l0c;  // AIC; v_tiles only with reread_v_
-    Ring sm_in[2], p_out[2], up_in[2], acc[2];        // per AIV
-  };
-
   // Coarse mode folds each stage once per distinct key (ProgramBuilder::stage).
   enum StageKind : std::int32_t { kLoadQ, kQk, kPv, kSm, kUp, kBarrier, kCombine };
 
   // ---- rings -----------------------------------------------------------------------------------
   void init_core(int core) {
-    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
-    // AIC event ids per pipe pair (8 ids): MTE2<->MTE1 K tiles 0..chunk (with reread_v_: K tiles
-    // 0-1, V tiles 2-3), P tiles 5-6, q 7.
-    if (reread_v_) {
-      rings.k_tiles = make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, 0, 0, 2, "K tile (L1)");
-      rings.v_tiles = make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, 2, 2, 2, "V tile (L1)");
-    } else {
-      rings.k_tiles =
-          make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, 0, 0, config_.chunk + 1, "K tile (L1)");
-    }
-    rings.p_tiles = make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, 5, 5, 2, "P tile (L1)");
-    rings.q_tile = make_ring(0, Pipe::mte2, Pipe::mte1, Pipe::mte1, 7, 7, 1, "q (L1)");
-    rings.l0 = make_ring(0, Pipe::mte1, Pipe::m, Pipe::m, 0, 0, 2, "L0A/L0B");
-    rings.l0c = make_ring(0, Pipe::m, Pipe::fix, Pipe::fix, 0, 0, 2, "L0C");
-    // AIV ids: MTE2->V 0-1 S_nope, 2-3 S_rope, 4-5 O_tmp, 6-7 running O; V->MTE3 0-1 P,
-    // 2-3 running O; MTE3->MTE2 0-1 running O free.
-    const int up_slots = config_.opts.up_pingpong ? 2 : 1;
-    for (int aiv = 0; aiv < 2; ++aiv) {
-      const int unit = aiv + 1;
-      rings.sm_in[aiv] = make_ring(unit, Pipe::mte2, Pipe::v, Pipe::v, 0, 0, 2, "S tile (UB)");
-      rings.p_out[aiv] = make_ring(unit, Pipe::v, Pipe::mte3, Pipe::mte3, 0, 0, 2, "P tile (UB)");
-      rings.up_in[aiv] =
-          make_ring(unit, Pipe::mte2, Pipe::v, Pipe::v, 4, 4, up_slots, "O_tmp tile (UB)");
-      rings.acc[aiv] =
-          make_ring(unit, Pipe::mte2, Pipe::v, Pipe::mte3, 6, 0, up_slots, "O tile (UB)");
-    }
+    // AIC MTE2 -> MTE1 ids: K tiles 0..chunk (with reread_v_: K 0-1, V 2-3), P 5-6, q 7.
+    StagedRingLayout layout;
+    layout.k_slots = reread_v_ ? 2 : config_.chunk + 1;
+    layout.v_tiles = reread_v_;
+    layout.p_id = 5;
+    layout.q_id = 7;
+    layout.o_tmp_slots = layout.o_acc_slots = config_.opts.up_pingpong ? 2 : 1;
+    cores_[static_cast<std::size_t>(core)] = make_staged_rings(layout);
   }
 
   // Flags are per block, or per chunk group under sync_reduce.
@@ -144,7 +121,7 @@ class MlaBuilder : private ProgramBuilder {
 
   void emit_qk(const MlaTask& task, const sched::StageInstance& item) {
     const int core = task.core;
-    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    StagedRings& rings = cores_[static_cast<std::size_t>(core)];
     const int block = item.block;
     const int tokens = block_tokens(task, block);
     const double tile_bytes = k_tile_bytes();
@@ -179,7 +156,7 @@ class MlaBuilder : private ProgramBuilder {
   // ("SOFTMAX_READY (drain)").
   void emit_pv(const MlaTask& task, const sched::StageInstance& item, bool drain) {
     const int core = task.core;
-    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    StagedRings& rings = cores_[static_cast<std::size_t>(core)];
     const int block = item.block;
     const int tokens = block_tokens(task, block);
     if (flag_at_group_start(item)) {
@@ -221,7 +198,7 @@ class MlaBuilder : private ProgramBuilder {
   }
 
   void emit_matmul(int core, const Matmul& mm) {
-    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    StagedRings& rings = cores_[static_cast<std::size_t>(core)];
     ProgramBuilder::emit_matmul(core, mm, rings.l0, rings.l0c,
                                 config_.opts.unit_flag ? kUnitFlagPieces : 1);
   }
@@ -236,8 +213,8 @@ class MlaBuilder : private ProgramBuilder {
   void emit_sm(const MlaTask& task, const sched::StageInstance& item, int aiv) {
     const int core = task.core;
     const int unit = aiv + 1;
-    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
-    Ring& in = rings.sm_in[aiv];
+    StagedRings& rings = cores_[static_cast<std::size_t>(core)];
+    Ring& in = rings.s_in[aiv];
     Ring& out = rings.p_out[aiv];
     const int block = item.block;
     const int tokens = block_tokens(task, block);
@@ -297,9 +274,9 @@ class MlaBuilder : private ProgramBuilder {
   void emit_up(const MlaTask& task, const std::vector<sched::StageInstance>& run, int aiv) {
     const int core = task.core;
     const int unit = aiv + 1;
-    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
-    Ring& in = rings.up_in[aiv];
-    Ring& acc = rings.acc[aiv];
+    StagedRings& rings = cores_[static_cast<std::size_t>(core)];
+    Ring& in = rings.o_tmp[aiv];
+    Ring& acc = rings.o_acc[aiv];
     const int rows = aiv_rows(task, aiv);
     const bool first = run.front().block == 0;
     const bool last = run.back().block == task.num_blocks - 1;
@@ -363,7 +340,7 @@ class MlaBuilder : private ProgramBuilder {
   // ---- tasks -----------------------------------------------------------------------------------
   void emit_task(const MlaTask& task, const sched::Schedule& schedule) {
     const int core = task.core;
-    CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+    StagedRings& rings = cores_[static_cast<std::size_t>(core)];
     block_slot_.assign(static_cast<std::size_t>(task.num_blocks), 0);
     // q (int8 nope + bf16 rope) stays in L1 for the whole task.
     stage(core, 0, -1, {{kLoadQ, task.rows}}, [&] {
@@ -457,21 +434,21 @@ class MlaBuilder : private ProgramBuilder {
       const int core = target / 2;
       const int aiv = target % 2;
       const int unit = aiv + 1;
-      CoreRings& rings = cores_[static_cast<std::size_t>(core)];
+      StagedRings& rings = cores_[static_cast<std::size_t>(core)];
       stage(core, unit, -1, {{kCombine, tiles[t].rows}}, [&] {
         const double tile = static_cast<double>(tiles[t].rows) * kNopeDim * kAccBytes;
-        const int acc_slot = acquire(core, rings.acc[aiv], StageTag::combine, -1);
-        ready(core, rings.acc[aiv], acc_slot, StageTag::combine, -1, Buffer::ub, tile);
-        await(core, rings.acc[aiv], acc_slot, StageTag::combine, -1);
+        const int acc_slot = acquire(core, rings.o_acc[aiv], StageTag::combine, -1);
+        ready(core, rings.o_acc[aiv], acc_slot, StageTag::combine, -1, Buffer::ub, tile);
+        await(core, rings.o_acc[aiv], acc_slot, StageTag::combine, -1);
         for (int split = 0; split < plan_.splits; ++split) {
-          const int slot = acquire(core, rings.up_in[aiv], StageTag::combine, -1);
+          const int slot = acquire(core, rings.o_tmp[aiv], StageTag::combine, -1);
           gm_read(core, unit, StageTag::combine, -1, load, tile + tiles[t].rows * 4.0, MemLevel::l2,
                   false, Buffer::ub, tile);
-          ready(core, rings.up_in[aiv], slot, StageTag::combine, -1);
-          await(core, rings.up_in[aiv], slot, StageTag::combine, -1);
+          ready(core, rings.o_tmp[aiv], slot, StageTag::combine, -1);
+          await(core, rings.o_tmp[aiv], slot, StageTag::combine, -1);
           compute(core, unit, Pipe::v, StageTag::combine, -1, merge,
                   vector_cycles(kCombineSplitPasses, tile, 2));
-          release(core, rings.up_in[aiv], slot, StageTag::combine, -1, Buffer::ub, tile);
+          release(core, rings.o_tmp[aiv], slot, StageTag::combine, -1, Buffer::ub, tile);
         }
         compute(core, unit, Pipe::v, StageTag::combine, -1, merge,
                 vector_cycles(kCombineFinalPasses, tile, 2));
@@ -480,14 +457,14 @@ class MlaBuilder : private ProgramBuilder {
                    label("wait O tile computed"));
         gm_write(core, unit, StageTag::combine, -1, store,
                  static_cast<double>(tiles[t].rows) * kNopeDim * kOutBytes);
-        release(core, rings.acc[aiv], acc_slot, StageTag::combine, -1, Buffer::ub, tile);
+        release(core, rings.o_acc[aiv], acc_slot, StageTag::combine, -1, Buffer::ub, tile);
       });
     }
   }
 
   const MlaConfig& config_;
   const MlaPlan& plan_;
-  std::vector<CoreRings> cores_;
+  std::vector<StagedRings> cores_;
   std::vector<long long> block_slot_;  // K ring use index of each block of the current task
   int sm_rows_ = kSmRows;
   bool reread_v_ = false;  // cube_reorder: K tiles freed after QK, V re-read for the PV
