@@ -107,4 +107,152 @@ def bsa_sparse_attention_v3(q, k, v, latent_shape_q, latent_shape_k=None, txt_le
     return out, (mask.to(torch.int8) if cached_mask is None else cached_mask)
 
 
-__all__ = ["sparse_attention", "bsa_sparse_attention_v3"]
+
+_LAYOUTS = ("BNSD", "BSND", "TND")
+
+
+def _block_shape(blockshape):
+    """The one block size of MindIE-SD's blockshape [query block rows, key block columns]."""
+    try:
+        rows, columns = (int(extent) for extent in blockshape)
+    except (TypeError, ValueError):
+        raise ParametersInvalid(f"rain_fusion_attention: blockshape must be [rows, columns], got "
+                                f"{blockshape!r}") from None
+    if rows != columns or rows not in rf_v2.BLOCK_SIZES:
+        raise ParametersInvalid(f"rain_fusion_attention: blockshape {[rows, columns]} must be "
+                                f"square with a side in {rf_v2.BLOCK_SIZES} on ditops")
+    return rows
+
+
+def _selection_mask(select_idx, select_num_idx, heads, query_blocks, key_blocks):
+    """The bool block mask [rows // query_blocks, N, query_blocks, key_blocks] of MindIE-SD's
+    index form: row r of select_idx [rows, N, width] lists, for query block r of its batch entry
+    and head n, the kept key blocks in its first select_num_idx[r, n] entries."""
+    for name, value in (("select_idx", select_idx), ("select_num_idx", select_num_idx)):
+        if not isinstance(value, torch.Tensor) or value.is_floating_point() or value.is_complex():
+            raise ParametersInvalid(f"rain_fusion_attention: {name} must be an integer tensor")
+    if select_idx.dim() != 3 or select_idx.shape[1] != heads:
+        raise ParametersInvalid(f"rain_fusion_attention: select_idx {list(select_idx.shape)} must "
+                                f"be [query blocks, heads ({heads}), key blocks]")
+    rows, _, width = select_idx.shape
+    if tuple(select_num_idx.shape) != (rows, heads):
+        raise ParametersInvalid(f"rain_fusion_attention: select_num_idx "
+                                f"{list(select_num_idx.shape)} must be [{rows}, {heads}]")
+    if rows == 0 or rows % query_blocks:
+        raise ParametersInvalid(f"rain_fusion_attention: select_idx has {rows} rows, expected "
+                                f"{query_blocks} (one choice for every batch entry) or "
+                                f"{query_blocks} per batch entry")
+    counts = select_num_idx.to(torch.int64)
+    if bool(((counts < 0) | (counts > width)).any()):
+        raise ParametersInvalid(f"rain_fusion_attention: select_num_idx must lie in [0, {width}]")
+    listed = torch.arange(width) < counts[..., None]
+    index = select_idx.to(torch.int64)
+    if bool(((index < 0) | (index >= key_blocks))[listed].any()):
+        raise ParametersInvalid(f"rain_fusion_attention: a listed key block lies outside [0, "
+                                f"{key_blocks})")
+    mask = torch.zeros(rows, heads, key_blocks + 1, dtype=torch.bool)
+    mask.scatter_(2, torch.where(listed, index, key_blocks), True)
+    mask = mask[..., :key_blocks].reshape(rows // query_blocks, query_blocks, heads, key_blocks)
+    return mask.permute(0, 2, 1, 3)
+
+
+def _sequence_lengths(lengths, name, count):
+    try:
+        values = [int(length) for length in lengths]
+    except TypeError:
+        raise ParametersInvalid(f"rain_fusion_attention: {name} must be a list of sequence "
+                                f"lengths, got {lengths!r}") from None
+    if len(values) != count or min(values, default=1) < 1:
+        raise ParametersInvalid(f"rain_fusion_attention: {name} must hold {count} positive "
+                                f"lengths, got {values}")
+    return values
+
+
+def _rain_fusion_padded(q, k, v, select_idx, select_num_idx, block_size, scale, layout,
+                        lengths, lengths_kv):
+    """BNSD / BSND: every batch entry of the whole padded length (the lengths, where given, must
+    be those)."""
+    head_first = layout == "BNSD"
+    batch = q.shape[0]
+    heads, seq = (q.shape[1], q.shape[2]) if head_first else (q.shape[2], q.shape[1])
+    seq_kv = k.shape[2] if head_first else k.shape[1]
+    for name, given, full in (("actual_seq_lengths", lengths, seq),
+                              ("actual_seq_lengths_kv", lengths_kv, seq_kv)):
+        if given is not None and any(length != full for length in
+                                     _sequence_lengths(given, name, batch)):
+            raise ParametersInvalid(f"rain_fusion_attention: {name} must equal the {layout} "
+                                    f"tensors' sequence length ({full}) on ditops (no padding)")
+    mask = _selection_mask(select_idx, select_num_idx, heads, -(-seq // block_size),
+                           -(-seq_kv // block_size))
+    if mask.shape[0] not in (1, batch):
+        raise ParametersInvalid(f"rain_fusion_attention: select_idx's rows cover {mask.shape[0]} "
+                                f"batch entries, the tensors {batch}")
+    return ops.block_sparse_attention(q, k, v, mask, block_size, head_first, scale)
+
+
+def _rain_fusion_packed(q, k, v, select_idx, select_num_idx, block_size, scale, lengths,
+                        lengths_kv):
+    """TND: the sequences packed one after another, each with its own rows of select_idx."""
+    if lengths is None or lengths_kv is None:
+        raise ParametersInvalid("rain_fusion_attention: input_layout 'TND' needs "
+                                "actual_seq_lengths and actual_seq_lengths_kv")
+    lengths = _sequence_lengths(lengths, "actual_seq_lengths", len(lengths))
+    lengths_kv = _sequence_lengths(lengths_kv, "actual_seq_lengths_kv", len(lengths))
+    if sum(lengths) != q.shape[0] or sum(lengths_kv) != k.shape[0]:
+        raise ParametersInvalid(f"rain_fusion_attention: the lengths sum to {sum(lengths)} and "
+                                f"{sum(lengths_kv)} tokens; the tensors hold {q.shape[0]} and "
+                                f"{k.shape[0]}")
+    out = torch.empty(q.shape[:2] + v.shape[2:], dtype=q.dtype)
+    row = start = start_kv = 0
+    for length, length_kv in zip(lengths, lengths_kv):
+        rows = -(-length // block_size)
+        mask = _selection_mask(select_idx[row:row + rows], select_num_idx[row:row + rows],
+                               q.shape[1], rows, -(-length_kv // block_size))
+        piece = slice(start, start + length)
+        piece_kv = slice(start_kv, start_kv + length_kv)
+        out[piece] = ops.block_sparse_attention(q[None, piece], k[None, piece_kv],
+                                                v[None, piece_kv], mask, block_size, False,
+                                                scale)[0]
+        row, start, start_kv = row + rows, start + length, start_kv + length_kv
+    if row != select_idx.shape[0]:
+        raise ParametersInvalid(f"rain_fusion_attention: select_idx has {select_idx.shape[0]} "
+                                f"rows; the sequences have {row} query blocks")
+    return out
+
+
+@raises_parameters_invalid
+def rain_fusion_attention(query, key, value, scale=None, head_num=None, input_layout="TND",
+                          select_idx=None, select_num_idx=None, blockshape=None,
+                          actual_seq_lengths=None, actual_seq_lengths_kv=None,
+                          inner_precise=0):
+    """MindIE-SD's RainFusion kernel entry (mindiesd.layers.flash_attn.sparse_flash_attn_rf_v2):
+    attention in which query block i of head n attends only to the key blocks
+    select_idx[i, n, :select_num_idx[i, n]] (each blockshape[0] x blockshape[1] tokens, the
+    last one partial), a query block listing none gives zeros. query, key, value BNSD
+    [B, N, S, D], BSND or TND [T, N, D] (sequences packed, their lengths actual_seq_lengths and
+    actual_seq_lengths_kv); fewer key heads than query heads (GQA) allowed. select_idx [rows,
+    N, width] and select_num_idx [rows, N], integers: one row per query block of each batch
+    entry in order (BNSD / BSND may give one batch entry's rows for all, as MindIE-SD's own
+    rf_v2 passes them). scale default D ** -0.5. On ditops blockshape is square, 64 or 128, and
+    BNSD / BSND sequences are their whole length; head_num and inner_precise change nothing."""
+    _arrays.check_inputs("rain_fusion_attention", query=query, key=key, value=value)
+    if input_layout not in _LAYOUTS:
+        raise ParametersInvalid(f"rain_fusion_attention: input_layout must be one of {_LAYOUTS}, "
+                                f"got {input_layout!r}")
+    rank = 3 if input_layout == "TND" else 4
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(x, torch.Tensor) or x.dim() != rank:
+            raise ParametersInvalid(f"rain_fusion_attention: {name} must be a {rank}-D torch "
+                                    f"tensor ({input_layout})")
+    if select_idx is None or select_num_idx is None or blockshape is None:
+        raise ParametersInvalid("rain_fusion_attention: select_idx, select_num_idx and "
+                                "blockshape are required")
+    block_size = _block_shape(blockshape)
+    if input_layout == "TND":
+        return _rain_fusion_packed(query, key, value, select_idx, select_num_idx, block_size,
+                                   scale, actual_seq_lengths, actual_seq_lengths_kv)
+    return _rain_fusion_padded(query, key, value, select_idx, select_num_idx, block_size, scale,
+                               input_layout, actual_seq_lengths, actual_seq_lengths_kv)
+
+
+__all__ = ["sparse_attention", "bsa_sparse_attention_v3", "rain_fusion_attention"]

@@ -341,3 +341,111 @@ def test_bad_inputs_raise_parameters_invalid():
     with pytest.raises(ParametersInvalid, match="cached_mask"):
         bsa_sparse_attention_v3(q, k, v, shape, input_layout="BNSD", block_size=64,
                                 cached_mask=torch.ones(1, 1, 3, 3, dtype=torch.int8))
+
+
+# ---- rain_fusion_attention: the kernel entry real code calls with its own block choice ---------
+
+
+def gathered_reference(q, k, v, select_idx, select_num_idx, block, lengths, lengths_kv):
+    """MindIE-SD's RainFusion kernel in float64, sequence by sequence (q, k, v [T, N, D] packed):
+    each query block of head n attends to the concatenation of the key blocks its row lists, of
+    key head n // (N / N_kv); a block listing none is zero."""
+    heads, group = q.shape[1], q.shape[1] // k.shape[1]
+    out = torch.zeros(q.shape[:2] + v.shape[2:], dtype=torch.float64)
+    row = start = start_kv = 0
+    for length, length_kv in zip(lengths, lengths_kv):
+        for first in range(0, length, block):
+            rows = slice(start + first, start + min(first + block, length))
+            for n in range(heads):
+                listed = select_idx[row, n, :select_num_idx[row, n]].tolist()
+                keys = [k[start_kv + j * block:start_kv + min((j + 1) * block, length_kv),
+                          n // group] for j in listed]
+                if not keys:
+                    continue
+                values = [v[start_kv + j * block:start_kv + min((j + 1) * block, length_kv),
+                            n // group] for j in listed]
+                kk, vv = torch.cat(keys).double(), torch.cat(values).double()
+                weights = torch.softmax(q[rows, n].double() @ kk.T / math.sqrt(q.shape[-1]), -1)
+                out[rows, n] = weights @ vv
+            row += 1
+        start, start_kv = start + length, start_kv + length_kv
+    return out
+
+
+def random_selection(rows, heads, key_blocks, width=None):
+    """MindIE-SD's index form of a random block choice: ascending kept blocks, -1 after them;
+    some rows keep nothing."""
+    width = key_blocks if width is None else width
+    keep = torch.rand(rows, heads, key_blocks) < 0.5
+    keep[0, 0] = False
+    counts = keep.sum(-1)
+    order = torch.where(keep, torch.arange(key_blocks), key_blocks).sort(-1).values
+    index = torch.where(torch.arange(key_blocks) < counts[..., None], order, -1)
+    return index[..., :width].contiguous(), counts
+
+
+@pytest.mark.parametrize("layout", ["BNSD", "BSND"])
+@pytest.mark.parametrize("shared", [True, False])
+def test_rain_fusion_attention_keeps_the_listed_blocks(layout, shared):
+    from ditops.mindiesd.layers.flash_attn.sparse_flash_attn_rf_v2 import rain_fusion_attention
+
+    batch, heads, kv_heads, seq, seq_kv, dim, block = 2, 4, 2, 200, 264, 32, 64
+    q = torch.randn(batch, seq, heads, dim)
+    k, v = torch.randn(batch, seq_kv, kv_heads, dim), torch.randn(batch, seq_kv, kv_heads, dim)
+    q_blocks, k_blocks = -(-seq // block), -(-seq_kv // block)
+    index, counts = random_selection(q_blocks * (1 if shared else batch), heads, k_blocks)
+    to_layout = (lambda x: x.transpose(1, 2)) if layout == "BNSD" else (lambda x: x)
+    out = rain_fusion_attention(to_layout(q), to_layout(k), to_layout(v), head_num=heads,
+                                input_layout=layout, select_idx=index, select_num_idx=counts,
+                                blockshape=[block, block], actual_seq_lengths=[seq] * batch,
+                                actual_seq_lengths_kv=[seq_kv] * batch)
+    if shared:
+        index, counts = index.repeat(batch, 1, 1), counts.repeat(batch, 1)
+    want = gathered_reference(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), index, counts,
+                              block, [seq] * batch, [seq_kv] * batch)
+    close(to_layout(out).flatten(0, 1), want, torch.float32)
+
+
+def test_rain_fusion_attention_packed_sequences():
+    from ditops.mindiesd.layers.flash_attn.sparse_flash_attn_rf_v2 import rain_fusion_attention
+
+    lengths, lengths_kv, heads, dim, block = [130, 70], [200, 64], 2, 16, 64
+    q = torch.randn(sum(lengths), heads, dim)
+    k, v = torch.randn(sum(lengths_kv), heads, dim), torch.randn(sum(lengths_kv), heads, dim)
+    rows = [-(-length // block) for length in lengths]
+    parts = [random_selection(r, heads, -(-length_kv // block), width=4)
+             for r, length_kv in zip(rows, lengths_kv)]
+    index = torch.cat([torch.nn.functional.pad(i, (0, 4 - i.shape[-1]), value=-1)
+                       for i, _ in parts])
+    counts = torch.cat([c for _, c in parts])
+    out = rain_fusion_attention(q, k, v, scale=dim ** -0.5, head_num=heads, input_layout="TND",
+                                select_idx=index, select_num_idx=counts, blockshape=[64, 64],
+                                actual_seq_lengths=lengths, actual_seq_lengths_kv=lengths_kv)
+    close(out, gathered_reference(q, k, v, index, counts, block, lengths, lengths_kv),
+          torch.float32)
+
+
+def test_rain_fusion_attention_refuses_what_it_cannot_read():
+    from ditops.mindiesd.layers.flash_attn.sparse_flash_attn_rf_v2 import rain_fusion_attention
+
+    q = torch.randn(1, 2, 128, 16)
+    index, counts = random_selection(2, 2, 2)
+    good = dict(input_layout="BNSD", select_idx=index, select_num_idx=counts,
+                blockshape=[64, 64])
+    for change, message in [
+        (dict(blockshape=[128, 64]), "must be square"),
+        (dict(blockshape=[32, 32]), "must be square with a side in"),
+        (dict(select_idx=index + 5), "outside"),
+        (dict(select_idx=index[:1], select_num_idx=counts[:1]), "select_idx has 1 rows"),
+        (dict(select_num_idx=counts + 3), "select_num_idx must lie in"),
+        (dict(select_idx=index.float()), "must be an integer tensor"),
+        (dict(actual_seq_lengths=[100]), "must equal the BNSD tensors' sequence length"),
+        (dict(input_layout="TND"), "must be a 3-D torch tensor"),
+        (dict(select_idx=None), "are required"),
+    ]:
+        with pytest.raises(ParametersInvalid, match=message):
+            rain_fusion_attention(q, q, q, **{**good, **change})
+    with pytest.raises(ParametersInvalid, match="needs actual_seq_lengths"):
+        rain_fusion_attention(q[0], q[0], q[0], **{**good, "input_layout": "TND"})
+    with pytest.raises(TypeError, match="rain_fusion_attention: key must be"):
+        rain_fusion_attention(q, "k", q, **good)
