@@ -157,15 +157,29 @@ def spans_plan(seq_len, spans, block_size):
     return _plan(torch.cat(parts), forced)
 
 
+def _block_means(x, block_size, dim):
+    """x's means over every block_size entries along `dim`, float32 (the last block: the mean of
+    the entries it has)."""
+    full = x.shape[dim] // block_size * block_size
+    means = [x.narrow(dim, 0, full).unflatten(dim, (-1, block_size)).mean(dim + 1,
+                                                                          dtype=torch.float32)]
+    if full < x.shape[dim]:
+        means.append(x.narrow(dim, full, x.shape[dim] - full).mean(dim, keepdim=True,
+                                                                   dtype=torch.float32))
+    return torch.cat(means, dim=dim)
+
+
 def _pooled(x, block_size, head_first):
-    """x's per-block means along the sequence, float32 [B, N, blocks, D] (the last block: the
-    mean of the tokens it has)."""
-    x = x if head_first else x.transpose(1, 2)
-    full = x.shape[2] // block_size * block_size
-    means = [x[:, :, :full].unflatten(2, (-1, block_size)).mean(3, dtype=torch.float32)]
-    if full < x.shape[2]:
-        means.append(x[:, :, full:].mean(2, keepdim=True, dtype=torch.float32))
-    return torch.cat(means, dim=2)
+    """x's per-block means along the sequence, float32 [B, N, blocks, D]."""
+    return _block_means(x if head_first else x.transpose(1, 2), block_size, 2)
+
+
+def _top_blocks(scores, sparsity):
+    """Where scores [..., blocks] reach the K-th largest of their row, K = max(1, ceil(blocks *
+    (1 - sparsity))) (ties keep more)."""
+    blocks = scores.shape[-1]
+    keep = min(blocks, max(1, math.ceil(blocks * (1 - sparsity))))
+    return scores >= torch.topk(scores, keep, dim=-1).values[..., -1:]
 
 
 def choose_blocks(q, k, block_size, sparsity, scale, forced, head_first):
@@ -175,10 +189,7 @@ def choose_blocks(q, k, block_size, sparsity, scale, forced, head_first):
     blocks are kept in both directions. (MindIE-SD ranks softmax(score), which is the same
     order.)"""
     pooled_q, pooled_k = _pooled(q, block_size, head_first), _pooled(k, block_size, head_first)
-    scores = scale * pooled_q @ pooled_k.transpose(-1, -2)
-    blocks = scores.shape[-1]
-    keep = min(blocks, max(1, math.ceil(blocks * (1 - sparsity))))
-    mask = scores >= torch.topk(scores, keep, dim=-1).values[..., -1:]
+    mask = _top_blocks(scale * pooled_q @ pooled_k.transpose(-1, -2), sparsity)
     mask[..., forced, :] = True
     mask[..., forced] = True
     return mask
@@ -254,3 +265,103 @@ def rainfusion_v2_attention(q, k, v, latent_shape, txt_len, text_first, sparsity
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return rf_attention(q, k, v, plan, checked_sparsity(sparsity), block_size, scale, head_first,
                         shared_mask=False)[0]
+
+
+# ---- MindIE-SD 3.1.0's helpers in their own forms --------------------------------------------
+# Code written against mindiesd.layers.flash_attn.sparse_flash_attn_rf_v2 builds its own block
+# choice from these and hands it to rain_fusion_attention (ditops.sparse). input_layout "BSND"
+# or "BNSD"; tensors keep their layout and dtype.
+
+
+def _sequence_dim(input_layout):
+    return 1 if input_layout == "BSND" else 2
+
+
+def avgpool(input_tensor, pool_size=128, input_layout="BNSD"):
+    """The mean of every pool_size tokens along the sequence (the last block: of the tokens it
+    has), in the input's layout and dtype."""
+    means = _block_means(input_tensor, pool_size, _sequence_dim(input_layout))
+    return means.to(input_tensor.dtype)
+
+
+def get_mask_index(mask):
+    """A block mask bool [B, N, S, S] in MindIE-SD's index form: int64 [B, N, S, S], each row's
+    kept columns in ascending order, then -1."""
+    columns = torch.arange(mask.shape[-1])
+    ascending = torch.where(mask, columns, mask.shape[-1]).sort(dim=-1).values
+    return torch.where(columns < mask.sum(-1, keepdim=True), ascending, -1)
+
+
+def _video_shape(latent_shape_q):
+    frames, height, width = (int(extent) for extent in latent_shape_q)
+    return frames, height, width
+
+
+def rearrange_with_remaining(tensor, latent_shape_q, latent_shape_k, input_layout):
+    """A video's tokens (latent_shape_q: frames, height, width; the whole sequence) in rf_v2's
+    order. latent_shape_k changes nothing (3.1.0 reads only the query's)."""
+    order = _video_order(*_video_shape(latent_shape_q))
+    return tensor.index_select(_sequence_dim(input_layout), order)
+
+
+def inv_rearrange_with_remaining(tensor, latent_shape_q, latent_shape_k, input_layout):
+    """The inverse of rearrange_with_remaining."""
+    order = _video_order(*_video_shape(latent_shape_q))
+    return tensor.index_select(_sequence_dim(input_layout), torch.argsort(order))
+
+
+def do_tensor_rearrange_pooling(query, key, value, text_len, pool_size, latent_shape_q,
+                                latent_shape_k, input_layout):
+    """(q, k, v in rf_v2's order, their pooled blocks stacked on the batch dimension) for
+    text_len text tokens followed by one video: the video in rf_v2's order, then the text; the
+    video and the text pooled each from its own start (a video whose length is not a multiple
+    of pool_size has a short last pooled block, as in 3.1.0)."""
+    dim = _sequence_dim(input_layout)
+    tensor = torch.cat((query, key, value), dim=0)
+    text = tensor.narrow(dim, 0, text_len)
+    video = rearrange_with_remaining(tensor.narrow(dim, text_len, tensor.shape[dim] - text_len),
+                                     latent_shape_q, latent_shape_k, input_layout)
+    pooled = avgpool(video, pool_size, input_layout)
+    if text_len:
+        pooled = torch.cat((pooled, avgpool(text, pool_size, input_layout)), dim=dim)
+        video = torch.cat((video, text), dim=dim)
+    query, key, value = torch.chunk(video, 3, dim=0)
+    return query, key, value, pooled
+
+
+def do_tensor_inv_rearrange(tensor, text_len, latent_shape_q, latent_shape_k, input_layout):
+    """The inverse of do_tensor_rearrange_pooling's order: the text back in front, the video
+    in its own order."""
+    dim = _sequence_dim(input_layout)
+    video = tensor.narrow(dim, 0, tensor.shape[dim] - text_len)
+    video = inv_rearrange_with_remaining(video, latent_shape_q, latent_shape_k, input_layout)
+    if not text_len:
+        return video
+    return torch.cat((tensor.narrow(dim, tensor.shape[dim] - text_len, text_len), video), dim)
+
+
+def get_blockwise_mask(qkv_pool, txt_len, sparsity, scale, pool_size, latent_shape_q,
+                       latent_shape_k, input_layout, return_binary=False,
+                       protect_first_frame=True):
+    """rf_v2's choice over pooled blocks (qkv_pool: do_tensor_rearrange_pooling's): query block
+    i keeps key block j where softmax_j(scale * q_i . k_j) (in the pooled dtype) is at least the
+    K-th largest of its row, K = max(1, ceil(blocks * (1 - sparsity))); the text blocks (the
+    last ceil(txt_len / pool_size)) and, with protect_first_frame, the first frame's (the first
+    ceil(height * width / pool_size)) kept both ways. return_binary: the mask, int8 [B, N,
+    blocks, blocks]; else batch entry 0's index form for rain_fusion_attention: (select_idx
+    [blocks, N, blocks], select_num_idx [blocks, N])."""
+    pooled_q, pooled_k, _ = torch.chunk(qkv_pool, 3, dim=0)
+    if input_layout == "BSND":
+        pooled_q, pooled_k = pooled_q.transpose(1, 2), pooled_k.transpose(1, 2)
+    scores = torch.softmax(pooled_q @ pooled_k.transpose(-1, -2) * scale, dim=-1)
+    mask = _top_blocks(scores, sparsity)
+    _, height, width = _video_shape(latent_shape_q)
+    kept = [range(mask.shape[-1] - _ceil_div(txt_len, pool_size), mask.shape[-1])]
+    if protect_first_frame:
+        kept.append(range(_ceil_div(height * width, pool_size)))
+    for blocks in kept:
+        mask[..., blocks, :] = True
+        mask[..., blocks] = True
+    if return_binary:
+        return mask.to(torch.int8)
+    return get_mask_index(mask)[0].transpose(0, 1), mask[0].transpose(0, 1).sum(dim=-1)

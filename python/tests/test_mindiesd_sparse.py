@@ -449,3 +449,47 @@ def test_rain_fusion_attention_refuses_what_it_cannot_read():
         rain_fusion_attention(q[0], q[0], q[0], **{**good, "input_layout": "TND"})
     with pytest.raises(TypeError, match="rain_fusion_attention: key must be"):
         rain_fusion_attention(q, "k", q, **good)
+
+
+@pytest.mark.parametrize("layout", ["BNSD", "BSND"])
+@pytest.mark.parametrize("shape, text", [((4, 8, 16), 0), ((4, 8, 16), 64), ((3, 10, 12), 0)])
+def test_the_helpers_that_build_the_index_form(layout, shape, text):
+    """3.1.0's helpers, as code that calls rain_fusion_attention itself strings them: the order,
+    the pooling, the choice in index form, the kernel, the inverse order; against the rule
+    computed here (the pooled blocks coincide with the kernel's where the video fills whole
+    blocks)."""
+    from ditops.mindiesd.layers.flash_attn import sparse_flash_attn_rf_v2 as rf
+
+    block, sparsity, heads = 64, 0.5, 2
+    tokens = text + math.prod(shape)
+    q, k, v = inputs((1, heads, tokens, 32), layout, seed=7)
+    dim = 2 if layout == "BNSD" else 1
+    order = layout_order(shape, text)[0]
+    q2, k2, v2, pooled = rf.do_tensor_rearrange_pooling(q, k, v, text, block, shape, shape, layout)
+    assert torch.equal(q2, q.index_select(dim, torch.tensor(order)))
+    assert torch.equal(rf.do_tensor_inv_rearrange(q2, text, shape, shape, layout), q)
+    video = q.narrow(dim, text, tokens - text)
+    assert torch.equal(rf.inv_rearrange_with_remaining(
+        rf.rearrange_with_remaining(video, shape, shape, layout), shape, shape, layout), video)
+    blocks = [q2.narrow(dim, start, min(block, tokens - start)).mean(dim, keepdim=True)
+              for start in range(0, tokens, block)]
+    if math.prod(shape) % block == 0:
+        close(torch.chunk(pooled, 3)[0], torch.cat(blocks, dim), torch.float32)
+    select_idx, select_num_idx = rf.get_blockwise_mask(pooled, text, sparsity, 32 ** -0.5, block,
+                                                       shape, shape, layout)
+    out = rf.rain_fusion_attention(q2, k2, v2, scale=32 ** -0.5, head_num=heads,
+                                   input_layout=layout, select_idx=select_idx,
+                                   select_num_idx=select_num_idx, blockshape=[block, block])
+    out = rf.do_tensor_inv_rearrange(out, text, shape, shape, layout)
+    if math.prod(shape) % block:
+        return  # 3.1.0 pools the video's short last block alone: the rule's blocks differ
+    qb, kb = to_bnsd(q, layout), to_bnsd(k, layout)
+    mask = block_choice(qb, kb, order, block, sparsity, 32 ** -0.5,
+                        layout_order(shape, text)[1](block))
+    binary = rf.get_blockwise_mask(pooled, text, sparsity, 32 ** -0.5, block, shape, shape, layout,
+                                   return_binary=True)
+    assert torch.equal(binary.bool(), mask)
+    assert torch.equal(rf.get_mask_index(mask)[0, 1, 0, :int(mask[0, 1, 0].sum())],
+                       torch.nonzero(mask[0, 1, 0]).flatten())
+    close(out, reference(q, k, v, mask, order, block, layout), torch.float32)
+    assert_sparse_matters(out, q, k, v, layout)
