@@ -62,7 +62,7 @@ import torch
 import bench_json
 import ditops
 import ditops.diffusers
-from ditops.mindiesd import CacheConfig
+from ditops import CacheConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python" / "tests"))
 import models  # noqa: E402  (the test suite's model builders)
