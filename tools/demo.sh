@@ -5,7 +5,7 @@
 # pipeline report for the int8 MLA decode kernel.
 #
 # Usage: tools/demo.sh [--full | --tiny] [--pipelines] [--out DIR] [--build-dir DIR]
-#   (no flag)        the quick report: under 5 minutes on 2 cores from a fresh clone, build
+#   (no flag)        the quick report: 5-8 minutes on 2 cores from a fresh clone, build
 #                    included. 2 threads; RMSNorm, fused add+RMSNorm and RoPE on one shape each,
 #                    attention on the FLUX S=2048 shapes (int8 at chunk 2), the MLA decode subset,
 #                    and the CPU MLA chunk ratios at kv 2048, batch 1/4/16, beside the simulator's;
