@@ -152,7 +152,7 @@ section_build() {
   [ "$pipelines" = 0 ] || ditops_ensure_venv
   local python_module=()
   if pipeline_venv_ready; then
-    python_module=(-DDITOPS_PYTHON=ON "-DPython_EXECUTABLE=$ditops_venv/bin/python")
+    python_module=(-DDITOPS_PYTHON=ON "-DPython_EXECUTABLE=$(cd "$ditops_venv" && pwd)/bin/python")
   fi
   cmake --preset demo "${python_module[@]}"
   # One target for the tools: make builds the targets named on its command line one after the
