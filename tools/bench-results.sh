@@ -18,8 +18,8 @@
 #            machine: about 20 minutes on 2 Zen 4 cores. The families and their filters are
 #            declared below (bench/README.md lists them too). The python-* families run
 #            bench/python scripts with --json (bench/python/bench_json.py writes the same JSON
-#            shape: one entry per repetition and their aggregates) at small sizes: about 10
-#            minutes in all on 2 Zen 1 cores that another job shared (load average 1.4-3.5).
+#            shape: one entry per repetition and their aggregates) at small sizes: about 6
+#            minutes in all on 2 idle Zen 1 cores.
 #   render   writes bench/RESULTS.md from bench/RESULTS.in.md: each line
 #              <!-- table: MACHINE/FAMILY.json [filter=REGEX] [baseline=ARG:VALUE] [time] -->
 #            becomes bench-summary's table of that file's rows (BUILD_DIR/tools/bench-summary,

@@ -1,4 +1,5 @@
-"""The bench/python scripts' --json: their measured rows as Google Benchmark JSON, the shape
+"""What the bench/python scripts share: interleaved() times calls taking turns, and --json
+writes their measured rows as Google Benchmark JSON, the shape
 `--benchmark_out_format=json` writes with repetitions, so that tools/bench-summary tables them
 as it does the C++ benchmarks (tools/bench-results.sh run BUILD_DIR python; bench/README.md).
 
@@ -23,7 +24,22 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
+
+def interleaved(calls, runs):
+    """Each call's wall seconds in each of `runs` turns, the calls taking turns (A, B, A, B,
+    ...) after one warm-up call each, so that a shared machine's slow moments hit them alike."""
+    for call in calls:
+        call()
+    seconds = [[] for _ in calls]
+    for _ in range(runs):
+        for call, spent in zip(calls, seconds):
+            start = time.perf_counter()
+            call()
+            spent.append(time.perf_counter() - start)
+    return seconds
+
 
 # Google Benchmark's time units and their seconds.
 UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
@@ -55,9 +71,9 @@ class Results:
             times = [s / UNITS[unit] for s in seconds]
             common = dict(family_index=family, per_family_instance_index=0, run_name=name,
                           repetitions=len(times))
-            for index, time in enumerate(times):
+            for index, spent in enumerate(times):
                 entry = dict(name=name, **common, run_type="iteration", repetition_index=index,
-                             iterations=1, real_time=time, cpu_time=time, time_unit=unit)
+                             iterations=1, real_time=spent, cpu_time=spent, time_unit=unit)
                 if extra:
                     entry.update(extra[index])
                 if label:

@@ -77,7 +77,8 @@ def rel_l2(a, b):
 
 
 def bench(name, model, inputs, args, results):
-    # enable before wrapping: it finds Wan's self-attentions by their path (blocks.N.attn1).
+    # enable before wrapping: a wrapped attention (CachedCall) hides its processor from
+    # model.attn_processors, which enable swaps.
     if args.ditops:
         ditops.diffusers.enable(model)
     # The attentions before the blocks: a wrapped block hides its attributes.

@@ -25,7 +25,6 @@ import argparse
 import ctypes
 import ctypes.util
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
@@ -50,20 +49,6 @@ def keep_freed_memory():
     m_trim_threshold, m_mmap_max = -1, -4
     if not (libc.mallopt(m_mmap_max, 0) and libc.mallopt(m_trim_threshold, 2**31 - 1)):
         raise RuntimeError("mallopt refused")
-
-
-def interleaved(candidates, runs):
-    """Seconds per call of each candidate in each turn, the candidates run in turn `runs`
-    times."""
-    for call in candidates.values():
-        call()
-    seconds = {name: [] for name in candidates}
-    for _ in range(runs):
-        for name, call in candidates.items():
-            start = time.perf_counter()
-            call()
-            seconds[name].append(time.perf_counter() - start)
-    return seconds
 
 
 def main():
@@ -115,7 +100,8 @@ def run_shape(args, results, memory, key, name, shape, dtype):
              lambda: F.layer_norm(x, (hidden,), norm.weight, norm.bias, norm.eps)),
         ]
         for call, ours, theirs in pairs:
-            seconds = interleaved({"ditops": ours, "torch": theirs}, args.runs)
+            seconds = dict(zip(("ditops", "torch"),
+                               bench_json.interleaved([ours, theirs], args.runs)))
             median = {lib: statistics.median(values) for lib, values in seconds.items()}
             row = (f"| {memory} | {name} {list(shape)} | {str(dtype)[6:]} | {threads} | {call} | "
                    f"{median['ditops'] * 1e3:.2f} | {median['torch'] * 1e3:.2f} | "

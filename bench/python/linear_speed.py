@@ -13,7 +13,6 @@ linear_speed/dtype:D/shape:I/lib:L, lib 0 torch and 1 ditops, with GFLOP/s.
 
 import argparse
 import statistics
-import time
 
 import torch
 
@@ -26,19 +25,6 @@ from ditops.quant import QuantLinear
 # and the same projection on a 512-token text stream.
 IMAGE_SHAPES = ((3072, 3072), (3072, 12288))
 TEXT_SHAPE = (512, 3072, 3072)
-
-
-def interleaved(calls, runs):
-    """Each call's wall times over `runs` turns, after a warm-up."""
-    for call in calls:
-        call()
-    times = [[] for _ in calls]
-    for _ in range(runs):
-        for call, spent in zip(calls, times):
-            start = time.perf_counter()
-            call()
-            spent.append(time.perf_counter() - start)
-    return times
 
 
 def main():
@@ -64,7 +50,7 @@ def main():
             layer = QuantLinear(_ditops.QuantLinear.float_linear(
                 linear.weight.detach().contiguous(), linear.bias.detach().float().contiguous()))
             with torch.inference_mode():
-                times = interleaved([lambda: linear(x), lambda: layer(x)], args.runs)
+                times = bench_json.interleaved([lambda: linear(x), lambda: layer(x)], args.runs)
                 want, got = linear(x).double(), layer(x).double()
             on_torch, on_ditops = (statistics.median(t) for t in times)
             error = ((got - want).norm() / want.norm()).item()

@@ -14,7 +14,6 @@ input kind, its time the overhead in us over the C++ call.
 
 import argparse
 import statistics
-import time
 
 import numpy as np
 import torch
@@ -25,18 +24,18 @@ from ditops import _ditops
 
 
 def per_call_us(functions, calls, repetitions):
-    """Each function's us per call in each repetition, the functions taking turns."""
-    for function in functions:
-        for _ in range(1000):
-            function()
-    times = [[] for _ in functions]
-    for _ in range(repetitions):
-        for function, spent in zip(functions, times):
-            start = time.perf_counter()
+    """Each function's us per call in each repetition of `calls` calls, the functions taking
+    turns (bench_json.interleaved; its warm-up is a repetition's calls)."""
+
+    def repeated(function):
+        def run():
             for _ in range(calls):
                 function()
-            spent.append((time.perf_counter() - start) / calls * 1e6)
-    return times
+
+        return run
+
+    seconds = bench_json.interleaved([repeated(f) for f in functions], repetitions)
+    return [[s / calls * 1e6 for s in spent] for spent in seconds]
 
 
 def main():
