@@ -86,16 +86,18 @@ def float32_table(table, x):
     return table if table.dtype == np.float32 else table.astype(np.float32)
 
 
-def check_inputs(call, optional=(), **tensors):
+def check_inputs(call, optional=(), torch_only=False, **tensors):
     """The one check at the boundary of every public call, before anything reads its inputs:
-    each of `tensors` (keyword: the argument's name) is a torch tensor or a numpy array, or None
-    where `optional` names it, else a TypeError naming the call and the argument; and, ditops
-    computing forward passes only, none requires grad while autograd records (a RuntimeError
-    instead of outputs without a gradient)."""
+    each of `tensors` (keyword: the argument's name) is a torch tensor or a numpy array (a torch
+    tensor only with torch_only: calls written in torch), or None where `optional` names it,
+    else a TypeError naming the call and the argument; and, ditops computing forward passes
+    only, none requires grad while autograd records (a RuntimeError instead of outputs without
+    a gradient)."""
     for name, value in tensors.items():
-        if not (is_torch(value) or isinstance(value, np.ndarray)
+        if not (is_torch(value) or (isinstance(value, np.ndarray) and not torch_only)
                 or (value is None and name in optional)):
-            kinds = "a torch.Tensor or a numpy.ndarray" + (" or None" if name in optional else "")
+            kinds = "a torch.Tensor" + ("" if torch_only else " or a numpy.ndarray") + (
+                " or None" if name in optional else "")
             raise TypeError(f"ditops.{call}: {name} must be {kinds}, got {type(value).__name__}")
     if torch is None or not torch.is_grad_enabled():
         return

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import ops
+from . import _arrays, ops
 from .errors import ParametersInvalid
 
 TILE = 8  # tokens per side of a spatial tile
@@ -58,6 +58,12 @@ def _plan(order, forced):
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(order.numel())
     return Plan(order, inverse, forced)
+
+
+@functools.lru_cache(maxsize=64)
+def _video_plan(frames, height, width):
+    """One video alone in rf_v2's order, nothing forced (the 3.1.0 helpers' rearrangement)."""
+    return _plan(_video_order(frames, height, width), None)
 
 
 @functools.lru_cache(maxsize=64)
@@ -280,6 +286,7 @@ def _sequence_dim(input_layout):
 def avgpool(input_tensor, pool_size=128, input_layout="BNSD"):
     """The mean of every pool_size tokens along the sequence (the last block: of the tokens it
     has), in the input's layout and dtype."""
+    _arrays.check_inputs("avgpool", torch_only=True, input_tensor=input_tensor)
     means = _block_means(input_tensor, pool_size, _sequence_dim(input_layout))
     return means.to(input_tensor.dtype)
 
@@ -287,6 +294,7 @@ def avgpool(input_tensor, pool_size=128, input_layout="BNSD"):
 def get_mask_index(mask):
     """A block mask bool [B, N, S, S] in MindIE-SD's index form: int64 [B, N, S, S], each row's
     kept columns in ascending order, then -1."""
+    _arrays.check_inputs("get_mask_index", torch_only=True, mask=mask)
     columns = torch.arange(mask.shape[-1])
     ascending = torch.where(mask, columns, mask.shape[-1]).sort(dim=-1).values
     return torch.where(columns < mask.sum(-1, keepdim=True), ascending, -1)
@@ -300,14 +308,16 @@ def _video_shape(latent_shape_q):
 def rearrange_with_remaining(tensor, latent_shape_q, latent_shape_k, input_layout):
     """A video's tokens (latent_shape_q: frames, height, width; the whole sequence) in rf_v2's
     order. latent_shape_k changes nothing (3.1.0 reads only the query's)."""
-    order = _video_order(*_video_shape(latent_shape_q))
+    _arrays.check_inputs("rearrange_with_remaining", torch_only=True, tensor=tensor)
+    order = _video_plan(*_video_shape(latent_shape_q)).order
     return tensor.index_select(_sequence_dim(input_layout), order)
 
 
 def inv_rearrange_with_remaining(tensor, latent_shape_q, latent_shape_k, input_layout):
     """The inverse of rearrange_with_remaining."""
-    order = _video_order(*_video_shape(latent_shape_q))
-    return tensor.index_select(_sequence_dim(input_layout), torch.argsort(order))
+    _arrays.check_inputs("inv_rearrange_with_remaining", torch_only=True, tensor=tensor)
+    inverse = _video_plan(*_video_shape(latent_shape_q)).inverse
+    return tensor.index_select(_sequence_dim(input_layout), inverse)
 
 
 def do_tensor_rearrange_pooling(query, key, value, text_len, pool_size, latent_shape_q,
@@ -316,6 +326,8 @@ def do_tensor_rearrange_pooling(query, key, value, text_len, pool_size, latent_s
     text_len text tokens followed by one video: the video in rf_v2's order, then the text; the
     video and the text pooled each from its own start (a video whose length is not a multiple
     of pool_size has a short last pooled block, as in 3.1.0)."""
+    _arrays.check_inputs("do_tensor_rearrange_pooling", torch_only=True, query=query, key=key,
+                         value=value)
     dim = _sequence_dim(input_layout)
     tensor = torch.cat((query, key, value), dim=0)
     text = tensor.narrow(dim, 0, text_len)
@@ -332,6 +344,7 @@ def do_tensor_rearrange_pooling(query, key, value, text_len, pool_size, latent_s
 def do_tensor_inv_rearrange(tensor, text_len, latent_shape_q, latent_shape_k, input_layout):
     """The inverse of do_tensor_rearrange_pooling's order: the text back in front, the video
     in its own order."""
+    _arrays.check_inputs("do_tensor_inv_rearrange", torch_only=True, tensor=tensor)
     dim = _sequence_dim(input_layout)
     video = tensor.narrow(dim, 0, tensor.shape[dim] - text_len)
     video = inv_rearrange_with_remaining(video, latent_shape_q, latent_shape_k, input_layout)
@@ -350,6 +363,7 @@ def get_blockwise_mask(qkv_pool, txt_len, sparsity, scale, pool_size, latent_sha
     ceil(height * width / pool_size)) kept both ways. return_binary: the mask, int8 [B, N,
     blocks, blocks]; else batch entry 0's index form for rain_fusion_attention: (select_idx
     [blocks, N, blocks], select_num_idx [blocks, N])."""
+    _arrays.check_inputs("get_blockwise_mask", torch_only=True, qkv_pool=qkv_pool)
     pooled_q, pooled_k, _ = torch.chunk(qkv_pool, 3, dim=0)
     if input_layout == "BSND":
         pooled_q, pooled_k = pooled_q.transpose(1, 2), pooled_k.transpose(1, 2)

@@ -156,15 +156,18 @@ def _selection_mask(select_idx, select_num_idx, heads, query_blocks, key_blocks)
     return mask.permute(0, 2, 1, 3)
 
 
-def _sequence_lengths(lengths, name, count):
+def _sequence_lengths(lengths, name, count=None):
+    """`lengths` (a list, tuple or tensor of integers) as ints: `count` of them where given,
+    each at least 1."""
     try:
         values = [int(length) for length in lengths]
-    except TypeError:
+    except (TypeError, ValueError):
         raise ParametersInvalid(f"rain_fusion_attention: {name} must be a list of sequence "
                                 f"lengths, got {lengths!r}") from None
-    if len(values) != count or min(values, default=1) < 1:
-        raise ParametersInvalid(f"rain_fusion_attention: {name} must hold {count} positive "
-                                f"lengths, got {values}")
+    if (count is not None and len(values) != count) or min(values, default=0) < 1:
+        raise ParametersInvalid(f"rain_fusion_attention: {name} must hold "
+                                f"{'' if count is None else f'{count} '}positive lengths, got "
+                                f"{values}")
     return values
 
 
@@ -196,7 +199,7 @@ def _rain_fusion_packed(q, k, v, select_idx, select_num_idx, block_size, scale, 
     if lengths is None or lengths_kv is None:
         raise ParametersInvalid("rain_fusion_attention: input_layout 'TND' needs "
                                 "actual_seq_lengths and actual_seq_lengths_kv")
-    lengths = _sequence_lengths(lengths, "actual_seq_lengths", len(lengths))
+    lengths = _sequence_lengths(lengths, "actual_seq_lengths")
     lengths_kv = _sequence_lengths(lengths_kv, "actual_seq_lengths_kv", len(lengths))
     if sum(lengths) != q.shape[0] or sum(lengths_kv) != k.shape[0]:
         raise ParametersInvalid(f"rain_fusion_attention: the lengths sum to {sum(lengths)} and "
@@ -235,13 +238,14 @@ def rain_fusion_attention(query, key, value, scale=None, head_num=None, input_la
     entry in order (BNSD / BSND may give one batch entry's rows for all, as MindIE-SD's own
     rf_v2 passes them). scale default D ** -0.5. On ditops blockshape is square, 64 or 128, and
     BNSD / BSND sequences are their whole length; head_num and inner_precise change nothing."""
-    _arrays.check_inputs("rain_fusion_attention", query=query, key=key, value=value)
+    _arrays.check_inputs("rain_fusion_attention", torch_only=True, query=query, key=key,
+                         value=value)
     if input_layout not in _LAYOUTS:
         raise ParametersInvalid(f"rain_fusion_attention: input_layout must be one of {_LAYOUTS}, "
                                 f"got {input_layout!r}")
     rank = 3 if input_layout == "TND" else 4
     for name, x in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(x, torch.Tensor) or x.dim() != rank:
+        if x.dim() != rank:
             raise ParametersInvalid(f"rain_fusion_attention: {name} must be a {rank}-D torch "
                                     f"tensor ({input_layout})")
     if select_idx is None or select_num_idx is None or blockshape is None:

@@ -449,6 +449,29 @@ def test_rain_fusion_attention_refuses_what_it_cannot_read():
         rain_fusion_attention(q[0], q[0], q[0], **{**good, "input_layout": "TND"})
     with pytest.raises(TypeError, match="rain_fusion_attention: key must be"):
         rain_fusion_attention(q, "k", q, **good)
+    with pytest.raises(TypeError, match="rain_fusion_attention: value must be a torch.Tensor"):
+        rain_fusion_attention(q, q, q.numpy(), **good)
+    packed = {**good, "input_layout": "TND", "actual_seq_lengths_kv": [128]}
+    for lengths in (128, "ab", [0]):
+        with pytest.raises(ParametersInvalid, match="actual_seq_lengths must"):
+            rain_fusion_attention(q[0], q[0], q[0], **packed, actual_seq_lengths=lengths)
+
+
+def test_the_helpers_refuse_what_is_not_a_tensor():
+    from ditops.mindiesd.layers.flash_attn import sparse_flash_attn_rf_v2 as rf
+
+    x = torch.randn(1, 2, 64, 8)
+    for call, args in [
+        (rf.avgpool, ("x",)),
+        (rf.get_mask_index, ([[True]],)),
+        (rf.rearrange_with_remaining, (None, (1, 8, 8), (1, 8, 8), "BNSD")),
+        (rf.inv_rearrange_with_remaining, (x.numpy(), (1, 8, 8), (1, 8, 8), "BNSD")),
+        (rf.do_tensor_rearrange_pooling, (x, "k", x, 0, 64, (1, 8, 8), (1, 8, 8), "BNSD")),
+        (rf.do_tensor_inv_rearrange, ("x", 0, (1, 8, 8), (1, 8, 8), "BNSD")),
+        (rf.get_blockwise_mask, (None, 0, 0.5, 1.0, 64, (1, 8, 8), (1, 8, 8), "BNSD")),
+    ]:
+        with pytest.raises(TypeError, match=f"ditops.{call.__name__}: .* must be a torch.Tensor"):
+            call(*args)
 
 
 @pytest.mark.parametrize("layout", ["BNSD", "BSND"])
