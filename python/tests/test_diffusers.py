@@ -281,6 +281,9 @@ def test_optimize_takes_a_pipeline_and_refuses_bad_arguments():
         ditops.diffusers.optimize(model, bf16_linears="cpu")
     with pytest.raises(ValueError, match="expected a diffusers transformer or a pipeline"):
         ditops.diffusers.optimize(object())
+    for wrong in ("model", None, torch.nn.Linear(2, 2)):
+        with pytest.raises(TypeError, match="enable: model must be a diffusers transformer"):
+            ditops.diffusers.enable(wrong)
     assert not ditops.diffusers.is_optimized(model)
 
 

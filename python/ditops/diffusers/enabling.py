@@ -52,6 +52,9 @@ def enable(model, backend="dense", sparsity=0.75, block_size=128, keep_sink=True
     embeddings run on ditops too. Returns the model; disable(model) restores diffusers' own.
     Raises RuntimeError for a diffusers release outside SUPPORTED_DIFFUSERS
     (check_diffusers_version)."""
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "attn_processors"):
+        raise TypeError(f"ditops.diffusers.enable: model must be a diffusers transformer, got "
+                        f"{type(model).__name__}")
     if backend not in backends.BACKENDS:
         raise ValueError(f"ditops.diffusers.enable: backend \"{backend}\" is not one of "
                          f"{sorted(backends.BACKENDS)}")
