@@ -46,19 +46,38 @@ double time_us(const MlaConfig& config, const HwParams& hw) {
   return summarize(program, simulate(program, hw), hw).time_us;
 }
 
+double time_us(const FaConfig& config, const HwParams& hw) {
+  const Program program = build_fa_program(config, hw);
+  return summarize(program, simulate(program, hw), hw).time_us;
+}
+
+/// One configuration a measurement names (its own or its base's), MLA or flash attention.
+struct Simulated {
+  const Measurement* row;
+  bool base;
+  std::string key() const {
+    if (row->flash) return "fa: " + describe(base ? row->fa_base : row->fa);
+    return "mla: " + describe(base ? row->base : row->config);
+  }
+  double time(const HwParams& hw) const {
+    const double launch = row->includes_launch ? hw.kernel_launch_us : 0.0;
+    if (row->flash) return time_us(base ? row->fa_base : row->fa, hw) + launch;
+    return time_us(base ? row->base : row->config, hw) + launch;
+  }
+};
+
 /// Simulates every distinct configuration of `rows` once under `hw` (in `threads` threads)
 /// and returns each row's predicted value.
 std::vector<double> predict_all(const std::vector<Measurement>& rows, const HwParams& hw,
                                 int threads) {
   std::map<std::string, std::size_t> index;
-  std::vector<MlaConfig> configs;
-  const auto add = [&](const MlaConfig& config) {
-    const std::string key = describe(config);
-    if (index.emplace(key, configs.size()).second) configs.push_back(config);
+  std::vector<Simulated> configs;
+  const auto add = [&](const Simulated& config) {
+    if (index.emplace(config.key(), configs.size()).second) configs.push_back(config);
   };
   for (const Measurement& row : rows) {
-    add(row.config);
-    if (row.speedup) add(row.base);
+    add({&row, false});
+    if (row.speedup) add({&row, true});
   }
   std::vector<double> times(configs.size());
   std::atomic<std::size_t> next{0};
@@ -68,7 +87,7 @@ std::vector<double> predict_all(const std::vector<Measurement>& rows, const HwPa
   const auto work = [&] {
     for (std::size_t i = next++; i < configs.size(); i = next++) {
       try {
-        times[i] = time_us(configs[i], hw);
+        times[i] = configs[i].time(hw);
       } catch (...) {
         errors[i] = std::current_exception();
       }
@@ -83,8 +102,8 @@ std::vector<double> predict_all(const std::vector<Measurement>& rows, const HwPa
   }
   std::vector<double> values;
   for (const Measurement& row : rows) {
-    const double time = times[index[describe(row.config)]];
-    values.push_back(row.speedup ? times[index[describe(row.base)]] / time : time);
+    const double time = times[index[Simulated{&row, false}.key()]];
+    values.push_back(row.speedup ? times[index[Simulated{&row, true}.key()]] / time : time);
   }
   return values;
 }
@@ -210,113 +229,237 @@ std::vector<double> held_out_residuals(const Matrix& jacobian, const std::vector
 
 }  // namespace
 
+namespace {
+
+/// The cells of one data row, read by column name; every problem names the file, the row, its
+/// line and the column.
+class RowReader {
+ public:
+  RowReader(const std::string& name, const std::map<std::string, std::size_t>& columns,
+            std::vector<std::string> cells, int row, int line)
+      : name_(name), columns_(columns), cells_(std::move(cells)), row_(row), line_(line) {}
+
+  [[noreturn]] void fail(const std::string& column, const std::string& problem) const {
+    throw SimError(name_ + ": row " + std::to_string(row_) + " (line " + std::to_string(line_) +
+                   "), column " + column + ": " + problem);
+  }
+  bool has(const std::string& column) const { return columns_.count(column) != 0; }
+  std::string cell(const std::string& column) const {
+    const std::size_t at = columns_.at(column);
+    if (at >= cells_.size() || cells_[at].empty()) fail(column, "is empty");
+    return cells_[at];
+  }
+  /// Sets `target` from an optional column.
+  void integer(const char* column, int& target) const {
+    if (!has(column)) return;
+    const std::string value = cell(column);
+    if (value.size() > 9 || value.find_first_not_of("0123456789") != std::string::npos) {
+      fail(column, "'" + value + "' is not a positive integer");
+    }
+    target = std::stoi(value);
+  }
+  double number(const char* column) const {
+    const std::string value = cell(column);
+    char* end = nullptr;
+    const double parsed = std::strtod(value.c_str(), &end);
+    if (end != value.c_str() + value.size() || !std::isfinite(parsed) || !(parsed > 0)) {
+      fail(column, "'" + value + "' is not a positive number");
+    }
+    return parsed;
+  }
+  MlaOptimizations opts(const char* column) const {
+    std::string value = cell(column);
+    std::replace(value.begin(), value.end(), '+', ',');
+    try {
+      return parse_mla_opts(value);
+    } catch (const SimError& error) {
+      fail(column, error.what());
+    }
+  }
+  /// One of `choices` (the column is optional: `fallback` when it is missing).
+  std::string word(const char* column, const std::vector<std::string>& choices,
+                   const std::string& fallback) const {
+    if (!has(column)) return fallback;
+    const std::string value = cell(column);
+    if (std::find(choices.begin(), choices.end(), value) == choices.end()) {
+      std::string known;
+      for (const std::string& choice : choices) known += (known.empty() ? "" : " or ") + choice;
+      fail(column, "'" + value + "' is not " + known);
+    }
+    return value;
+  }
+  /// Validates a configuration, blaming the column its error message starts with ("batch must
+  /// be ...", "kv-seq ...": the field, with '-' for '_'); `chunk_column` stands for chunk.
+  /// `instructions` estimates the program's size, once the configuration is valid.
+  template <typename Config, typename Estimate>
+  void check(const Config& config, const HwParams& hw, const char* chunk_column,
+             const Estimate& instructions) const {
+    try {
+      validate(config, hw);
+    } catch (const SimError& error) {
+      std::string field = error.what();
+      field = field.substr(0, field.find(' '));
+      std::replace(field.begin(), field.end(), '-', '_');
+      if (field == "chunk") field = chunk_column;
+      fail(field, error.what());
+    }
+    if (instructions(config, hw) > kMaxRowInstructions) {
+      fail("batch", describe(config) + " is too large to calibrate on");
+    }
+  }
+
+ private:
+  const std::string& name_;
+  const std::map<std::string, std::size_t>& columns_;
+  std::vector<std::string> cells_;
+  int row_, line_;
+};
+
+/// The header's columns by name, checked: chunk and opt always, batch and kv unless a kernel
+/// column lets rows be flash attention (an MLA row then checks them), and time_us or speedup.
+std::map<std::string, std::size_t> header_columns(const std::vector<std::string>& cells,
+                                                  const RowReader& header) {
+  std::map<std::string, std::size_t> columns;
+  for (std::size_t i = 0; i < cells.size(); ++i) columns[cells[i]] = i;
+  const bool kernels = columns.count("kernel") != 0;
+  for (const char* required : {"batch", "kv", "chunk", "opt"}) {
+    const bool mla_only = std::string(required) == "batch" || std::string(required) == "kv";
+    if (columns.count(required) == 0 && !(kernels && mla_only)) {
+      header.fail(required, "missing in the header");
+    }
+  }
+  const bool time = columns.count("time_us") != 0;
+  const bool speedup = columns.count("speedup") != 0;
+  if (time == speedup) {
+    header.fail(time ? "speedup" : "time_us", "the header needs exactly one of time_us or speedup");
+  }
+  if (speedup) {
+    for (const char* required : {"base_chunk", "base_opt"}) {
+      if (columns.count(required) == 0) {
+        header.fail(required, "missing in the header (needed with speedup)");
+      }
+    }
+    if (columns.count("series") != 0) header.fail("series", "needs time_us, not speedup");
+  }
+  return columns;
+}
+
+/// An MLA row's configuration (and its speedup base).
+void read_mla_row(const RowReader& reader, const HwParams& hw, Measurement& m) {
+  for (const char* required : {"batch", "kv"}) {
+    if (!reader.has(required)) reader.fail(required, "missing in the header (an mla row needs it)");
+  }
+  m.config.cores = std::min(static_cast<int>(hw.num_cores), 24);
+  reader.integer("batch", m.config.batch);
+  reader.integer("kv", m.config.kv);
+  reader.integer("chunk", m.config.chunk);
+  reader.integer("heads", m.config.heads);
+  reader.integer("q_len", m.config.q_len);
+  reader.integer("cores", m.config.cores);
+  reader.integer("block_size", m.config.block_size);
+  m.config.opts = reader.opts("opt");
+  const auto instructions = [](const MlaConfig& config, const HwParams& params) {
+    return estimate_mla_instructions(config, params);
+  };
+  reader.check(m.config, hw, "chunk", instructions);
+  if (m.speedup) {
+    m.base = m.config;
+    reader.integer("base_chunk", m.base.chunk);
+    m.base.opts = reader.opts("base_opt");
+    reader.check(m.base, hw, "base_chunk", instructions);
+  }
+}
+
+/// A flash-attention row's configuration (`ditops-sim fa`'s defaults for missing columns; seq
+/// is required), and its speedup base.
+void read_fa_row(const RowReader& reader, const HwParams& hw, Measurement& m) {
+  m.flash = true;
+  if (!reader.has("seq")) reader.fail("seq", "missing in the header (an fa row needs it)");
+  FaConfig& config = m.fa;
+  config.cores = std::min(static_cast<int>(hw.num_cores), 24);
+  reader.integer("batch", config.batch);
+  reader.integer("heads", config.heads);
+  reader.integer("seq", config.seq);
+  reader.integer("kv_seq", config.kv_seq);
+  reader.integer("dim", config.dim);
+  reader.integer("cores", config.cores);
+  reader.integer("chunk", config.chunk);
+  config.int8 = reader.word("dtype", {"bf16", "int8"}, "bf16") == "int8";
+  config.opts = reader.opts("opt");
+  const auto instructions = [](const FaConfig& sized, const HwParams& params) {
+    return estimate_fa_instructions(sized, params);
+  };
+  reader.check(config, hw, "chunk", instructions);
+  if (m.speedup) {
+    m.fa_base = config;
+    reader.integer("base_chunk", m.fa_base.chunk);
+    m.fa_base.opts = reader.opts("base_opt");
+    reader.check(m.fa_base, hw, "base_chunk", instructions);
+  }
+}
+
+/// The rows a time row of one or more series gives: a speedup over each series' base (the
+/// series' first row, which gives none and becomes the base here).
+void add_series_rows(const RowReader& reader, const Measurement& m,
+                     std::map<std::string, Measurement>& bases, std::vector<Measurement>& rows) {
+  std::stringstream names(reader.cell("series"));
+  std::string name;
+  while (std::getline(names, name, '+')) {
+    const auto [base, first] = bases.emplace(name, m);
+    if (first) continue;
+    const Measurement& from = base->second;
+    if (from.flash != m.flash || from.includes_launch != m.includes_launch) {
+      reader.fail("series", "'" + name + "' mixes kernels or launch-inclusive and kernel times");
+    }
+    Measurement ratio = m;
+    ratio.speedup = true;
+    ratio.base = from.config;
+    ratio.fa_base = from.fa;
+    ratio.series = name;
+    ratio.value = from.value / m.value;
+    rows.push_back(ratio);
+  }
+}
+
+}  // namespace
+
 std::vector<Measurement> parse_measurements(const std::string& text, const std::string& name,
                                             const HwParams& hw) {
   std::vector<Measurement> rows;
+  std::map<std::string, Measurement> series_bases;
   std::stringstream stream(text);
   std::string line;
-  int line_number = 0;
+  int line_number = 0, data_rows = 0;
   std::map<std::string, std::size_t> columns;
-  const auto fail = [&](int row, int at, const std::string& column, const std::string& problem) {
-    throw SimError(name + ": row " + std::to_string(row) + " (line " + std::to_string(at) +
-                   "), column " + column + ": " + problem);
-  };
   while (std::getline(stream, line)) {
     ++line_number;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::vector<std::string> cells = split(line, ',');
+    const auto first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos || line[first] == '#') continue;
+    std::vector<std::string> cells = split(line, ',');
     if (columns.empty()) {
-      for (std::size_t i = 0; i < cells.size(); ++i) columns[cells[i]] = i;
-      for (const char* required : {"batch", "kv", "chunk", "opt"}) {
-        if (columns.count(required) == 0) fail(0, line_number, required, "missing in the header");
-      }
-      const bool time = columns.count("time_us") != 0;
-      const bool speedup = columns.count("speedup") != 0;
-      if (time == speedup) {
-        fail(0, line_number, time ? "speedup" : "time_us",
-             "the header needs exactly one of time_us or speedup");
-      }
-      if (speedup) {
-        for (const char* required : {"base_chunk", "base_opt"}) {
-          if (columns.count(required) == 0) {
-            fail(0, line_number, required, "missing in the header (needed with speedup)");
-          }
-        }
-      }
+      columns = header_columns(cells, RowReader(name, columns, {}, 0, line_number));
       continue;
     }
     Measurement m;
-    m.row = static_cast<int>(rows.size()) + 1;
+    m.row = ++data_rows;
     m.line = line_number;
+    const RowReader reader(name, columns, std::move(cells), m.row, line_number);
     if (m.row > kMaxMeasurements) {
-      fail(m.row, line_number, "-", "more than " + std::to_string(kMaxMeasurements) + " rows");
+      reader.fail("-", "more than " + std::to_string(kMaxMeasurements) + " rows");
     }
-    const auto cell = [&](const std::string& column) -> std::string {
-      const std::size_t at = columns.at(column);
-      if (at >= cells.size() || cells[at].empty()) fail(m.row, line_number, column, "is empty");
-      return cells[at];
-    };
-    const auto integer = [&](const char* column, int& target) {
-      if (columns.count(column) == 0) return;
-      const std::string value = cell(column);
-      if (value.size() > 9 || value.find_first_not_of("0123456789") != std::string::npos) {
-        fail(m.row, line_number, column, "'" + value + "' is not a positive integer");
-      }
-      target = std::stoi(value);
-    };
-    const auto number = [&](const char* column) {
-      const std::string value = cell(column);
-      char* end = nullptr;
-      const double parsed = std::strtod(value.c_str(), &end);
-      if (end != value.c_str() + value.size() || !std::isfinite(parsed) || !(parsed > 0)) {
-        fail(m.row, line_number, column, "'" + value + "' is not a positive number");
-      }
-      return parsed;
-    };
-    const auto opts = [&](const char* column) {
-      std::string value = cell(column);
-      std::replace(value.begin(), value.end(), '+', ',');
-      try {
-        return parse_mla_opts(value);
-      } catch (const SimError& error) {
-        fail(m.row, line_number, column, error.what());
-      }
-      return MlaOptimizations{};
-    };
-    m.config.cores = std::min(static_cast<int>(hw.num_cores), 24);
-    integer("batch", m.config.batch);
-    integer("kv", m.config.kv);
-    integer("chunk", m.config.chunk);
-    integer("heads", m.config.heads);
-    integer("q_len", m.config.q_len);
-    integer("cores", m.config.cores);
-    integer("block_size", m.config.block_size);
-    m.config.opts = opts("opt");
-    m.speedup = columns.count("speedup") != 0;
-    m.value = number(m.speedup ? "speedup" : "time_us");
-    const auto check = [&](const MlaConfig& config, const char* chunk_column) {
-      try {
-        validate(config, hw);
-      } catch (const SimError& error) {
-        // Messages start with the field: "batch must be ...", "q-len ...", "block-size ...".
-        std::string field = error.what();
-        field = field.substr(0, field.find(' '));
-        std::replace(field.begin(), field.end(), '-', '_');
-        if (field == "chunk") field = chunk_column;
-        fail(m.row, line_number, field, error.what());
-      }
-      if (estimate_mla_instructions(config, hw) > kMaxRowInstructions) {
-        fail(m.row, line_number, "batch", describe(config) + " is too large to calibrate on");
-      }
-    };
-    check(m.config, "chunk");
-    if (m.speedup) {
-      m.base = m.config;
-      integer("base_chunk", m.base.chunk);
-      m.base.opts = opts("base_opt");
-      check(m.base, "base_chunk");
+    m.speedup = reader.has("speedup");
+    if (reader.word("kernel", {"mla", "fa"}, "mla") == "fa") {
+      read_fa_row(reader, hw, m);
+    } else {
+      read_mla_row(reader, hw, m);
     }
-    rows.push_back(m);
+    m.value = reader.number(m.speedup ? "speedup" : "time_us");
+    m.includes_launch = reader.word("includes_launch", {"0", "1"}, "0") == "1";
+    if (reader.has("series")) {
+      add_series_rows(reader, m, series_bases, rows);
+    } else {
+      rows.push_back(m);
+    }
   }
   if (columns.empty()) throw SimError(name + ": no header row");
   if (rows.empty()) throw SimError(name + ": no measurement rows");
@@ -332,8 +475,57 @@ std::vector<Measurement> load_measurements(const std::string& path, const HwPara
   return parse_measurements(file.text, path, hw);
 }
 
+MeasurementSet load_measurement_set(const std::string& path, const HwParams& hw) {
+  const core::FileContents file =
+      core::read_regular_file(path, core::kMaxInputFileBytes, /*follow_symlink=*/true);
+  if (file.status != core::FileStatus::ok) {
+    throw SimError("cannot read " + path + ": it " + file.problem);
+  }
+  MeasurementSet set;
+  set.name = path.substr(path.find_last_of('/') + 1);
+  set.name = set.name.substr(0, set.name.rfind('.'));
+  std::stringstream stream(file.text);
+  std::string line;
+  const std::string role_tag = "# role:";
+  while (std::getline(stream, line)) {
+    if (line.rfind(role_tag, 0) != 0) continue;
+    const std::vector<std::string> words = split(line.substr(role_tag.size()), ' ');
+    for (const std::string& word : words) {
+      if (!word.empty()) set.role = word;
+    }
+  }
+  set.rows = parse_measurements(file.text, path, hw);
+  return set;
+}
+
+std::string measurement_label(const Measurement& m) {
+  if (m.flash) {
+    std::string text = "fa seq " + std::to_string(m.fa.seq) + " kv-seq " +
+                       std::to_string(m.fa.kv_seq > 0 ? m.fa.kv_seq : m.fa.seq) + " dim " +
+                       std::to_string(m.fa.dim) + " cores " + std::to_string(m.fa.cores);
+    if (m.fa.heads != 1) text += " heads " + std::to_string(m.fa.heads);
+    if (!m.series.empty()) return text + " vs first of " + m.series;
+    return m.speedup ? text + " chunk " + std::to_string(m.fa.chunk) + " vs chunk " +
+                           std::to_string(m.fa_base.chunk)
+                     : text;
+  }
+  std::string text = "batch " + std::to_string(m.config.batch) + " kv " +
+                     std::to_string(m.config.kv) + " chunk " + std::to_string(m.config.chunk) +
+                     " " + mla_opts_to_string(m.config.opts);
+  if (!m.series.empty()) return text + " vs first of " + m.series;
+  if (m.speedup) {
+    text += " vs chunk " + std::to_string(m.base.chunk) + " " + mla_opts_to_string(m.base.opts);
+  }
+  return text;
+}
+
 double predict(const Measurement& measurement, const HwParams& hw) {
   return predict_all({measurement}, hw, 1).front();
+}
+
+std::vector<double> predict_rows(const std::vector<Measurement>& rows, const HwParams& hw,
+                                 int threads) {
+  return predict_all(rows, hw, threads);
 }
 
 std::vector<std::string> default_fit_names() {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -104,6 +105,83 @@ TEST(Calibrate, MalformedFilesNameTheRowAndColumn) {
   rejects("batch,kv,chunk,opt,speedup,base_chunk,base_opt\n1,512,1,none,2,1,bogus\n", "row 1",
           "base_opt");
   rejects("batch,kv,chunk,opt,time_us\n4096,1048576,1,none,10\n", "row 1", "batch");  // too big
+}
+
+// The published measurement sets' form: comment lines, flash-attention rows, series of ratios to
+// their first row, and launch-inclusive times.
+TEST(Calibrate, SeriesRowsAreRatiosToTheSeriesFirstRow) {
+  const HwParams hw;
+  const std::string csv =
+      "# a comment, then the header\n"
+      "kernel,heads,seq,kv_seq,chunk,opt,cores,includes_launch,series,time_us\n"
+      "fa,1,128,1024,4,none,1,0,a+b,10\n"
+      "# comments may sit between rows\n"
+      "fa,1,128,2048,4,none,1,0,a,15\n"
+      "fa,1,256,1024,4,none,2,0,b,12\n";
+  const std::vector<Measurement> rows = parse_measurements(csv, "s.csv", hw);
+  ASSERT_EQ(rows.size(), 2u);  // the series' first row gives no ratio of its own
+  EXPECT_TRUE(rows[0].flash);
+  EXPECT_TRUE(rows[0].speedup);
+  EXPECT_EQ(rows[0].series, "a");
+  EXPECT_EQ(rows[0].fa.kv_seq, 2048);
+  EXPECT_EQ(rows[0].fa_base.kv_seq, 1024);
+  EXPECT_DOUBLE_EQ(rows[0].value, 10.0 / 15.0);
+  EXPECT_EQ(rows[1].series, "b");
+  EXPECT_EQ(rows[1].fa.cores, 2);
+  EXPECT_EQ(rows[1].fa_base.cores, 1);
+  EXPECT_EQ(rows[1].row, 3);
+  // The prediction is the ratio of the two simulated times.
+  Measurement one = rows[0];
+  one.speedup = false;
+  Measurement base = one;
+  base.fa = rows[0].fa_base;
+  EXPECT_DOUBLE_EQ(predict(rows[0], hw), predict(base, hw) / predict(one, hw));
+}
+
+TEST(Calibrate, LaunchInclusiveTimesAddTheKernelLaunch) {
+  HwParams hw;
+  const std::string head = "kernel,heads,seq,chunk,opt,includes_launch,time_us\n";
+  const Measurement kernel = parse_measurements(head + "fa,1,256,2,none,0,10\n", "k", hw)[0];
+  const Measurement launched = parse_measurements(head + "fa,1,256,2,none,1,10\n", "l", hw)[0];
+  hw.kernel_launch_us = 7;
+  EXPECT_NEAR(predict(launched, hw) - predict(kernel, hw), 7.0, 1e-9);
+}
+
+TEST(Calibrate, FlashRowsNameTheirBadColumn) {
+  const HwParams hw;
+  const auto rejects = [&](const std::string& csv, const std::string& column) {
+    try {
+      parse_measurements(csv, "f.csv", hw);
+      ADD_FAILURE() << "accepted: " << csv;
+    } catch (const SimError& error) {
+      EXPECT_NE(std::string(error.what()).find("column " + column), std::string::npos)
+          << error.what();
+    }
+  };
+  const std::string head = "kernel,heads,seq,dim,dtype,chunk,opt,includes_launch,series,time_us\n";
+  rejects(head + "gemm,1,256,128,bf16,2,none,0,a,10\n", "kernel");
+  rejects(head + "fa,1,256,100,bf16,2,none,0,a,10\n", "dim");
+  rejects(head + "fa,1,256,128,fp8,2,none,0,a,10\n", "dtype");
+  rejects(head + "fa,1,256,128,bf16,2,none,2,a,10\n", "includes_launch");
+  rejects(head + "fa,1,256,128,bf16,2,none,0,a,10\nfa,1,256,128,bf16,2,none,1,a,10\n", "series");
+  rejects("kernel,heads,chunk,opt,time_us\nfa,1,2,none,10\n", "seq");
+  rejects("kernel,chunk,opt,time_us\nmla,2,none,10\n", "batch");
+  rejects("kernel,seq,chunk,opt,series,speedup,base_chunk,base_opt\n", "series");
+}
+
+TEST(Calibrate, MeasurementSetsCarryTheirRole) {
+  const std::string path = ::testing::TempDir() + "/role_set.csv";
+  {
+    std::FILE* file = std::fopen(path.c_str(), "w");
+    ASSERT_NE(file, nullptr);
+    std::fputs("# source: a test\n# role: held-out\nbatch,kv,chunk,opt,time_us\n1,512,1,none,30\n",
+               file);
+    std::fclose(file);
+  }
+  const MeasurementSet set = load_measurement_set(path, HwParams{});
+  EXPECT_EQ(set.name, "role_set");
+  EXPECT_EQ(set.role, "held-out");
+  EXPECT_EQ(set.rows.size(), 1u);
 }
 
 TEST(Calibrate, RejectsUnknownAndCountParameters) {

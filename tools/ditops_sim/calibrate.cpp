@@ -1,4 +1,5 @@
-// ditops-sim calibrate: hardware parameters fitted to measured MLA times or speedups.
+// ditops-sim calibrate: hardware parameters fitted to measured MLA or flash-attention times,
+// speedups or ratios.
 
 #include "sim/calibrate.hpp"
 
@@ -54,16 +55,6 @@ int command_calibrate(const Options& options) {
   if (const auto out = options.get("--out")) {
     write_file("--out", *out, [&](std::ostream& stream) { stream << sim::hw_to_json(fit.fitted); });
   }
-  const auto row_label = [&](const sim::Measurement& m) {
-    std::string text = "batch " + std::to_string(m.config.batch) + " kv " +
-                       std::to_string(m.config.kv) + " chunk " + std::to_string(m.config.chunk) +
-                       " " + sim::mla_opts_to_string(m.config.opts);
-    if (m.speedup) {
-      text +=
-          " vs chunk " + std::to_string(m.base.chunk) + " " + sim::mla_opts_to_string(m.base.opts);
-    }
-    return text;
-  };
   if (options.json) {
     nlohmann::ordered_json json;
     nlohmann::ordered_json params = nlohmann::ordered_json::object();
@@ -76,7 +67,7 @@ int command_calibrate(const Options& options) {
       const sim::Measurement& m = rows[i];
       const sim::FitRow& row = fit.rows[i];
       array.push_back({{"row", m.row},
-                       {"config", row_label(m)},
+                       {"config", sim::measurement_label(m)},
                        {"kind", m.speedup ? "speedup" : "time_us"},
                        {"measured", row.measured},
                        {"predicted_before", row.before},
@@ -101,11 +92,11 @@ int command_calibrate(const Options& options) {
               "before", "after", "held-out", "err bef", "err aft");
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const sim::FitRow& row = fit.rows[i];
-    std::printf("%4d  %-48s %10.3f %10.3f %10.3f %10.3f %7.1f%% %7.1f%%\n", rows[i].row,
-                (row_label(rows[i]) + (rows[i].speedup ? " (speedup)" : " (us)")).c_str(),
-                row.measured, row.before, row.after, row.held_out,
-                100 * std::log(row.before / row.measured),
-                100 * std::log(row.after / row.measured));
+    std::printf(
+        "%4d  %-48s %10.3f %10.3f %10.3f %10.3f %7.1f%% %7.1f%%\n", rows[i].row,
+        (sim::measurement_label(rows[i]) + (rows[i].speedup ? " (speedup)" : " (us)")).c_str(),
+        row.measured, row.before, row.after, row.held_out,
+        100 * std::log(row.before / row.measured), 100 * std::log(row.after / row.measured));
   }
   std::printf("\n%-34s %12s %12s %8s\n", "parameter", "start", "fitted", "ratio");
   for (std::size_t i = 0; i < fit.names.size(); ++i) {
