@@ -408,6 +408,7 @@ const std::map<std::string, std::vector<std::string>>& documented_flags() {
         "--svg", "--json"}},
       {"hw", {"--hw", "--set"}},
       {"calibrate", {"--measured", "--hw", "--fit", "--out", "--json"}},
+      {"validate", {"--dir", "--hw", "--set", "--json"}},
   };
   return flags;
 }
@@ -553,6 +554,40 @@ TEST_F(Cli, CalibrateFitsAndWritesAHwFile) {
   const CliRun table = run("calibrate --measured '" + measured + "' --fit vector_issue_cycles");
   EXPECT_EQ(table.status, 0);
   EXPECT_NE(table.out.find("held-out"), std::string::npos);
+}
+
+TEST_F(Cli, ValidatePredictsEveryMeasurementSetOfADirectory) {
+  const std::string dir = env("DITOPS_SIM_TMP") + "/sets.d";
+  std::filesystem::remove_all(dir);  // a bad set from an earlier run would stop this one
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/one.csv")
+      << "# role: calibration\nkernel,heads,seq,kv_seq,cores,chunk,opt,series,time_us\n"
+         "fa,1,128,1024,1,4,none,s,10\nfa,1,128,2048,1,4,none,s,14\nfa,1,128,4096,1,4,none,s,30\n";
+  std::ofstream(dir + "/two.csv")
+      << "# role: held-out\nbatch,kv,chunk,opt,time_us\n1,512,1,none,30\n";
+  std::ofstream(dir + "/notes.txt") << "not a set\n";
+  const CliRun result = run("validate --dir '" + dir + "' --json");
+  ASSERT_EQ(result.status, 0) << result.err;
+  const nlohmann::json json = nlohmann::json::parse(result.out);
+  ASSERT_EQ(json["sets"].size(), 2u);
+  const nlohmann::json& one = json["sets"][0];
+  EXPECT_EQ(one["name"], "one");
+  EXPECT_EQ(one["role"], "calibration");
+  ASSERT_EQ(one["ratios"].size(), 2u);
+  EXPECT_NEAR(one["ratios"][0]["measured_ratio"].get<double>(), 1.4, 1e-12);
+  EXPECT_GT(one["ratios"][1]["predicted_ratio"].get<double>(),
+            one["ratios"][0]["predicted_ratio"].get<double>());
+  EXPECT_EQ(one["trend_steps"], 2);
+  EXPECT_EQ(one["trends_right"], 2);                // both rise, in the model too
+  EXPECT_EQ(json["sets"][1]["ratios"].size(), 0u);  // a plain time is no ratio
+  const CliRun table = run("validate --dir '" + dir + "'");
+  ASSERT_EQ(table.status, 0) << table.err;
+  EXPECT_NE(table.out.find("median |err|"), std::string::npos);
+  expect_usage_error("validate --dir '" + dir + "/one.csv'", "not a directory");
+  std::filesystem::create_directories(dir + "/empty.d");
+  expect_usage_error("validate --dir '" + dir + "/empty.d'", "no *.csv");
+  std::ofstream(dir + "/three.csv") << "batch,kv,chunk,opt,time_us\n1,512,3,none,30\n";
+  expect_usage_error("validate --dir '" + dir + "'", "column chunk");
 }
 
 TEST_F(Cli, CalibrateRejectsMalformedFilesNamingRowAndColumn) {

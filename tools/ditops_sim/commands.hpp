@@ -13,6 +13,7 @@ int command_sweep(const Options& options);      // sweep.cpp
 int command_fa(const Options& options);         // fa.cpp
 int command_calibrate(const Options& options);  // calibrate.cpp
 int command_hw(const Options& options);         // hw.cpp
+int command_validate(const Options& options);   // validate.cpp
 
 // mla.cpp's configuration steps, which sweep takes for every point of its grid.
 

@@ -1,7 +1,7 @@
 // ditops-sim: the Ascend 910B pipeline simulator's command line.
 //
-//   ditops-sim mla | sweep | fa | hw | calibrate [flags]       ditops-sim COMMAND --help lists a
-//   command's flags
+//   ditops-sim mla | sweep | fa | hw | calibrate | validate [flags]       ditops-sim COMMAND --help
+//   lists a command's flags
 //
 // Parsing (the command table in cli.cpp: every flag with its value and default), running
 // (building and simulating programs) and reporting (tables, JSON, trace / CSV / SVG files) are
@@ -10,8 +10,8 @@
 // 64 MiB, and output paths that exist but are not regular files.
 //
 // This file dispatches to the commands, one source file each (mla.cpp, sweep.cpp, fa.cpp,
-// calibrate.cpp, hw.cpp); the steps they share are in cli.cpp (parsing) and run.cpp (running,
-// output files).
+// calibrate.cpp, validate.cpp, hw.cpp); the steps they share are in cli.cpp (parsing) and run.cpp
+// (running, output files).
 
 #include <exception>
 #include <iostream>
@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
     if (options.is("sweep")) return command_sweep(options);
     if (options.is("fa")) return command_fa(options);
     if (options.is("calibrate")) return command_calibrate(options);
+    if (options.is("validate")) return command_validate(options);
     return command_hw(options);
   } catch (const UsageError& error) {
     std::cerr << "ditops-sim: " << one_line(error.what()) << '\n';
