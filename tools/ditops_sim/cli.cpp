@@ -98,11 +98,12 @@ const std::vector<CommandSpec>& commands() {
             kDrawingFlags,
             {kJsonFlag}})},
       {"calibrate",
-       "fit hardware parameters to measured MLA times or speedups (sim/README.md: \"How to "
-       "calibrate against msprof\")",
+       "fit hardware parameters to measured MLA or flash-attention times, speedups or ratios "
+       "(sim/README.md: \"How to calibrate against msprof\")",
        {{"--measured", "FILE.csv", "",
          "measurements: batch,kv,chunk,opt[,heads,q_len,cores,block_size] and time_us, or "
-         "speedup with base_chunk,base_opt (required)"},
+         "speedup with base_chunk,base_opt; kernel=fa rows, includes_launch and series columns "
+         "as sim/README.md describes (required)"},
         kHwFlag,
         kSetFlag,
         {"--fit", "NAME[,NAME...]", "every U-tagged parameter but kernel_launch_us",
