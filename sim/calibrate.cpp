@@ -227,10 +227,6 @@ std::vector<double> held_out_residuals(const Matrix& jacobian, const std::vector
   return held_out;
 }
 
-}  // namespace
-
-namespace {
-
 /// The cells of one data row, read by column name; every problem names the file, the row, its
 /// line and the column.
 class RowReader {
@@ -290,10 +286,11 @@ class RowReader {
   }
   /// Validates a configuration, blaming the column its error message starts with ("batch must
   /// be ...", "kv-seq ...": the field, with '-' for '_'); `chunk_column` stands for chunk.
-  /// `instructions` estimates the program's size, once the configuration is valid.
+  /// `instructions` estimates the program's size once the configuration is valid; a program too
+  /// large to simulate many times is blamed on `size_column`.
   template <typename Config, typename Estimate>
   void check(const Config& config, const HwParams& hw, const char* chunk_column,
-             const Estimate& instructions) const {
+             const Estimate& instructions, const char* size_column) const {
     try {
       validate(config, hw);
     } catch (const SimError& error) {
@@ -304,7 +301,7 @@ class RowReader {
       fail(field, error.what());
     }
     if (instructions(config, hw) > kMaxRowInstructions) {
-      fail("batch", describe(config) + " is too large to calibrate on");
+      fail(size_column, describe(config) + " is too large to calibrate on");
     }
   }
 
@@ -361,12 +358,12 @@ void read_mla_row(const RowReader& reader, const HwParams& hw, Measurement& m) {
   const auto instructions = [](const MlaConfig& config, const HwParams& params) {
     return estimate_mla_instructions(config, params);
   };
-  reader.check(m.config, hw, "chunk", instructions);
+  reader.check(m.config, hw, "chunk", instructions, "batch");
   if (m.speedup) {
     m.base = m.config;
     reader.integer("base_chunk", m.base.chunk);
     m.base.opts = reader.opts("base_opt");
-    reader.check(m.base, hw, "base_chunk", instructions);
+    reader.check(m.base, hw, "base_chunk", instructions, "batch");
   }
 }
 
@@ -389,12 +386,12 @@ void read_fa_row(const RowReader& reader, const HwParams& hw, Measurement& m) {
   const auto instructions = [](const FaConfig& sized, const HwParams& params) {
     return estimate_fa_instructions(sized, params);
   };
-  reader.check(config, hw, "chunk", instructions);
+  reader.check(config, hw, "chunk", instructions, "seq");
   if (m.speedup) {
     m.fa_base = config;
     reader.integer("base_chunk", m.fa_base.chunk);
     m.fa_base.opts = reader.opts("base_opt");
-    reader.check(m.fa_base, hw, "base_chunk", instructions);
+    reader.check(m.fa_base, hw, "base_chunk", instructions, "seq");
   }
 }
 
