@@ -401,8 +401,8 @@ class Int8Runner {
         }
         static_assert(BV % 4 == 0);
         for (int c = 0; c < BV; c += 4) {
-          simd::store_u8_x4<Arch>(p_row + c * L, levels[c], levels[c + 1], levels[c + 2],
-                                  levels[c + 3]);
+          simd::store_bytes_x4<Arch>(p_row + c * L, levels[c], levels[c + 1], levels[c + 2],
+                                     levels[c + 3]);
         }
         sum.store_aligned(level_sum[i]);
         unrounded.store_aligned(unrounded_sum[i]);

@@ -106,8 +106,11 @@ template <class Arch, class T>
 void quantize_typed(const GemmProblem& p, const ActivationQuant& quant, std::int64_t begin,
                     std::int64_t end, std::uint8_t* a, float* row_scale) noexcept {
   using B = F32<Arch>;
-  constexpr std::int64_t kLanes = B::size;
-  const int offset = kActivationOffset<Arch>;
+  constexpr std::int64_t kLanes = B::size, kGroup = 4 * kLanes;
+  constexpr std::int64_t kGroupBytes = kGroup * static_cast<std::int64_t>(sizeof(T));
+  static_assert(64 % kGroup == 0, "k_padded (a multiple of 64) holds whole groups");
+  constexpr bool kSignedBytes = kActivationOffset<Arch> == 0;
+  const I32<Arch> added(kActivationOffset<Arch>);
   core::RowWalker<1> walker(p.rows, begin), ahead(p.rows, begin);
   ahead.next();
   for (std::int64_t r = begin; r < end; ++r, walker.next(), ahead.next()) {
@@ -121,7 +124,7 @@ void quantize_typed(const GemmProblem& p, const ActivationQuant& quant, std::int
         r + 1 < end ? reinterpret_cast<const char*>(row_of<Arch, T>(p, ahead)) : nullptr;
     std::uint8_t* dst = a + (r - begin) * p.k_padded;
     float scale = quant.scale, shift = quant.offset;
-    B low(-128.f), high(127.f);
+    float low = -128.f, high = 127.f;
     if (quant.dynamic) {
       B top(0.f);
       for (std::int64_t i = 0; i < p.k; i += kLanes) {
@@ -130,21 +133,32 @@ void quantize_typed(const GemmProblem& p, const ActivationQuant& quant, std::int
       }
       scale = simd::int8_scale(simd::reduce_max<Arch>(top));
       shift = 0.f;
-      low = B(-127.f);
+      low = -127.f;
       row_scale[r - begin] = scale;
     } else {
       row_scale[r - begin] = quant.row_scale;
     }
-    // x / scale, as the formula reads (not x times 1 / scale): the reference rounds the same
-    // fp32 quotient, so the integers agree exactly. Clamped before the conversion, which
-    // turns anything out of int32 range into INT_MIN.
-    const B divisor(scale), added(shift);
-    for (std::int64_t i = 0; i < p.k_padded; i += kLanes) {
-      if (next_row != nullptr && i < p.k) __builtin_prefetch(next_row + i * sizeof(T), 0, 2);
-      const B value =
-          i < p.k ? smoothed<Arch>(row, quant.smooth, i, std::min(kLanes, p.k - i)) : B(0.f);
-      const B clamped = xsimd::min(xsimd::max(value / divisor + added, low), high);
-      simd::store_low_bytes<Arch>(dst + i, xsimd::nearbyint_as_int(clamped) + I32<Arch>(offset));
+    // x / scale + shift as the formula reads, rounded to the integers the fp32 quotient gives
+    // (simd::QuotientRounder: a product by 1 / scale where that provably rounds alike), four
+    // vectors at a time for one wide store.
+    const simd::QuotientRounder<Arch> rounder(scale, shift, low, high);
+    for (std::int64_t i = 0; i < p.k_padded; i += kGroup) {
+      if (next_row != nullptr && i < p.k) {
+        for (std::int64_t byte = 0; byte < kGroupBytes; byte += 64) {
+          __builtin_prefetch(next_row + i * static_cast<std::int64_t>(sizeof(T)) + byte, 0, 2);
+        }
+      }
+      F32<Arch> values[4];
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        const std::int64_t at = i + j * kLanes;
+        values[j] =
+            at < p.k ? smoothed<Arch>(row, quant.smooth, at, std::min(kLanes, p.k - at)) : B(0.f);
+      }
+      I32<Arch> q[4];
+      rounder(values, q);
+      simd::store_bytes_x4<Arch, kSignedBytes>(dst + i, q[0] + added, q[1] + added, q[2] + added,
+                                               q[3] + added);
     }
   }
 }
