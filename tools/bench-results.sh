@@ -203,14 +203,14 @@ run() {
   if [ -f "$dir/machine.txt" ]; then
     mapfile -t lines < <(grep -E '^  [a-z0-9-]+: ' "$dir/machine.txt" | grep -v -E "^  ($rerun): " || true)
   fi
-  local start load status=0 options
+  local start load status=0 script_args
   for name in "${selected[@]}"; do
     load=$(cut -d' ' -f1 /proc/loadavg)
     echo "== $name (load average $load) =="
     start=$SECONDS
     if [ -n "${script[$name]:-}" ]; then
-      read -ra options <<<"${script[$name]//\{build\}/$build}"
-      if ! PYTHONPATH=$build/python "$python" "bench/python/${options[0]}" "${options[@]:1}" \
+      read -ra script_args <<<"${script[$name]//\{build\}/$build}"
+      if ! PYTHONPATH=$build/python "$python" "bench/python/${script_args[0]}" "${script_args[@]:1}" \
         --json "$dir/$name.json.tmp"; then
         echo "tools/bench-results.sh: family $name failed; $dir/$name.json left as it was" >&2
         rm -f -- "$dir/$name.json.tmp"
@@ -218,7 +218,7 @@ run() {
         continue
       fi
       mv -- "$dir/$name.json.tmp" "$dir/$name.json"
-      lines+=("  $name: $(date -u +%F), $python_state, ${options[*]}; $((SECONDS - start)) s, load average $load at its start")
+      lines+=("  $name: $(date -u +%F), $python_state, ${script_args[*]}; $((SECONDS - start)) s, load average $load at its start")
       continue
     fi
     if ! "$build/bench/${binary[$name]}" --benchmark_filter="${filter[$name]}" "${repetitions[@]}" \
