@@ -432,8 +432,8 @@ inline void store_bytes_x4(void* dst, I32<Arch> a, I32<Arch> b, I32<Arch> c, I32
 /// Why it is exact: y = x · (1 / divisor) + addend (one fma, or a product and a sum) is within
 /// 2^-24 · (5 |y| + 3 |addend|) of the quotient's sum (each rounding at most 2^-24 relative, the
 /// reciprocal's one scaled by x / divisor). Both round to the same integer unless one lies within
-/// that distance of a half-integer; for |y| < 256 a margin of 2^-12 + 2^-20 · |addend| is at
-/// least four times it, and past 256 both are clamped alike (low and high are integers of at
+/// that distance of a half-integer; for |y| < 256 a margin of 2^-12 + 2^-20 · |addend| is more
+/// than three times it, and past 256 both are clamped alike (low and high are integers of at
 /// most 128 in magnitude). A group of vectors with a lane within the margin of a half-integer
 /// (about 1 lane in 2,000 for uniform fractions) is divided instead. A divisor whose reciprocal
 /// is not a normal float is always divided. NaN stays NaN on both paths, as before the clamp.
