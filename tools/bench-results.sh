@@ -62,6 +62,9 @@ options[mla]=--benchmark_min_time=0.2
 # the bf16 FLOAT layers beside oneDNN's bf16 matmul.
 binary[linear]=ditops_linear_bench
 filter[linear]='^BM_linear/.*/misaligned:0/|^BM_linear/shape:[0-4]/kind:[01]/threads:2/misaligned:1/|^BM_linear_bf16/|^BM_dnnl_bf16/'
+# Repetitions in random order: the tables are ratios to oneDNN's rows, and a shared host's noise
+# drifts over the minutes a family takes (oneDNN's FLUX row 1,252-1,732 ms in four repetitions).
+options[linear]=--benchmark_enable_random_interleaving=true
 repetitions=(--benchmark_repetitions=3 --benchmark_report_aggregates_only=true)
 
 # python-* family: script (under bench/python) and its options; {build} stands for BUILD_DIR.
