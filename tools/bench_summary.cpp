@@ -15,6 +15,7 @@
 // median, its single repetitions and other aggregates (mean, stddev, cv) left out. Names are
 // shown without Google Benchmark's "/real_time" and "_median" suffixes.
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -23,6 +24,7 @@
 #include <regex>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tools/bench_json.hpp"
@@ -148,8 +150,17 @@ int main(int argc, char** argv) {
     std::map<std::string, double> seconds_by_name;
     std::set<std::string> runs_with_median;
     for (; i < argc; ++i) {
-      for (BenchEntry& entry :
-           ditops::tools::read_bench_json(argv[i], "bench-summary: ", std::cerr)) {
+      std::vector<BenchEntry> file_entries =
+          ditops::tools::read_bench_json(argv[i], "bench-summary: ", std::cerr);
+      // Rows in the order the benchmarks are declared: a run with random interleaving writes
+      // its repetitions and aggregates in the order they ran.
+      std::stable_sort(
+          file_entries.begin(), file_entries.end(), [](const BenchEntry& a, const BenchEntry& b) {
+            return std::pair(a.number("family_index", 0),
+                             a.number("per_family_instance_index", 0)) <
+                   std::pair(b.number("family_index", 0), b.number("per_family_instance_index", 0));
+          });
+      for (BenchEntry& entry : file_entries) {
         if (entry.flag("error_occurred", false)) continue;
         seconds_by_name[entry.name()] = entry.number("real_time", 0);
         if (entry.text("aggregate_name", "") == "median") {
