@@ -66,10 +66,11 @@ struct Simulated {
   }
 };
 
-/// Simulates every distinct configuration of `rows` once under `hw` (in `threads` threads)
-/// and returns each row's predicted value.
-std::vector<double> predict_all(const std::vector<Measurement>& rows, const HwParams& hw,
-                                int threads) {
+}  // namespace
+
+// Every distinct configuration of `rows` simulated once, in `threads` threads.
+std::vector<double> predict_rows(const std::vector<Measurement>& rows, const HwParams& hw,
+                                 int threads) {
   std::map<std::string, std::size_t> index;
   std::vector<Simulated> configs;
   const auto add = [&](const Simulated& config) {
@@ -107,6 +108,8 @@ std::vector<double> predict_all(const std::vector<Measurement>& rows, const HwPa
   }
   return values;
 }
+
+namespace {
 
 std::vector<double> residuals(const std::vector<Measurement>& rows,
                               const std::vector<double>& predicted) {
@@ -464,12 +467,7 @@ std::vector<Measurement> parse_measurements(const std::string& text, const std::
 }
 
 std::vector<Measurement> load_measurements(const std::string& path, const HwParams& hw) {
-  const core::FileContents file =
-      core::read_regular_file(path, core::kMaxInputFileBytes, /*follow_symlink=*/true);
-  if (file.status != core::FileStatus::ok) {
-    throw SimError("cannot read " + path + ": it " + file.problem);
-  }
-  return parse_measurements(file.text, path, hw);
+  return load_measurement_set(path, hw).rows;
 }
 
 MeasurementSet load_measurement_set(const std::string& path, const HwParams& hw) {
@@ -517,12 +515,7 @@ std::string measurement_label(const Measurement& m) {
 }
 
 double predict(const Measurement& measurement, const HwParams& hw) {
-  return predict_all({measurement}, hw, 1).front();
-}
-
-std::vector<double> predict_rows(const std::vector<Measurement>& rows, const HwParams& hw,
-                                 int threads) {
-  return predict_all(rows, hw, threads);
+  return predict_rows({measurement}, hw, 1).front();
 }
 
 std::vector<std::string> default_fit_names() {
@@ -554,7 +547,7 @@ FitResult fit_parameters(const std::vector<Measurement>& rows, const HwParams& s
   };
   const auto evaluate = [&](const std::vector<double>& x) {
     ++result.evaluations;
-    return residuals(rows, predict_all(rows, params_at(x), threads));
+    return residuals(rows, predict_rows(rows, params_at(x), threads));
   };
   const auto clamp = [&](std::vector<double> x) {
     for (std::size_t i = 0; i < n; ++i) x[i] = std::clamp(x[i], bounds[i].low, bounds[i].high);
@@ -630,7 +623,7 @@ FitResult fit_parameters(const std::vector<Measurement>& rows, const HwParams& s
   validate(result.fitted);
   for (std::size_t i = 0; i < n; ++i) result.value.push_back(result.fitted.*infos[i]->field);
   const std::vector<double> held_out = held_out_residuals(jacobian, r, n);
-  const std::vector<double> predicted = predict_all(rows, result.fitted, threads);
+  const std::vector<double> predicted = predict_rows(rows, result.fitted, threads);
   for (std::size_t j = 0; j < rows.size(); ++j) {
     FitRow row;
     row.measured = rows[j].value;
